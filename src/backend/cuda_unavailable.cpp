@@ -1,0 +1,11 @@
+// Built when the CUDA backend is compiled out (no nvcc): --backend cuda reports why.
+#include "ds4r/backend.h"
+
+namespace ds4r {
+
+std::unique_ptr<Backend> make_cuda_backend(int, std::string* why) {
+    if (why) *why = "this ds4replay was built without CUDA (no nvcc at configure time)";
+    return nullptr;
+}
+
+}  // namespace ds4r

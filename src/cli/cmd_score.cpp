@@ -1,0 +1,14 @@
+// TEMPORARY placeholder while the command is being written.
+#include "cli/commands.h"
+#include "ds4r/error.h"
+
+namespace ds4r::cli {
+
+void add_score_command(CLI::App& root, std::vector<Command>& out) {
+    Command c;
+    c.app = root.add_subcommand("score", "(not yet available)");
+    c.run = []() -> int { DS4R_THROW(RuntimeError, "'score' is not implemented yet"); };
+    out.push_back(c);
+}
+
+}  // namespace ds4r::cli

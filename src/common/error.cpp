@@ -1,0 +1,39 @@
+#include "ds4r/error.h"
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+namespace ds4r {
+
+Error::Error(ErrorKind kind, std::string message, const char* src_file, int src_line)
+    : std::runtime_error(std::move(message)), kind_(kind) {
+    if (src_file) where_ = std::string(src_file) + ":" + std::to_string(src_line);
+}
+
+std::string strfmt(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = std::vsnprintf(nullptr, 0, fmt, ap);
+    va_end(ap);
+    std::string out;
+    if (n > 0) {
+        std::vector<char> buf(static_cast<size_t>(n) + 1);
+        std::vsnprintf(buf.data(), buf.size(), fmt, ap2);
+        out.assign(buf.data(), static_cast<size_t>(n));
+    }
+    va_end(ap2);
+    return out;
+}
+
+std::string errno_text(int err) {
+    char buf[256];
+    // GNU strerror_r returns a char* that may or may not point into buf.
+    const char* s = strerror_r(err, buf, sizeof buf);
+    return std::string(s);
+}
+
+}  // namespace ds4r
