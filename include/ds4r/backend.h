@@ -59,6 +59,22 @@ struct HeadStatsOut {
     Tensor topk_logit;    // F32 [M, k]
 };
 
+// An ordered host -> backend copy channel (a copy stream on CUDA) for the weight prefetcher: copies
+// run asynchronously to compute; fences order them. The default (CPU) copies synchronously.
+class CopyQueue {
+public:
+    virtual ~CopyQueue() = default;
+    // Copies `bytes` from host memory (pinned: from Backend::alloc_host) into dst at dst_offset.
+    // The source must stay untouched until a fence recorded after this call has completed.
+    virtual void copy(const Tensor& dst, size_t dst_offset, const void* src, size_t bytes) = 0;
+    // Marks the point after every copy issued so far; returns its id.
+    virtual uint64_t fence() = 0;
+    // Blocks the calling host thread until the fence has completed.
+    virtual void host_wait(uint64_t fence) = 0;
+    // Makes the backend's compute work issued after this call wait for the fence (no host block).
+    virtual void compute_wait(uint64_t fence) = 0;
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -77,6 +93,10 @@ public:
     virtual void synchronize() = 0;
     // Bytes of memory still free for activations (for chunk sizing); CPU: a large number.
     virtual size_t free_memory() const = 0;
+    // Host memory for state that moves to / from this backend (pinned for CUDA). 64-byte aligned.
+    virtual std::shared_ptr<void> alloc_host(size_t bytes);
+    // A new asynchronous copy channel (see CopyQueue). Default: synchronous memcpy (host memory).
+    virtual std::unique_ptr<CopyQueue> make_copy_queue();
 
     // ---------------------------------------------------------------- quantization (MODEL.md 5.1, 5.2)
     // x BF16 [M, K] -> q F8_E4M3 [M, K], s F8_E8M0 [M, K/32]. Bit exact (amax floor 1e-4,
@@ -154,6 +174,13 @@ public:
     // Window index rows: idx I32 [m, W] with idx[r, c] = max(p - W_win + 1, 0) + c, or -1 if > p,
     // p = qpos[r]; W = idx.dim(1) = min(s, window).
     virtual void window_indices(const Tensor& qpos, int64_t window, const Tensor& idx) = 0;
+    // The full attention index rows of one sequence: idx I32 [m, W + Kc] = [window_indices(qpos,
+    // window) (W columns) ; topk (I32 [m, Kc], already offset by +s; may have Kc = 0)].
+    // Default implementation: host memory only (CUDA overrides).
+    virtual void attn_indices(const Tensor& qpos, int64_t window, const Tensor& topk, const Tensor& idx);
+    // x BF16 in place: x <- bf16(fp32(x) * factor) (indexer weights * 1/64, MODEL.md 4.6.2 step 3).
+    // Default implementation: host memory only (CUDA overrides).
+    virtual void mul_scalar_bf16(const Tensor& x, float factor);
     // One sequence: q BF16 [m, H, hd]; win_kv BF16 [s, hd]; cmp_kv BF16 [T, hd] (T may be 0);
     // sink F32 [H]; idx I32 [m, n_idx]: j < s -> win_kv[j], j >= s -> cmp_kv[j - s], -1 empty
     // -> o BF16 [m, H, hd]. 64-slot tiles, running max seeded -1e30, bf16 probabilities before PV.

@@ -1,0 +1,83 @@
+// Engram hashing (MODEL.md 4.2): the compressed token map, the prime layout, the hash multipliers
+// and the per-position hash ids; plus host-side row gathering from the table shards (MODEL.md 4.8
+// step 1). Everything here is exact integer arithmetic and is checked against the golden data.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ds4r/config.h"
+
+namespace ds4r {
+
+class Tokenizer;
+
+// token id -> compressed (normalized) id, one entry per id in range(len(tokenizer)).
+struct EngramTokenMap {
+    std::vector<int32_t> map;   // [len(tokenizer)]
+    int64_t num_keys = 0;       // distinct normalized keys (must equal engram_compressed_vocab_size)
+    int32_t pad_compressed = 0; // map[engram_pad_id]
+};
+// Builds the map with the normalizer chain of MODEL.md 4.2 (NFKC, NFD, StripAccents, Lowercase,
+// whitespace runs -> ' ', '^ $' -> U+E000, Strip, U+E000 -> ' '; U+FFFD tokens keep their raw
+// token string; empty normalized keys keep the un-normalized text; ids in order of first
+// appearance). Throws CheckpointError naming `tokenizer_path` when num_keys differs from
+// cfg.engram_compressed_vocab_size (pass check = false to skip that check, e.g. in make-tiny).
+EngramTokenMap build_engram_token_map(const Tokenizer& tok, const ModelConfig& cfg,
+                                      const std::string& tokenizer_path, bool check = true);
+// The normalized key of one decoded text (exposed for tests).
+std::string engram_normalize(const std::string& text);
+
+// Prime layout of every Engram layer (MODEL.md 4.2 "Layout").
+struct EngramLayout {
+    // primes[layer_idx][ngram_group][head]; ngram_group g covers n-grams of size g + 2.
+    std::vector<std::vector<std::vector<int64_t>>> primes;
+    std::vector<std::vector<int64_t>> offsets;  // [layer_idx][g * n_heads + h]: exclusive prefix sums
+    std::vector<int64_t> table_rows;            // [layer_idx]: sum of the layer's primes
+};
+EngramLayout build_engram_layout(const ModelConfig& cfg);
+// The same; throws CheckpointError naming `config_path` when a layer's primes do not sum to its
+// engram_num_embeddings entry, or the Engram fields are out of range.
+EngramLayout build_engram_layout(const ModelConfig& cfg, const std::string& config_path);
+
+// numpy.random.default_rng(10007 * layer).integers(0, bound, size=max_ngram, dtype=int64) * 2 + 1,
+// bound = max(1, (INT64_MAX // compressed_vocab) // 2), reproduced exactly (PCG64 + SeedSequence +
+// Lemire bounded integers as numpy implements them).
+std::vector<int64_t> engram_multipliers(int64_t layer, int64_t compressed_vocab, int64_t max_ngram);
+// numpy.random.default_rng(seed).integers(0, high, size=count, dtype=np.int64) for high >= 1, as
+// numpy (>= 1.17) computes it: SeedSequence -> PCG64 -> Lemire bounded integers (32-bit draws
+// when high - 1 fits in 32 bits). The building block of engram_multipliers, exposed for tests.
+std::vector<int64_t> numpy_rng_integers(uint64_t seed, int64_t high, int64_t count);
+
+// Hash ids of one sequence: out [s, n_engram_layers, n_hash_cols] int64 row indices into each
+// layer's table (column order: 2-gram heads, 3-gram heads, ...). `tokens` are raw token ids;
+// one outside the map throws InputError.
+std::vector<int64_t> engram_hash_ids(const std::vector<int32_t>& tokens, const EngramTokenMap& map,
+                                     const EngramLayout& layout, const ModelConfig& cfg);
+
+// Host-side gather of Engram table rows from a shard: fp8 e4m3 rows [rows, head_dim] with one e8m0
+// scale per 32 (MODEL.md 4.8 step 1), dequantized exactly to bf16. The shard is mmapped read-only
+// (MADV_RANDOM); if that fails, or the environment sets DS4R_ENGRAM_PREAD=1, rows are read with
+// pread. Constructor errors (missing file, extents past its end) are CheckpointErrors.
+class EngramTable {
+public:
+    // weight_offset / scale_offset: absolute file offsets of `engram.embed.weight` / `.scale`.
+    EngramTable(const std::string& shard_path, uint64_t weight_offset, uint64_t scale_offset,
+                int64_t rows, int64_t head_dim);
+    ~EngramTable();
+    EngramTable(const EngramTable&) = delete;
+    EngramTable& operator=(const EngramTable&) = delete;
+    int64_t rows() const { return rows_; }
+    int64_t head_dim() const { return head_dim_; }
+    // out[i * head_dim + d] = bf16 bits of row ids[i]; throws RuntimeError for ids out of range.
+    void gather_bf16(const int64_t* ids, size_t n, uint16_t* out) const;
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+    int64_t rows_, head_dim_;
+};
+
+}  // namespace ds4r

@@ -1,0 +1,140 @@
+// The V4.1 block, written once against the Backend interface (MODEL.md section 4).
+//
+// A pass pushes many sequences through one layer at a time. Rows of the pass are (sequence,
+// position) pairs; they are processed in chunks of at most --max-batch-tokens rows, in three sweeps
+// per layer:
+//   engram_chunk  (Engram layers only)  the stream X is updated in place before the block (4.4 step 1);
+//   kv_chunk      window KV of every row, and at KV sources the compressed KV + index keys (4.6 b, c);
+//   main_chunk    queries, indexer, sparse attention, output, mHC and MoE: X <- block(X), P <- f_pre.
+// kv_chunk runs over every chunk before main_chunk starts, so that a query chunk can attend to any
+// earlier row of its sequence. Per-sequence data that attention reads (window KV of this layer, the
+// cross-layer shared slots of MODEL.md 5.6) lives in backend "arenas" for the whole pass.
+// Every row's result depends only on that row's sequence: never on the chunking or on the other
+// sequences of the pass (batch invariance, DESIGN.md section 4).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ds4r/backend.h"
+#include "ds4r/config.h"
+
+namespace ds4r {
+
+// Tensors of one block as backend views (bound by checkpoint name from include/ds4r/binding.h).
+struct LayerWeights {
+    int layer = 0;
+    LayerRole role;
+    Tensor attn_norm, ffn_norm;          // BF16 [D]
+    Tensor hc_attn_fn, hc_ffn_fn;        // F32 [mix, hc*D]
+    Tensor hc_attn_base, hc_ffn_base;    // F32 [mix]
+    Tensor hc_attn_scale, hc_ffn_scale;  // F32 [3]
+    Tensor attn_sink;                    // F32 [H]
+    Fp8Linear wq_a;                      // [q_lora, D]
+    Tensor q_norm;                       // BF16 [q_lora]
+    Fp8Linear wq_b;                      // [H*hd, q_lora]
+    Fp8Linear wkv;                       // [hd, D]
+    Tensor kv_norm;                      // BF16 [hd]
+    Fp8Linear wo_a;                      // [G*o_lora, H*hd/G], used as exact bf16 (MODEL.md 3.6)
+    Fp8Linear wo_b;                      // [D, G*o_lora]
+    // Compressor (KV sources only).
+    Tensor cmp_wkv;                      // BF16 [hd, D] (fp32 math at ratio 2, bf16 at ratio 1)
+    Tensor cmp_wgate;                    // BF16 [hd, D] (ratio 2 only)
+    Tensor cmp_norm;                     // BF16 [hd]
+    // Indexer.
+    Tensor idx_wk;                       // BF16 [ihd, hd] (key-owning sources only)
+    Tensor idx_k_norm;                   // BF16 [ihd]
+    Fp8Linear idx_wq_b;                  // [nIH*ihd, q_lora] (index sources)
+    Tensor idx_weights_proj;             // BF16 [nIH, D]
+    MoeWeights moe;
+    // Engram projections (Engram layers only; the table itself is gathered on the host).
+    Fp8Linear eng_wkv;                   // [(hc+1)*D, cols*ehd]
+    Tensor eng_q, eng_k;                 // BF16 [hc, D]
+};
+
+// name -> backend tensor of the checkpoint tensor with that name (throws if absent).
+using TensorLookup = std::function<Tensor(const std::string& name)>;
+LayerWeights bind_layer_weights(const ModelConfig& cfg, const LayerRole& role, const TensorLookup& get);
+
+struct GlobalWeights {
+    Tensor norm;  // BF16 [D]
+    Tensor head;  // BF16 [V, D] (used as fp32)
+};
+GlobalWeights bind_global_weights(const TensorLookup& get);
+
+// One sequence of a pass, as the layer sees it.
+struct SeqInfo {
+    int64_t len = 0;         // s
+    int64_t row0 = 0;        // its first row in the pass-wide arenas
+    // Shared slots (MODEL.md 5.6), set by the latest source layers:
+    int64_t cmp_rows = 0;    // T: rows of compressed KV / index keys (s / ratio of the latest KV source)
+    int64_t topk_width = 0;  // K_c of the latest index source (0: window only)
+    int64_t cand_words = 0;  // u32 words per row of the candidate block mask (0: none yet)
+};
+
+// A contiguous piece of one sequence inside a chunk.
+struct Segment {
+    int seq = 0;             // index into the pass's sequences
+    int64_t t0 = 0, t1 = 0;  // positions [t0, t1)
+    int64_t row = 0;         // first row of the segment in the chunk tensors
+};
+
+struct ChunkRows {
+    std::vector<Segment> segs;     // in row order, covering rows [0, rows)
+    int64_t rows = 0;              // M
+    Tensor pos;                    // I32 [M] positions (backend memory)
+    std::vector<int32_t> host_pos; // the same on the host
+};
+
+// Pass-wide backend state shared by the chunk functions.
+struct PassContext {
+    PassContext(Backend& b, const ModelConfig& c) : be(b), cfg(c) {}
+    Backend& be;
+    const ModelConfig& cfg;
+    std::vector<SeqInfo> seqs;
+    int64_t total_rows = 0;
+    int64_t max_len = 0;
+    Tensor win_kv;    // BF16 [total_rows, hd]: window KV of the current layer (4.6 b)
+    Tensor cmp_kv;    // BF16 [total_rows, hd]: compressed KV of the latest KV source (seq at row0)
+    Tensor index_k;   // BF16 [total_rows, ihd]: index keys of the latest key-owning source
+    Tensor topk;      // I32 [total_rows * index_topk] flat: sequence i holds [len, topk_width] at row0*index_topk
+    Tensor cand;      // U32 flat: sequence i holds [len, cand_words] at row0 * cand_words_max
+    int64_t cand_words_max = 0;
+    Tensor rope_plain;  // F32 [max_len, rd/2, 2]: ratio-0 layers (base rope_theta, no YaRN)
+    Tensor rope_yarn;   // F32 [max_len, rd/2, 2]: ratio>0 layers and indexers (compress_rope_theta, YaRN)
+
+    // Allocates the arenas and RoPE tables for sequences of these lengths.
+    void setup(const std::vector<int64_t>& lens);
+    // Views of one sequence's slots.
+    Tensor seq_topk(int i) const;  // I32 [len, topk_width]
+    Tensor seq_cand(int i) const;  // U32 [len, cand_words]
+};
+
+// Optional per-chunk outputs for tests (teacher-forced golden comparisons). Empty tensors = off.
+struct LayerTaps {
+    Tensor attn_out;   // BF16 [M, D]: attention output after wo_b
+    Tensor moe_out;    // BF16 [M, D]
+    Tensor route_idx;  // I32 [M, k]
+    Tensor route_w;    // F32 [M, k]
+};
+
+// Engram (MODEL.md 4.8): X BF16 [M, hc, D] updated in place; e BF16 [M, cols*ehd] = gathered rows.
+void engram_chunk(PassContext& ctx, const LayerWeights& w, const Tensor& X, const Tensor& e);
+// Sweep 1 (4.6 b, c, 4.6.1, 4.6.2 step 1). Chunk segments must start at even positions.
+void kv_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, const Tensor& X,
+              const Tensor& P);
+// Sweep 2: the rest of block L. X BF16 [M, hc, D] <- block output; P F32 [M, hc] <- f_pre.
+void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, const Tensor& X,
+                const Tensor& P, const LayerTaps* taps);
+// After the last block (4.9): x = hc_pre(X, P) -> `collapsed` (BF16 [M, D], the capture point of
+// layer n_layers) -> final norm -> head statistics against targets I32 [M].
+void head_chunk(PassContext& ctx, const GlobalWeights& g, const Tensor& X, const Tensor& P,
+                const Tensor& targets, int k, const Tensor& collapsed, const HeadStatsOut& out);
+
+// Called once per layer before its kv sweep: publishes the per-sequence slot metadata the layer
+// will produce (cmp_rows at KV sources, topk_width at index sources, cand_words at the candidate
+// source), so arenas views are known before any chunk runs.
+void begin_layer(PassContext& ctx, const LayerRole& role);
+
+}  // namespace ds4r

@@ -1,0 +1,81 @@
+// Result output (DESIGN.md section 2): one JSONL record per input sequence, in input order, appended
+// and fsynced per completed pass; hidden states as .npy files (one per captured layer).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ds4r/file_util.h"
+#include "ds4r/replay.h"
+
+namespace ds4r {
+
+// Shortest text that reads back as the same double (C++ to_chars); "NaN"/inf never occur in
+// results (asserted by callers).
+std::string format_double(double v);
+
+struct HiddenRef {
+    int layer = 0;
+    std::string file;         // file name relative to the hidden dir
+    int64_t row_begin = 0, row_end = 0;
+};
+
+// One output line (without the trailing newline). `id_json` is the id as JSON text; `extra_json`
+// the carried-through input fields as a JSON object text ("{}" when none).
+std::string format_record(const std::string& id_json, const SequenceScores& s, int top_k,
+                          const std::vector<HiddenRef>& hidden, const std::string& extra_json);
+// A record for an input line that could not be scored (--skip-bad).
+std::string format_error_record(const std::string& id_json, int64_t line, const std::string& message);
+
+// Appends whole lines and makes them durable: a line is never half-written as seen by a reader
+// that truncates to the last newline (see --resume), and commit() fsyncs.
+class ResultWriter {
+public:
+    // path "-" = stdout (flushed, not fsynced).
+    explicit ResultWriter(const std::string& path);
+    void append(const std::string& line);  // buffered until commit()
+    void commit();                         // write + fsync the buffered lines
+    const std::string& path() const { return path_; }
+
+private:
+    std::string path_;
+    bool stdout_ = false;
+    FileHandle fh_;
+    std::string pending_;
+};
+
+// Hidden-state capture files: <dir>/hidden_L<layer>.npy, every sequence's rows in input order.
+// The npy header is rewritten with the final row count at every commit (it reserves room for any
+// count), so a committed file is always a valid .npy whose rows match the committed records.
+class HiddenNpyWriter : public HiddenSink {
+public:
+    HiddenNpyWriter(std::string dir, int n_layers, HiddenMode mode, int64_t dim, int64_t hc);
+    // Opens (or, on resume, truncates to `rows_kept[layer]` rows and reopens) the layer's file.
+    void open_layer(int layer, int64_t rows_kept = 0);
+    void add_rows(int layer, int seq, const uint16_t* data, int64_t rows, int64_t row_elems) override;
+    // Rows [begin, end) written for (layer, seq) since the last take_refs().
+    std::vector<HiddenRef> refs_for(int seq) const;
+    void clear_refs();
+    void commit();  // fsync data, rewrite the header with the current row count, fsync
+    std::string file_name(int layer) const;
+
+private:
+    struct LayerFile {
+        FileHandle fh;
+        int64_t rows = 0;
+        int64_t row_elems = 0;
+        std::string descr;
+        Shape row_shape;
+    };
+    std::string dir_;
+    int n_layers_;
+    HiddenMode mode_;
+    int64_t dim_, hc_;
+    std::map<int, LayerFile> files_;
+    std::map<int, std::vector<HiddenRef>> refs_;  // by seq index in the current pass
+};
+
+}  // namespace ds4r

@@ -1,0 +1,130 @@
+// The layer-major pass runner (DESIGN.md section 3, replay/): a pass is a set of sequences whose
+// state fits in host memory; every layer is applied to every sequence of the pass before the next
+// layer is acquired from the WeightSource. Per-sequence state (4-copy residual stream, next
+// pre-mix) lives in host memory between layers and streams through the backend in chunks of at
+// most max_batch_tokens rows.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ds4r/engram.h"
+#include "ds4r/model.h"
+#include "ds4r/weights.h"
+
+namespace ds4r {
+
+class Checkpoint;
+class Tokenizer;
+
+enum class HiddenMode { Mean, Copies };
+
+struct ReplayOptions {
+    int64_t max_batch_tokens = 4096;  // rows per chunk (bounds activation memory, never results)
+    int top_k = 8;                    // alternatives per position
+    std::vector<int> capture_layers;  // 0..n_layers (n_layers = collapsed final hidden state)
+    HiddenMode hidden_mode = HiddenMode::Mean;
+};
+
+// Engram hashing state and table readers for the whole run (MODEL.md 4.2, 4.8).
+struct EngramResources {
+    EngramTokenMap map;
+    EngramLayout layout;
+    std::vector<std::unique_ptr<EngramTable>> tables;  // one per Engram layer, in engram_layer_ids order
+};
+// Builds the token map from tokenizer.json (checked against engram_compressed_vocab_size), the
+// layout, and opens the table shards. nullptr when the model has no Engram layers.
+std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt);
+
+// Scores of one sequence of n tokens. Row t < n-1 scores tokens[t+1]; row n-1 is the distribution
+// after the last token ("final").
+struct SequenceScores {
+    int64_t n = 0;
+    std::vector<double> logprob;        // [n-1]
+    std::vector<int32_t> rank;          // [n-1]
+    std::vector<double> entropy;        // [n]
+    std::vector<int32_t> topk_ids;      // [n, k]
+    std::vector<double> topk_logprobs;  // [n, k]
+};
+
+// Receives captured hidden states (DESIGN.md "Hidden states"), per layer and sequence, in
+// sequence order. Mean mode: fp16 bits [rows, D]; copies mode: bf16 bits [rows, hc, D];
+// layer n_layers: fp16 bits [rows, D].
+class HiddenSink {
+public:
+    virtual ~HiddenSink() = default;
+    virtual void add_rows(int layer, int seq, const uint16_t* data, int64_t rows, int64_t row_elems) = 0;
+};
+
+struct LayerTiming {
+    int layer = 0;            // kHeadLayer for the head
+    double wait_s = 0;        // blocked on the weight source
+    double compute_s = 0;     // sweeps (backend synchronized)
+    int64_t rows = 0;
+};
+
+class PassRunner {
+public:
+    PassRunner(Backend& be, const Checkpoint& ckpt, WeightSource& weights, const EngramResources* engram,
+               ReplayOptions opt);
+    ~PassRunner();
+
+    // One whole pass: begin, every layer in order, finish.
+    std::vector<SequenceScores> run(const std::vector<std::vector<int32_t>>& seqs, HiddenSink* sink,
+                                    const std::function<void(const LayerTiming&)>& on_layer = {});
+
+    // --- step API (used by run() and by the teacher-forced tests) ---
+    // Embeds the tokens, expands to hc copies, pre-mix = one-hot copy 0, computes Engram hashes.
+    void begin(const std::vector<std::vector<int32_t>>& seqs);
+    // Engram of layer L on the host stream (no-op for non-Engram layers).
+    void run_engram(const LayerWeights& w);
+    // Block L (kv sweep, then main sweep). If host_taps is non-null, per-row taps are downloaded
+    // into it (each vector sized total_rows * width, pass row order).
+    struct HostTaps {
+        std::vector<uint16_t> attn_out, moe_out;  // [rows, D] bf16
+        std::vector<int32_t> route_idx;           // [rows, k]
+        std::vector<float> route_w;               // [rows, k]
+    };
+    void run_block(const LayerWeights& w, HostTaps* host_taps = nullptr);
+    // Final collapse, norm, head statistics.
+    std::vector<SequenceScores> finish(const GlobalWeights& g, HiddenSink* sink);
+    // Captures layer L (< n_layers) from the host stream (call after run_engram, before run_block).
+    void capture(int layer, HiddenSink* sink);
+
+    // Host state of sequence i.
+    uint16_t* stream(int seq);  // BF16 [len, hc, D]
+    float* premix(int seq);     // F32 [len, hc]
+    int64_t seq_len(int seq) const;
+    PassContext& context() { return ctx_; }
+    const std::vector<std::vector<int32_t>>& tokens() const { return tokens_; }
+
+private:
+    struct Chunk {
+        int64_t r0 = 0, r1 = 0;  // pass rows
+        ChunkRows rows;
+    };
+    void plan_chunks();
+    void upload_chunk(const Chunk& ch, const Tensor& X, const Tensor& P);
+    void download_chunk(const Chunk& ch, const Tensor& X, const Tensor& P);
+
+    Backend& be_;
+    const Checkpoint& ckpt_;
+    WeightSource& weights_;
+    const EngramResources* engram_;
+    ReplayOptions opt_;
+    const ModelConfig& cfg_;
+    std::vector<LayerRole> roles_;
+    PassContext ctx_;
+    std::vector<std::vector<int32_t>> tokens_;
+    std::vector<int64_t> row0_;
+    int64_t total_rows_ = 0;
+    std::shared_ptr<void> stream_;  // BF16 [total_rows, hc, D]
+    std::shared_ptr<void> premix_;  // F32 [total_rows, hc]
+    std::vector<int64_t> hashes_;   // I64 [total_rows, n_engram_layers, cols]
+    std::vector<Chunk> chunks_;
+};
+
+}  // namespace ds4r

@@ -1,0 +1,122 @@
+// Activation-quantization kernels (MODEL.md 5.1, 5.2). Each thread owns 8 consecutive elements; a
+// quantization block of 32 (16) elements is 4 (2) consecutive lanes that share the amax by shuffles.
+// Every arithmetic step is the CPU twin's (cpu_ref.h), with explicit IEEE intrinsics, so the outputs
+// are bit identical (NaN payloads aside: the GPU's NaNs are canonical).
+#include "quant.cuh"
+#include "quant_device.cuh"
+
+namespace ds4r::kern {
+
+namespace {
+
+enum class QuantMode : int {
+    Fp8Codes,         // q + scale bytes (reference bytes)
+    Fp8CodesGemm,     // q + scale bytes (NaN/inf blocks -> 0xFF, see Fp8ScaleBytes)
+    Fp8Inplace,       // bf16 round trip
+    Fp4E8m0Inplace,   // blocks of 32, power-of-two scales
+    Fp4E4m3Inplace,   // blocks of 16, e4m3 scales
+};
+
+constexpr int kThreads = 256;
+
+// x [n_groups * 8] bf16 (rows * K, contiguous); q [n_groups * 8]; s [n_groups * 8 / 32].
+template <QuantMode kMode, bool kVec>
+__global__ void __launch_bounds__(kThreads) quant_kernel(uint16_t* __restrict__ x, uint8_t* __restrict__ q,
+                                                         uint8_t* __restrict__ s, int64_t n_groups) {
+    constexpr int kLanes = kMode == QuantMode::Fp4E4m3Inplace ? 2 : 4;  // lanes per block
+    const int64_t g = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+    const bool active = g < n_groups;  // inactive lanes still take part in the shuffles
+    float v[8];
+    if (active) {
+        load_bf16x8<kVec>(x + g * 8, v);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+    }
+    const float amax = group_amax<kLanes>(v);
+    if (!active) return;
+
+    if constexpr (kMode == QuantMode::Fp8Codes || kMode == QuantMode::Fp8CodesGemm) {
+        const float sc = fp8_block_scale(amax);
+        uint8_t b[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) b[i] = fp8_code(v[i], sc);
+        store_u8x8<kVec>(q + g * 8, b);
+        if ((g & 3) == 0) {
+            uint8_t byte = e8m0_of_pow2(sc);
+            if (kMode == QuantMode::Fp8CodesGemm && !(amax <= __int_as_float(0x7f7fffff))) byte = 0xff;  // NaN or inf
+            s[g >> 2] = byte;
+        }
+    } else if constexpr (kMode == QuantMode::Fp8Inplace) {
+        const float sc = fp8_block_scale(amax);
+        uint16_t h[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) h[i] = f32_to_bf16_bits(__fmul_rn(e4m3_to_f32(fp8_code(v[i], sc)), sc));
+        store_bf16x8<kVec>(x + g * 8, h);
+    } else {
+        const float sc = fp4_block_scale(amax, kMode == QuantMode::Fp4E4m3Inplace);
+        uint16_t h[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) h[i] = f32_to_bf16_bits(__fmul_rn(e2m1_to_f32(fp4_code(v[i], sc)), sc));
+        store_bf16x8<kVec>(x + g * 8, h);
+    }
+}
+
+template <QuantMode kMode>
+cudaError_t launch(uint16_t* x, uint8_t* q, uint8_t* s, int64_t rows, int64_t K, cudaStream_t stream) {
+    const int64_t n_groups = rows * K / 8;
+    if (n_groups == 0) return cudaSuccess;
+    const int64_t blocks = (n_groups + kThreads - 1) / kThreads;
+    if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
+    // 16-byte vector accesses when every pointer allows them (rows of K % 32 == 0 keep the alignment).
+    const bool vec = (reinterpret_cast<uintptr_t>(x) % 16 == 0) && (reinterpret_cast<uintptr_t>(q) % 8 == 0);
+    if (vec)
+        quant_kernel<kMode, true><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, q, s, n_groups);
+    else
+        quant_kernel<kMode, false><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, q, s, n_groups);
+    return cudaGetLastError();
+}
+
+// out[i] = bf16(e4m3(w[i]) * e8m0(s[row / 32, col / 32])); one thread per element.
+__global__ void __launch_bounds__(kThreads) dequant_fp8_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ s,
+                                                               int64_t rows, int64_t cols, uint16_t* __restrict__ out) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+    if (i >= rows * cols) return;
+    const int64_t r = i / cols, c = i % cols;
+    const int64_t s_cols = (cols + 31) / 32;
+    out[i] = f32_to_bf16_bits(__fmul_rn(e4m3_to_f32(w[i]), e8m0_to_f32(s[(r >> 5) * s_cols + (c >> 5)])));
+}
+
+}  // namespace
+
+cudaError_t launch_dequant_fp8_bf16(const uint8_t* w, const uint8_t* s, int64_t rows, int64_t cols, uint16_t* out,
+                                    cudaStream_t stream) {
+    const int64_t n = rows * cols;
+    if (n == 0) return cudaSuccess;
+    const int64_t blocks = (n + kThreads - 1) / kThreads;
+    if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
+    dequant_fp8_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(w, s, rows, cols, out);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_act_quant_fp8(const uint16_t* x, uint8_t* q, uint8_t* s, int64_t rows, int64_t K,
+                                 Fp8ScaleBytes scale_bytes, cudaStream_t stream) {
+    if (K % 32 != 0) return cudaErrorInvalidValue;
+    // The kernel does not write x in these modes.
+    uint16_t* xm = const_cast<uint16_t*>(x);
+    return scale_bytes == Fp8ScaleBytes::Reference ? launch<QuantMode::Fp8Codes>(xm, q, s, rows, K, stream)
+                                                   : launch<QuantMode::Fp8CodesGemm>(xm, q, s, rows, K, stream);
+}
+
+cudaError_t launch_act_quant_fp8_inplace(uint16_t* x, int64_t rows, int64_t K, cudaStream_t stream) {
+    if (K % 32 != 0) return cudaErrorInvalidValue;
+    return launch<QuantMode::Fp8Inplace>(x, nullptr, nullptr, rows, K, stream);
+}
+
+cudaError_t launch_fp4_quant_inplace(uint16_t* x, int64_t rows, int64_t K, bool block16_e4m3, cudaStream_t stream) {
+    if (K % (block16_e4m3 ? 16 : 32) != 0) return cudaErrorInvalidValue;
+    return block16_e4m3 ? launch<QuantMode::Fp4E4m3Inplace>(x, nullptr, nullptr, rows, K, stream)
+                        : launch<QuantMode::Fp4E8m0Inplace>(x, nullptr, nullptr, rows, K, stream);
+}
+
+}  // namespace ds4r::kern

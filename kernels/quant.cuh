@@ -1,0 +1,35 @@
+// Launch wrappers of the activation-quantization kernels (MODEL.md 5.1, 5.2), bit exact with the CPU
+// backend (src/backend/cpu/cpu_ref.h). Plain declarations: included by g++-compiled backend code.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace ds4r::kern {
+
+// How act_quant_fp8 writes the scale byte of a block whose amax is NaN or +inf.
+enum class Fp8ScaleBytes : int {
+    // Bit exact with the CPU's act_quant (MODEL.md 5.1 bit trick): a NaN amax gives byte 0x00, +inf
+    // gives 0xFF. Used by the act_quant_fp8 op.
+    Reference = 0,
+    // GEMM operand: such a block gets 0xFF (NaN), so the block-scaled GEMM turns the row's output
+    // into NaN exactly where the reference (whose e4m3 NaN code 0x7f makes the block sum NaN) does.
+    // The GEMMs widen e4m3 with a bit trick that maps the NaN code to a finite value.
+    GemmNanMarker = 1,
+};
+
+// x BF16 [rows, K] -> q F8_E4M3 [rows, K], s F8_E8M0 [rows, K / 32]; K % 32 == 0.
+cudaError_t launch_act_quant_fp8(const uint16_t* x, uint8_t* q, uint8_t* s, int64_t rows, int64_t K,
+                                 Fp8ScaleBytes scale_bytes, cudaStream_t stream);
+// x BF16 [rows, K] in place: x <- bf16(e4m3(x / s) * s) per block of 32; K % 32 == 0.
+cudaError_t launch_act_quant_fp8_inplace(uint16_t* x, int64_t rows, int64_t K, cudaStream_t stream);
+// x BF16 [rows, K] in place: fp4 e2m1 round trip per block; block16_e4m3 = false: blocks of 32 with
+// power-of-two (e8m0) scales; true: blocks of 16 with e4m3 scales. K % block == 0.
+cudaError_t launch_fp4_quant_inplace(uint16_t* x, int64_t rows, int64_t K, bool block16_e4m3, cudaStream_t stream);
+
+// Exact dequantization of fp8 weights to bf16 (convert.py's wo_a, MODEL.md 3.6): w e4m3 [rows, cols]
+// with e8m0 scales s [ceil(rows / 32), ceil(cols / 32)] -> out bf16 [rows, cols] = bf16(fp32(w) * 2^(e-127)).
+cudaError_t launch_dequant_fp8_bf16(const uint8_t* w, const uint8_t* s, int64_t rows, int64_t cols, uint16_t* out,
+                                    cudaStream_t stream);
+
+}  // namespace ds4r::kern

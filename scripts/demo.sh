@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The main job on an embedded default: builds ds4replay, makes a tiny random checkpoint in the real
+# layout, scores a few sequences (CUDA when a GPU is present, else the CPU backend) and prints a summary.
+# Usage: scripts/demo.sh [OUT_DIR]   (default: /tmp/ds4replay-demo)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+BIN="${DS4R_BUILD_DIR:-build}/ds4replay"
+OUT="${1:-/tmp/ds4replay-demo}"
+rm -rf "$OUT/model"
+mkdir -p "$OUT"
+"$BIN" make-tiny "$OUT/model" --preset tiny --seed 1
+"$BIN" inspect --model "$OUT/model" | tail -n 4
+rm -f "$OUT/results.jsonl"
+"$BIN" score --model "$OUT/model" --input scripts/data/demo_tokens.jsonl --output "$OUT/results.jsonl" \
+  --capture-layers 2 --hidden-dir "$OUT/hidden" --progress plain
+python3 - "$OUT/results.jsonl" <<'PY' 2>/dev/null || head -c 600 "$OUT/results.jsonl"
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    n = r["n_tokens"]
+    mean = r["sum_logprob"] / max(n - 1, 1)
+    print(f'{r["id"]:>10}: {n:4d} tokens, mean logprob {mean:8.4f}, final top-1 {r["final"]["topk_ids"][0]}')
+PY
+echo "results: $OUT/results.jsonl   hidden states: $OUT/hidden/"

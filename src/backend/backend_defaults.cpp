@@ -1,0 +1,68 @@
+// Default implementations of the few Backend members that have one (host memory only).
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "ds4r/backend.h"
+#include "ds4r/numeric.h"
+
+namespace ds4r {
+
+std::shared_ptr<void> Backend::alloc_host(size_t bytes) {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (!p) throw std::bad_alloc();
+    return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
+
+void Backend::attn_indices(const Tensor& qpos, int64_t window, const Tensor& topk, const Tensor& idx) {
+    DS4R_CHECK(host_memory(), "%s: attn_indices default implementation needs host memory", name().c_str());
+    const int64_t m = idx.dim(0), n = idx.dim(1);
+    const int64_t kc = topk.empty() ? 0 : topk.dim(1);
+    const int64_t W = n - kc;
+    DS4R_CHECK(W >= 0 && qpos.dim(0) == m, "attn_indices: bad shapes");
+    const int32_t* pos = qpos.ptr<int32_t>();
+    const int32_t* tk = topk.empty() ? nullptr : topk.ptr<int32_t>();
+    int32_t* out = idx.ptr<int32_t>();
+    for (int64_t r = 0; r < m; ++r) {
+        const int64_t p = pos[r];
+        const int64_t start = std::max<int64_t>(p - window + 1, 0);
+        for (int64_t c = 0; c < W; ++c) {
+            const int64_t j = start + c;
+            out[r * n + c] = j > p ? -1 : static_cast<int32_t>(j);
+        }
+        for (int64_t c = 0; c < kc; ++c) out[r * n + W + c] = tk[r * kc + c];
+    }
+}
+
+void Backend::mul_scalar_bf16(const Tensor& x, float factor) {
+    DS4R_CHECK(host_memory(), "%s: mul_scalar_bf16 default implementation needs host memory", name().c_str());
+    uint16_t* p = x.ptr<uint16_t>();
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] = f32_to_bf16(bf16_to_f32(p[i]) * factor);
+}
+
+}  // namespace ds4r
+
+namespace ds4r {
+
+namespace {
+class SyncCopyQueue : public CopyQueue {
+public:
+    explicit SyncCopyQueue(Backend& be) : be_(be) {}
+    void copy(const Tensor& dst, size_t dst_offset, const void* src, size_t bytes) override {
+        be_.upload(dst, dst_offset, src, bytes);
+    }
+    uint64_t fence() override { return ++n_; }
+    void host_wait(uint64_t) override {}
+    void compute_wait(uint64_t) override {}
+
+private:
+    Backend& be_;
+    uint64_t n_ = 0;
+};
+}  // namespace
+
+std::unique_ptr<CopyQueue> Backend::make_copy_queue() { return std::make_unique<SyncCopyQueue>(*this); }
+
+}  // namespace ds4r

@@ -1,0 +1,248 @@
+// CPU linears (MODEL.md 4.0, 5.3, 4.6 f).
+//
+// fp8 / fp4 weights: the activation is quantized per 32 along K (5.1); then for every output
+//   C[m, n] = sum over K blocks kb, IN K ORDER, of (fp32(P[m, n, kb]) * sa[m, kb]) * sw[.., kb]
+// added to an fp32 accumulator, rounded to bf16 once. P is the block's dot product of the
+// dequantized (unscaled) fp8 / fp4 values; every product is exact and the 32-term sum is exact in
+// double, so P is computed exactly and rounded once to fp32: our model of the kernel's fp32 MMA
+// accumulator, whose internal order inside one block is the only thing not reproduced.
+// bf16 / fp32 weights (cuBLAS GEMMs in the reference): fp64 accumulation, rounded once to fp32
+// (and then to bf16 for bf16 outputs). No TF32.
+#include <algorithm>
+#include <vector>
+
+#include "cpu_backend.h"
+#include "cpu_ref.h"
+#include "ds4r/error.h"
+
+namespace ds4r {
+
+using namespace cpu_detail;
+
+namespace {
+
+constexpr int64_t kColChunk = 64;  // output columns per parallel work item
+
+inline float to_f32(float v) { return v; }
+inline float to_f32(uint16_t bf16) { return bf16_to_f32(bf16); }
+
+// Activations quantized per 32 along K: unscaled e4m3 values and the per-block power-of-two scales.
+struct QuantizedRows {
+    std::vector<float> v;  // [M, K]
+    std::vector<float> s;  // [M, K / 32]
+};
+
+QuantizedRows quantize_rows(const CpuBackend& be, const uint16_t* x, int64_t M, int64_t K) {
+    QuantizedRows a;
+    const int64_t KB = K / 32;
+    a.v.resize(static_cast<size_t>(M * K));
+    a.s.resize(static_cast<size_t>(M * KB));
+    const float* lut = cpuref::e4m3_table();
+    be.parallel_for(M, static_cast<double>(K), [&](int64_t r0, int64_t r1) {
+        uint8_t q[32];
+        for (int64_t r = r0; r < r1; ++r)
+            for (int64_t b = 0; b < KB; ++b) {
+                a.s[static_cast<size_t>(r * KB + b)] = cpuref::fp8_quant_block(x + r * K + b * 32, 32, q, nullptr);
+                float* dst = a.v.data() + r * K + b * 32;
+                for (int i = 0; i < 32; ++i) dst[i] = lut[q[i]];
+            }
+    });
+    return a;
+}
+
+// Parallel loop over (row, chunk of output columns) work items.
+template <class F>
+void for_rows_and_col_chunks(const CpuBackend& be, int64_t M, int64_t N, int64_t K, F&& body) {
+    const int64_t chunks = (N + kColChunk - 1) / kColChunk;
+    be.parallel_for(M * chunks, static_cast<double>(kColChunk * std::max<int64_t>(K, 1)),
+                    [&](int64_t i0, int64_t i1) {
+                        for (int64_t i = i0; i < i1; ++i) {
+                            const int64_t m = i / chunks, c = i % chunks;
+                            body(m, c * kColChunk, std::min(N, (c + 1) * kColChunk));
+                        }
+                    });
+}
+
+// y[m, n] = fp32(sum_k x[m, k] * w[n, k]) accumulated in double; out(m, n, value).
+template <class XT, class WT, class Out>
+void dense_gemm(const CpuBackend& be, const XT* x, const WT* w, int64_t M, int64_t N, int64_t K, Out&& out) {
+    for_rows_and_col_chunks(be, M, N, K, [&](int64_t m, int64_t n0, int64_t n1) {
+        std::vector<double> xr(static_cast<size_t>(K));
+        for (int64_t k = 0; k < K; ++k) xr[static_cast<size_t>(k)] = to_f32(x[m * K + k]);
+        for (int64_t n = n0; n < n1; ++n) {
+            const WT* wr = w + n * K;
+            double s = 0.0;
+            for (int64_t k = 0; k < K; ++k) s += xr[static_cast<size_t>(k)] * static_cast<double>(to_f32(wr[k]));
+            out(m, n, static_cast<float>(s));
+        }
+    });
+}
+
+void check_fp8_weight(const char* op, const Fp8Linear& w) {
+    check_dtype(op, "w.w", w.w, DType::F8_E4M3);
+    check_dtype(op, "w.s", w.s, DType::F8_E8M0);
+    DS4R_CHECK(w.w.ndim() == 2, "cpu %s: w.w must be 2-d, got %s", op, shape_str(w.w.shape).c_str());
+    const int64_t N = w.w.dim(0), K = w.w.dim(1);
+    check_shape(op, "w.s", w.s, {(N + 31) / 32, (K + 31) / 32});
+    check_data(op, "w.w", w.w);
+}
+
+}  // namespace
+
+void CpuBackend::fp8_linear_rows(const uint16_t* x, int64_t M, const Fp8Linear& w, uint16_t* y) const {
+    check_fp8_weight("linear_fp8", w);
+    const int64_t N = w.w.dim(0), K = w.w.dim(1), KB = K / 32;
+    DS4R_CHECK(K % 32 == 0, "cpu linear_fp8: K = %lld is not a multiple of 32", (long long)K);
+    const QuantizedRows a = quantize_rows(*this, x, M, K);
+    std::vector<float> sw(static_cast<size_t>(((N + 31) / 32) * KB));
+    for (size_t i = 0; i < sw.size(); ++i) sw[i] = e8m0_to_f32(w.s.ptr<uint8_t>()[i]);
+    const uint8_t* W = w.w.ptr<uint8_t>();
+    const float* lut = cpuref::e4m3_table();
+    for_rows_and_col_chunks(*this, M, N, K, [&](int64_t m, int64_t n0, int64_t n1) {
+        const float* am = a.v.data() + m * K;
+        const float* sm = a.s.data() + m * KB;
+        for (int64_t n = n0; n < n1; ++n) {
+            const uint8_t* wn = W + n * K;
+            const float* swn = sw.data() + (n / 32) * KB;  // one weight scale per 32x32 tile
+            float acc = 0.0f;
+            for (int64_t kb = 0; kb < KB; ++kb) {
+                double p = 0.0;
+                for (int k = 0; k < 32; ++k)
+                    p += static_cast<double>(am[kb * 32 + k]) * static_cast<double>(lut[wn[kb * 32 + k]]);
+                acc += (static_cast<float>(p) * sm[kb]) * swn[kb];
+            }
+            y[m * N + n] = f32_to_bf16(acc);
+        }
+    });
+}
+
+void CpuBackend::fp4_linear_rows(const uint16_t* x, int64_t M, const Fp4Linear& w, uint16_t* y) const {
+    const char* op = "linear_fp4";
+    DS4R_CHECK(w.w.dtype == DType::I8 || w.w.dtype == DType::U8, "cpu %s: w.w must be I8 (packed e2m1), got %s",
+               op, dtype_name(w.w.dtype));
+    check_dtype(op, "w.s", w.s, DType::F8_E8M0);
+    DS4R_CHECK(w.w.ndim() == 2, "cpu %s: w.w must be 2-d, got %s", op, shape_str(w.w.shape).c_str());
+    const int64_t N = w.w.dim(0), K = 2 * w.w.dim(1), KB = K / 32;
+    DS4R_CHECK(K % 32 == 0, "cpu %s: K = %lld is not a multiple of 32", op, (long long)K);
+    check_shape(op, "w.s", w.s, {N, KB});
+    check_data(op, "w.w", w.w);
+    const QuantizedRows a = quantize_rows(*this, x, M, K);
+    const uint8_t* W = w.w.ptr<uint8_t>();
+    const uint8_t* S = w.s.ptr<uint8_t>();
+    const float* lut = cpuref::e2m1_table();
+    for_rows_and_col_chunks(*this, M, N, K, [&](int64_t m, int64_t n0, int64_t n1) {
+        const float* am = a.v.data() + m * K;
+        const float* sm = a.s.data() + m * KB;
+        for (int64_t n = n0; n < n1; ++n) {
+            const uint8_t* wn = W + n * (K / 2);  // even k in the low nibble (MODEL.md 3.2)
+            float acc = 0.0f;
+            for (int64_t kb = 0; kb < KB; ++kb) {
+                double p = 0.0;
+                for (int b = 0; b < 16; ++b) {
+                    const uint8_t byte = wn[kb * 16 + b];
+                    p += static_cast<double>(am[kb * 32 + 2 * b]) * static_cast<double>(lut[byte & 15u]);
+                    p += static_cast<double>(am[kb * 32 + 2 * b + 1]) * static_cast<double>(lut[byte >> 4]);
+                }
+                acc += (static_cast<float>(p) * sm[kb]) * e8m0_to_f32(S[n * KB + kb]);
+            }
+            y[m * N + n] = f32_to_bf16(acc);
+        }
+    });
+}
+
+void CpuBackend::linear_fp8(const Tensor& x, const Fp8Linear& w, const Tensor& y) {
+    // x BF16 [M, K], W F8_E4M3 [N, K] (+ e8m0 scales per 32x32) -> y BF16 [M, N]
+    check_fp8_weight("linear_fp8", w);
+    check_dtype("linear_fp8", "x", x, DType::BF16);
+    check_dtype("linear_fp8", "y", y, DType::BF16);
+    const int64_t M = rows_of("linear_fp8", "x", x, w.w.dim(1));
+    check_numel("linear_fp8", "y", y, M * w.w.dim(0));
+    fp8_linear_rows(x.ptr<uint16_t>(), M, w, y.ptr<uint16_t>());
+}
+
+void CpuBackend::linear_fp4(const Tensor& x, const Fp4Linear& w, const Tensor& y) {
+    // x BF16 [M, K], W packed e2m1 [N, K/2] (+ e8m0 scales [N, K/32]) -> y BF16 [M, N]
+    check_dtype("linear_fp4", "x", x, DType::BF16);
+    check_dtype("linear_fp4", "y", y, DType::BF16);
+    DS4R_CHECK(w.w.ndim() == 2, "cpu linear_fp4: w.w must be 2-d, got %s", shape_str(w.w.shape).c_str());
+    const int64_t M = rows_of("linear_fp4", "x", x, 2 * w.w.dim(1));
+    check_numel("linear_fp4", "y", y, M * w.w.dim(0));
+    fp4_linear_rows(x.ptr<uint16_t>(), M, w, y.ptr<uint16_t>());
+}
+
+void CpuBackend::linear_bf16(const Tensor& x, const Tensor& w, const Tensor& y) {
+    // x BF16 [M, K] @ W BF16 [N, K]^T -> y BF16 [M, N]: fp64 accumulation -> fp32 -> bf16
+    check_dtype("linear_bf16", "x", x, DType::BF16);
+    check_dtype("linear_bf16", "w", w, DType::BF16);
+    check_dtype("linear_bf16", "y", y, DType::BF16);
+    DS4R_CHECK(w.ndim() == 2, "cpu linear_bf16: w must be 2-d, got %s", shape_str(w.shape).c_str());
+    const int64_t N = w.dim(0), K = w.dim(1);
+    check_data("linear_bf16", "w", w);
+    const int64_t M = rows_of("linear_bf16", "x", x, K);
+    check_numel("linear_bf16", "y", y, M * N);
+    uint16_t* yp = y.ptr<uint16_t>();
+    dense_gemm(*this, x.ptr<uint16_t>(), w.ptr<uint16_t>(), M, N, K,
+               [&](int64_t m, int64_t n, float v) { yp[m * N + n] = f32_to_bf16(v); });
+}
+
+void CpuBackend::linear_f32(const Tensor& x, const Tensor& w, const Tensor& y) {
+    // f32(x BF16|F32 [M, K]) @ f32(W BF16|F32 [N, K])^T -> y F32 [M, N]: fp64 accumulation -> fp32
+    DS4R_CHECK(x.dtype == DType::BF16 || x.dtype == DType::F32, "cpu linear_f32: x must be BF16 or F32, got %s",
+               dtype_name(x.dtype));
+    DS4R_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F32, "cpu linear_f32: w must be BF16 or F32, got %s",
+               dtype_name(w.dtype));
+    check_dtype("linear_f32", "y", y, DType::F32);
+    DS4R_CHECK(w.ndim() == 2, "cpu linear_f32: w must be 2-d, got %s", shape_str(w.shape).c_str());
+    const int64_t N = w.dim(0), K = w.dim(1);
+    check_data("linear_f32", "w", w);
+    const int64_t M = rows_of("linear_f32", "x", x, K);
+    check_numel("linear_f32", "y", y, M * N);
+    float* yp = y.ptr<float>();
+    auto out = [&](int64_t m, int64_t n, float v) { yp[m * N + n] = v; };
+    if (x.dtype == DType::BF16 && w.dtype == DType::BF16)
+        dense_gemm(*this, x.ptr<uint16_t>(), w.ptr<uint16_t>(), M, N, K, out);
+    else if (x.dtype == DType::BF16)
+        dense_gemm(*this, x.ptr<uint16_t>(), w.ptr<float>(), M, N, K, out);
+    else if (w.dtype == DType::BF16)
+        dense_gemm(*this, x.ptr<float>(), w.ptr<uint16_t>(), M, N, K, out);
+    else
+        dense_gemm(*this, x.ptr<float>(), w.ptr<float>(), M, N, K, out);
+}
+
+void CpuBackend::linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t groups, const Tensor& y) {
+    // o BF16 [M, G * Kg], W fp8 [G * R, Kg] -> y BF16 [M, G * R],
+    // y[:, g*R + r] = sum_d o[:, g*Kg + d] * bf16(W[g*R + r, d]) (MODEL.md 4.6 f, 3.6).
+    const char* op = "linear_wo_a";
+    check_fp8_weight(op, w);
+    check_dtype(op, "o", o, DType::BF16);
+    check_dtype(op, "y", y, DType::BF16);
+    DS4R_CHECK(groups > 0 && w.w.dim(0) % groups == 0, "cpu %s: %lld groups do not divide the %lld weight rows", op,
+               (long long)groups, (long long)w.w.dim(0));
+    const int64_t G = groups, R = w.w.dim(0) / groups, Kg = w.w.dim(1);
+    const int64_t M = rows_of(op, "o", o, G * Kg);
+    check_numel(op, "y", y, M * G * R);
+    // convert.py dequantizes wo_a once: fp32(e4m3) * 2^(e - 127) per 32x32 tile, cast to bf16 (exact).
+    const int64_t KBs = (Kg + 31) / 32;
+    std::vector<float> wd(static_cast<size_t>(G * R * Kg));
+    const uint8_t* W = w.w.ptr<uint8_t>();
+    const uint8_t* S = w.s.ptr<uint8_t>();
+    const float* lut = cpuref::e4m3_table();
+    for (int64_t row = 0; row < G * R; ++row)
+        for (int64_t d = 0; d < Kg; ++d)
+            wd[static_cast<size_t>(row * Kg + d)] =
+                round_bf16(lut[W[row * Kg + d]] * e8m0_to_f32(S[(row / 32) * KBs + d / 32]));
+    const uint16_t* op_ = o.ptr<uint16_t>();
+    uint16_t* yp = y.ptr<uint16_t>();
+    for_rows_and_col_chunks(*this, M, G * R, Kg, [&](int64_t m, int64_t c0, int64_t c1) {
+        for (int64_t c = c0; c < c1; ++c) {
+            const int64_t g = c / R;
+            const uint16_t* om = op_ + m * G * Kg + g * Kg;
+            const float* wr = wd.data() + c * Kg;
+            double s = 0.0;
+            for (int64_t d = 0; d < Kg; ++d) s += static_cast<double>(bf16_to_f32(om[d])) * static_cast<double>(wr[d]);
+            yp[m * G * R + c] = f32_to_bf16(static_cast<float>(s));
+        }
+    });
+}
+
+}  // namespace ds4r

@@ -1,0 +1,75 @@
+// CPU activation quantization (MODEL.md 5.1, 5.2): bit exact, one block at a time (cpu_ref.h).
+#include <vector>
+
+#include "cpu_backend.h"
+#include "cpu_ref.h"
+#include "ds4r/error.h"
+
+namespace ds4r {
+
+using namespace cpu_detail;
+
+void CpuBackend::act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s) {
+    // x BF16 [M, K] -> q F8_E4M3 [M, K], s F8_E8M0 [M, K/32]
+    check_dtype("act_quant_fp8", "x", x, DType::BF16);
+    check_dtype("act_quant_fp8", "q", q, DType::F8_E4M3);
+    check_dtype("act_quant_fp8", "s", s, DType::F8_E8M0);
+    DS4R_CHECK(x.ndim() >= 1, "cpu act_quant_fp8: x must have a last dim");
+    const int64_t K = x.dim(-1);
+    DS4R_CHECK(K % 32 == 0, "cpu act_quant_fp8: K = %lld is not a multiple of 32", (long long)K);
+    const int64_t M = rows_of("act_quant_fp8", "x", x, K);
+    check_numel("act_quant_fp8", "q", q, M * K);
+    check_numel("act_quant_fp8", "s", s, M * (K / 32));
+    const uint16_t* xp = x.ptr<uint16_t>();
+    uint8_t* qp = q.ptr<uint8_t>();
+    uint8_t* sp = s.ptr<uint8_t>();
+    parallel_for(M, static_cast<double>(K), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+            for (int64_t b = 0; b < K / 32; ++b)
+                cpuref::fp8_quant_block(xp + r * K + b * 32, 32, qp + r * K + b * 32, sp + r * (K / 32) + b);
+    });
+}
+
+void CpuBackend::act_quant_fp8_inplace(const Tensor& x) {
+    // x BF16 [M, K] <- bf16(e4m3(x / s) * s); the product is exact (MODEL.md 5.1).
+    check_dtype("act_quant_fp8_inplace", "x", x, DType::BF16);
+    DS4R_CHECK(x.ndim() >= 1, "cpu act_quant_fp8_inplace: x must have a last dim");
+    const int64_t K = x.dim(-1);
+    DS4R_CHECK(K % 32 == 0, "cpu act_quant_fp8_inplace: K = %lld is not a multiple of 32", (long long)K);
+    const int64_t M = rows_of("act_quant_fp8_inplace", "x", x, K);
+    uint16_t* xp = x.ptr<uint16_t>();
+    const float* lut = cpuref::e4m3_table();
+    parallel_for(M, static_cast<double>(K), [&](int64_t r0, int64_t r1) {
+        uint8_t q[32];
+        for (int64_t r = r0; r < r1; ++r)
+            for (int64_t b = 0; b < K / 32; ++b) {
+                uint16_t* blk = xp + r * K + b * 32;
+                const float s = cpuref::fp8_quant_block(blk, 32, q, nullptr);
+                for (int i = 0; i < 32; ++i) blk[i] = f32_to_bf16(lut[q[i]] * s);
+            }
+    });
+}
+
+void CpuBackend::fp4_quant_inplace(const Tensor& x, Fp4Scale kind) {
+    // x BF16 [M, K] <- bf16(e2m1(x / s) * s); exact product (MODEL.md 5.2).
+    check_dtype("fp4_quant_inplace", "x", x, DType::BF16);
+    DS4R_CHECK(x.ndim() >= 1, "cpu fp4_quant_inplace: x must have a last dim");
+    const int64_t K = x.dim(-1);
+    const int64_t bs = cpuref::fp4_block_size(kind);
+    DS4R_CHECK(K % bs == 0, "cpu fp4_quant_inplace: K = %lld is not a multiple of the block %lld", (long long)K,
+               (long long)bs);
+    const int64_t M = rows_of("fp4_quant_inplace", "x", x, K);
+    uint16_t* xp = x.ptr<uint16_t>();
+    const float* lut = cpuref::e2m1_table();
+    parallel_for(M, static_cast<double>(K), [&](int64_t r0, int64_t r1) {
+        uint8_t codes[32];
+        for (int64_t r = r0; r < r1; ++r)
+            for (int64_t b = 0; b < K / bs; ++b) {
+                uint16_t* blk = xp + r * K + b * bs;
+                const float s = cpuref::fp4_quant_block(blk, bs, kind, codes, nullptr);
+                for (int64_t i = 0; i < bs; ++i) blk[i] = f32_to_bf16(lut[codes[i]] * s);
+            }
+    });
+}
+
+}  // namespace ds4r

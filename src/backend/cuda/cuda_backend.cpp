@@ -1,0 +1,222 @@
+// CudaBackend core: device selection, memory, copies, the copy queue.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cstdlib>
+#include <deque>
+
+#include "ds4r/log.h"
+
+namespace ds4r {
+
+void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
+    throw RuntimeError(strfmt("CUDA error %s (%s) in %s", cudaGetErrorName(err), cudaGetErrorString(err), expr), file,
+                       line);
+}
+
+void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line) {
+    throw RuntimeError(strfmt("cuBLAS error %d in %s", static_cast<int>(st), expr), file, line);
+}
+
+namespace {
+
+// Default GPU memory budget: the product targets a 24 GB card (DESIGN.md 5): <= 22 GB whatever the
+// GPU. DS4R_GPU_MEMORY_GB overrides (benchmarks on bigger GPUs keep the default on purpose).
+size_t default_budget() {
+    if (const char* e = std::getenv("DS4R_GPU_MEMORY_GB")) {
+        double gb = std::atof(e);
+        if (gb > 0) return static_cast<size_t>(gb * 1e9);
+    }
+    return static_cast<size_t>(22e9);
+}
+
+class CudaCopyQueue : public CopyQueue {
+public:
+    CudaCopyQueue(CudaBackend& be) : be_(be) {
+        DS4R_CUDA_CHECK(cudaSetDevice(be.device()));
+        DS4R_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    }
+    ~CudaCopyQueue() override {
+        cudaStreamSynchronize(stream_);
+        for (auto& e : events_) cudaEventDestroy(e.second);
+        cudaStreamDestroy(stream_);
+    }
+    void copy(const Tensor& dst, size_t off, const void* src, size_t bytes) override {
+        DS4R_CHECK(off + bytes <= dst.nbytes(), "copy queue: %zu bytes at %zu past a %zu-byte tensor", bytes, off,
+                   dst.nbytes());
+        DS4R_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + off, src, bytes, cudaMemcpyHostToDevice, stream_));
+    }
+    uint64_t fence() override {
+        cudaEvent_t ev;
+        DS4R_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+        DS4R_CUDA_CHECK(cudaEventRecord(ev, stream_));
+        std::lock_guard<std::mutex> lk(mu_);
+        events_.emplace_back(++next_, ev);
+        // Keep the recent ones only: fences are waited on in order.
+        while (events_.size() > 64) {
+            cudaEventDestroy(events_.front().second);
+            events_.pop_front();
+        }
+        return next_;
+    }
+    void host_wait(uint64_t f) override {
+        cudaEvent_t ev = find(f);
+        if (ev) DS4R_CUDA_CHECK(cudaEventSynchronize(ev));
+    }
+    void compute_wait(uint64_t f) override {
+        cudaEvent_t ev = find(f);
+        if (ev) DS4R_CUDA_CHECK(cudaStreamWaitEvent(be_.stream(), ev, 0));
+    }
+
+private:
+    cudaEvent_t find(uint64_t f) {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (auto& e : events_)
+            if (e.first == f) return e.second;
+        DS4R_CHECK(f <= next_ && (events_.empty() || f < events_.front().first),
+                   "copy queue: unknown fence %llu", (unsigned long long)f);
+        return nullptr;  // older than the kept window: long complete (waited in order)
+    }
+    CudaBackend& be_;
+    cudaStream_t stream_ = nullptr;
+    std::mutex mu_;
+    std::deque<std::pair<uint64_t, cudaEvent_t>> events_;
+    uint64_t next_ = 0;
+};
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device, size_t budget) : device_(device), budget_(budget) {
+    DS4R_CUDA_CHECK(cudaSetDevice(device));
+    DS4R_CUDA_CHECK(cudaGetDeviceProperties(&props_, device));
+    DS4R_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    DS4R_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device));
+    // Keep freed blocks in the pool: per-chunk temporaries are reused without new cudaMalloc calls.
+    uint64_t threshold = UINT64_MAX;
+    DS4R_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
+}
+
+CudaBackend::~CudaBackend() {
+    if (stream_) cudaStreamSynchronize(stream_);
+    if (cublas_) cublasDestroy(cublas_);
+    if (stream_) cudaStreamDestroy(stream_);
+}
+
+std::string CudaBackend::name() const {
+    return strfmt("cuda:%d (%s, sm_%d%d, %.1f GiB, budget %.1f GB)", device_, props_.name, props_.major, props_.minor,
+                  props_.totalGlobalMem / 1073741824.0, budget_ / 1e9);
+}
+
+Tensor CudaBackend::alloc(DType t, const Shape& shape) {
+    Tensor x;
+    x.dtype = t;
+    x.shape = shape;
+    for (int64_t d : shape) DS4R_CHECK(d >= 0, "alloc: negative dimension in %s", shape_str(shape).c_str());
+    const size_t bytes = x.nbytes();
+    if (bytes == 0) return x;
+    const size_t rounded = (bytes + 255) / 256 * 256;
+    if (in_use_.load() + rounded > budget_)
+        throw RuntimeError(strfmt("GPU memory budget exceeded: %zu bytes in use + %zu requested > %zu budget (lower "
+                                  "--max-batch-tokens / --pass-tokens, or set DS4R_GPU_MEMORY_GB)",
+                                  in_use_.load(), rounded, budget_));
+    void* p = nullptr;
+    cudaError_t err = cudaMallocAsync(&p, rounded, stream_);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        throw RuntimeError(strfmt("cudaMallocAsync of %zu bytes failed (%s); %zu bytes in use", rounded,
+                                  cudaGetErrorString(err), in_use_.load()));
+    }
+    size_t now = in_use_.fetch_add(rounded) + rounded;
+    size_t hw = high_water_.load();
+    while (now > hw && !high_water_.compare_exchange_weak(hw, now)) {
+    }
+    cudaStream_t s = stream_;
+    auto* counter = &in_use_;
+    x.data = p;
+    x.hold = std::shared_ptr<void>(p, [s, counter, rounded](void* q) {
+        cudaFreeAsync(q, s);
+        counter->fetch_sub(rounded);
+    });
+    return x;
+}
+
+void CudaBackend::upload(const Tensor& dst, size_t off, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    DS4R_CHECK(off + bytes <= dst.nbytes(), "upload: %zu bytes at %zu past a %zu-byte tensor", bytes, off, dst.nbytes());
+    DS4R_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + off, src, bytes, cudaMemcpyHostToDevice, stream_));
+    // The contract: src may be reused as soon as upload returns.
+    DS4R_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::download(void* dst, const Tensor& src, size_t off, size_t bytes) {
+    if (bytes == 0) return;
+    DS4R_CHECK(off + bytes <= src.nbytes(), "download: %zu bytes at %zu past a %zu-byte tensor", bytes, off, src.nbytes());
+    DS4R_CUDA_CHECK(cudaMemcpyAsync(dst, static_cast<const uint8_t*>(src.data) + off, bytes, cudaMemcpyDeviceToHost, stream_));
+    DS4R_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::copy(const Tensor& dst, size_t doff, const Tensor& src, size_t soff, size_t bytes) {
+    if (bytes == 0) return;
+    DS4R_CHECK(doff + bytes <= dst.nbytes() && soff + bytes <= src.nbytes(), "copy: range outside the tensors");
+    DS4R_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + doff, static_cast<const uint8_t*>(src.data) + soff,
+                                    bytes, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::fill(const Tensor& t, uint8_t byte) {
+    if (t.nbytes() == 0) return;
+    DS4R_CUDA_CHECK(cudaMemsetAsync(t.data, byte, t.nbytes(), stream_));
+}
+
+void CudaBackend::synchronize() { DS4R_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+size_t CudaBackend::free_memory() const {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
+    const size_t used = in_use_.load();
+    const size_t by_budget = budget_ > used ? budget_ - used : 0;
+    return std::min(free_b, by_budget);
+}
+
+std::shared_ptr<void> CudaBackend::alloc_host(size_t bytes) {
+    void* p = nullptr;
+    DS4R_CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(bytes, 1)));
+    return std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+}
+
+std::unique_ptr<CopyQueue> CudaBackend::make_copy_queue() { return std::make_unique<CudaCopyQueue>(*this); }
+
+cublasHandle_t CudaBackend::cublas() {
+    if (!cublas_) {
+        DS4R_CUBLAS_CHECK(cublasCreate(&cublas_));
+        DS4R_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+        // No TF32 anywhere (DESIGN.md 4).
+        DS4R_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
+    }
+    return cublas_;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why) {
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        if (why) *why = err != cudaSuccess ? strfmt("no CUDA device (%s)", cudaGetErrorString(err)) : "no CUDA device";
+        return nullptr;
+    }
+    if (device < 0 || device >= n) {
+        if (why) *why = strfmt("device %d does not exist (%d found)", device, n);
+        return nullptr;
+    }
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, device) != cudaSuccess || p.major < 8) {
+        if (why) *why = strfmt("device %d (%s) is sm_%d%d; ds4replay needs sm_80 or newer", device, p.name, p.major, p.minor);
+        return nullptr;
+    }
+    try {
+        return std::make_unique<CudaBackend>(device, default_budget());
+    } catch (const Error& e) {
+        if (why) *why = e.what();
+        return nullptr;
+    }
+}
+
+}  // namespace ds4r

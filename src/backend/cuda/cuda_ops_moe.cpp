@@ -1,0 +1,256 @@
+// CudaBackend::moe (MODEL.md 4.7): router, routed fp4 experts as grouped GEMMs over a device-built
+// tile schedule (one launch per projection group, no per-expert launches, no host sync), the shared
+// fp8 expert, and an atomic-free combine in expert-id order.
+//
+// Per chunk of up to kMoeChunkRows token rows:
+//   1. act_quant(x) once (shared by w1/w3 of every expert and by the shared expert's w1/w3)
+//   2. logits = x . gate^T (fp32, tensor cores: bf16 products are exact in fp32) -> router top-k
+//   3. routing plan: pairs (row, slot) counting-sorted by expert, rows ascending inside an expert
+//   4. h1, h3 = grouped fp4 GEMMs (gathered activation rows); a = SwiGLU * weight -> bf16 -> act quant
+//   5. out_e = grouped fp4 GEMM (w2) per pair
+//   6. shared expert: fp8 GEMMs, SwiGLU (no weight), fp8 GEMM
+//   7. y[r] = bf16(sum of the row's out_e in ascending expert id (fp32, from 0) + shared[r])
+// Every step is row-independent with fixed reduction orders: batch invariant, deterministic.
+#include <algorithm>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_linear_checks.h"
+#include "gemm.cuh"
+#include "moe.cuh"
+#include "quant.cuh"
+
+namespace ds4r {
+
+using namespace cuda_linear;
+
+namespace {
+
+constexpr int64_t kMoeChunkRows = 8192;  // bounds the temporaries (~0.9 GB at D = 5120, I = 2304, k = 6)
+constexpr int kMaxTopk = 32;             // router / combine kernels
+
+bool given(const Tensor& t) { return t.data != nullptr && t.numel() > 0; }
+
+struct MoeShapes {
+    int64_t E, D, I, Is;  // experts, model dim, expert hidden, shared hidden
+    int k;
+};
+
+// Host tables of the routed experts' device pointers (kernel parameters of the grouped GEMMs).
+struct ExpertPointers {
+    std::vector<const uint8_t*> w1, s1, w3, s3, w2, s2;
+};
+
+void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeParams& p, const MoeShapes& sh,
+               const ExpertPointers& ep, const Tensor& y, const Tensor& out_idx, const Tensor& out_w) {
+    // x BF16 [Mc, D] -> y BF16 [Mc, D]; out_idx I32 [Mc, k], out_w F32 [Mc, k] (temporaries or outputs)
+    const cudaStream_t st = be.stream();
+    const int64_t Mc = x.dim(0), E = sh.E, D = sh.D, I = sh.I, Is = sh.Is;
+    const int k = sh.k;
+    const int64_t P = Mc * k;
+
+    // 1. activation quant of x (GEMM scale bytes: NaN blocks stay NaN through the block-scaled GEMMs)
+    Tensor qx = be.alloc(DType::F8_E4M3, {Mc, D});
+    Tensor sx = be.alloc(DType::F8_E8M0, {Mc, D / 32});
+    DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), qx.ptr<uint8_t>(), sx.ptr<uint8_t>(), Mc, D,
+                                               kern::Fp8ScaleBytes::GemmNanMarker, st));
+
+    // 2. router
+    {
+        Tensor logits = be.alloc(DType::F32, {Mc, E});
+        if (kern::gemm_bf16_supported(x.data, D, 0, w.gate_w.data, D, 0, D))
+            DS4R_CUDA_CHECK(kern::launch_gemm_bf16(x.ptr<uint16_t>(), D, 0, w.gate_w.ptr<uint16_t>(), D, 0,
+                                                   logits.data, true, E, 0, Mc, E, D, 1, st));
+        else
+            DS4R_CUDA_CHECK(kern::launch_gemm_simt(x.data, false, D, 0, w.gate_w.data, false, D, 0, logits.data, true,
+                                                   E, 0, Mc, E, D, 1, st));
+        DS4R_CUDA_CHECK(kern::launch_moe_router(logits.ptr<float>(), w.gate_bias.ptr<float>(), Mc,
+                                                static_cast<int>(E), k, 1.0f / p.gate_temp, p.route_scale,
+                                                out_idx.ptr<int32_t>(), out_w.ptr<float>(), st));
+    }
+
+    // 3. routing plan. Tiles: sum_e ceil(n_e / 128) <= (P + 127 * #non-empty experts) / 128, and
+    // <= E * ceil(Mc / 128) (an expert holds each row at most once).
+    const int64_t used = std::min<int64_t>(E, P);
+    const int64_t max_tiles = std::max<int64_t>(
+        1, std::min<int64_t>(E * ((Mc + 127) / 128), (P + 127 * used) / 128));
+    Tensor counts = be.alloc(DType::I32, {E});
+    Tensor e_begin = be.alloc(DType::I32, {E});
+    Tensor e_end = be.alloc(DType::I32, {E});
+    Tensor tile_begin = be.alloc(DType::I32, {E + 1});
+    Tensor tile_expert = be.alloc(DType::I32, {max_tiles});
+    Tensor tile_start = be.alloc(DType::I32, {max_tiles});
+    Tensor pair_row = be.alloc(DType::I32, {P});
+    Tensor pair_w = be.alloc(DType::F32, {P});
+    Tensor slot_pos = be.alloc(DType::I32, {P});
+    DS4R_CUDA_CHECK(kern::launch_moe_routing(out_idx.ptr<int32_t>(), out_w.ptr<float>(), Mc, k, static_cast<int>(E),
+                                             counts.ptr<int32_t>(), e_begin.ptr<int32_t>(), e_end.ptr<int32_t>(),
+                                             tile_begin.ptr<int32_t>(), tile_expert.ptr<int32_t>(),
+                                             tile_start.ptr<int32_t>(), max_tiles, pair_row.ptr<int32_t>(),
+                                             pair_w.ptr<float>(), slot_pos.ptr<int32_t>(), st));
+
+    kern::GroupedFp4Gemm g{};
+    g.tile_expert = tile_expert.ptr<int32_t>();
+    g.tile_start = tile_start.ptr<int32_t>();
+    g.tile_begin = tile_begin.ptr<int32_t>();
+    g.expert_end = e_end.ptr<int32_t>();
+    g.max_tiles = max_tiles;
+    g.max_rows_per_expert = Mc;
+    g.n_experts = static_cast<int>(E);
+
+    // 4. w1, w3 of every expert in one launch, then SwiGLU * routing weight -> bf16 -> act quant
+    Tensor q2 = be.alloc(DType::F8_E4M3, {P, I});
+    Tensor s2 = be.alloc(DType::F8_E8M0, {P, I / 32});
+    {
+        Tensor h1 = be.alloc(DType::BF16, {P, I});
+        Tensor h3 = be.alloc(DType::BF16, {P, I});
+        g.q = qx.ptr<uint8_t>();
+        g.sa = sx.ptr<uint8_t>();
+        g.a_rows = pair_row.ptr<int32_t>();
+        g.n_proj = 2;
+        g.N = I;
+        g.K = D;
+        g.w[0] = ep.w1.data();
+        g.s[0] = ep.s1.data();
+        g.w[1] = ep.w3.data();
+        g.s[1] = ep.s3.data();
+        g.y[0] = h1.ptr<uint16_t>();
+        g.y[1] = h3.ptr<uint16_t>();
+        DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4(g, st));
+        DS4R_CUDA_CHECK(kern::launch_swiglu_quant(h1.ptr<uint16_t>(), h3.ptr<uint16_t>(), pair_w.ptr<float>(),
+                                                  p.swiglu_limit, P, I, q2.ptr<uint8_t>(), s2.ptr<uint8_t>(), st));
+    }
+
+    // 5. w2 per pair (activation rows = pair positions)
+    Tensor out_e = be.alloc(DType::BF16, {P, D});
+    g.q = q2.ptr<uint8_t>();
+    g.sa = s2.ptr<uint8_t>();
+    g.a_rows = nullptr;
+    g.n_proj = 1;
+    g.N = D;
+    g.K = I;
+    g.w[0] = ep.w2.data();
+    g.s[0] = ep.s2.data();
+    g.w[1] = nullptr;
+    g.s[1] = nullptr;
+    g.y[0] = out_e.ptr<uint16_t>();
+    g.y[1] = nullptr;
+    DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4(g, st));
+    q2 = Tensor();
+    s2 = Tensor();
+
+    // 6. shared expert (fp8, no routing weight)
+    Tensor shared = be.alloc(DType::BF16, {Mc, D});
+    {
+        Tensor q2s = be.alloc(DType::F8_E4M3, {Mc, Is});
+        Tensor s2s = be.alloc(DType::F8_E8M0, {Mc, Is / 32});
+        {
+            Tensor gs = be.alloc(DType::BF16, {Mc, Is});
+            Tensor us = be.alloc(DType::BF16, {Mc, Is});
+            DS4R_CUDA_CHECK(kern::launch_gemm_fp8(qx.ptr<uint8_t>(), sx.ptr<uint8_t>(), w.sw1.w.ptr<uint8_t>(),
+                                                  w.sw1.s.ptr<uint8_t>(), gs.ptr<uint16_t>(), Is, Mc, Is, D, st));
+            DS4R_CUDA_CHECK(kern::launch_gemm_fp8(qx.ptr<uint8_t>(), sx.ptr<uint8_t>(), w.sw3.w.ptr<uint8_t>(),
+                                                  w.sw3.s.ptr<uint8_t>(), us.ptr<uint16_t>(), Is, Mc, Is, D, st));
+            DS4R_CUDA_CHECK(kern::launch_swiglu_quant(gs.ptr<uint16_t>(), us.ptr<uint16_t>(), nullptr, p.swiglu_limit,
+                                                      Mc, Is, q2s.ptr<uint8_t>(), s2s.ptr<uint8_t>(), st));
+        }
+        DS4R_CUDA_CHECK(kern::launch_gemm_fp8(q2s.ptr<uint8_t>(), s2s.ptr<uint8_t>(), w.sw2.w.ptr<uint8_t>(),
+                                              w.sw2.s.ptr<uint8_t>(), shared.ptr<uint16_t>(), D, Mc, D, Is, st));
+    }
+
+    // 7. combine
+    DS4R_CUDA_CHECK(kern::launch_moe_combine(out_e.ptr<uint16_t>(), out_idx.ptr<int32_t>(), slot_pos.ptr<int32_t>(), k,
+                                             shared.ptr<uint16_t>(), Mc, D, y.ptr<uint16_t>(), st));
+}
+
+}  // namespace
+
+void CudaBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y,
+                      const Tensor& route_idx, const Tensor& route_w) {
+    // x BF16 [M, D] (ffn-normed) -> y BF16 [M, D]; route_idx I32 [M, k] / route_w F32 [M, k] optional
+    const char* op = "moe";
+    check_dtype(op, "x", x, DType::BF16);
+    check_dtype(op, "y", y, DType::BF16);
+    check_dtype(op, "gate_w", w.gate_w, DType::BF16);
+    check_dtype(op, "gate_bias", w.gate_bias, DType::F32);
+    DS4R_CHECK(w.gate_w.ndim() == 2, "cuda moe: gate_w must be [E, D], got %s", shape_str(w.gate_w.shape).c_str());
+    check_data(op, "gate_w", w.gate_w);
+    MoeShapes sh{};
+    sh.E = w.gate_w.dim(0);
+    sh.D = w.gate_w.dim(1);
+    sh.k = p.topk;
+    const int64_t E = sh.E, D = sh.D;
+    check_numel(op, "gate_bias", w.gate_bias, E);
+    DS4R_CHECK(static_cast<int64_t>(w.experts.size()) == E, "cuda moe: %zu expert weight sets for %lld experts",
+               w.experts.size(), (long long)E);
+    DS4R_CHECK(sh.k >= 1 && sh.k <= E && sh.k <= kMaxTopk, "cuda moe: topk = %d outside [1, min(%lld, %d)]", sh.k,
+               (long long)E, kMaxTopk);
+    DS4R_CHECK(p.gate_temp != 0.0f, "cuda moe: gate_temp must be non-zero");
+    DS4R_CHECK(D % 32 == 0, "cuda moe: D = %lld is not a multiple of 32", (long long)D);
+    const int64_t M = rows_of(op, "x", x, D);
+    check_numel(op, "y", y, M * D);
+    // In place (y == x) is fine: each chunk reads its x rows before writing its y rows.
+    if (x.data != y.data) check_disjoint(op, "x", x, "y", y);
+
+    check_fp8_weight(op, "shared w1", w.sw1);
+    check_fp8_weight(op, "shared w3", w.sw3);
+    check_fp8_weight(op, "shared w2", w.sw2);
+    sh.Is = w.sw1.w.dim(0);
+    DS4R_CHECK(w.sw1.w.dim(1) == D && w.sw3.w.shape == w.sw1.w.shape && w.sw2.w.shape == Shape({D, sh.Is}),
+               "cuda moe: shared expert must be w1, w3 [I, %lld], w2 [%lld, I]; got %s, %s, %s", (long long)D,
+               (long long)D, shape_str(w.sw1.w.shape).c_str(), shape_str(w.sw3.w.shape).c_str(),
+               shape_str(w.sw2.w.shape).c_str());
+    DS4R_CHECK(sh.Is % 32 == 0, "cuda moe: shared hidden size %lld is not a multiple of 32", (long long)sh.Is);
+    check_aligned16(op, "shared w1", w.sw1.w);
+    check_aligned16(op, "shared w3", w.sw3.w);
+    check_aligned16(op, "shared w2", w.sw2.w);
+
+    ExpertPointers ep;
+    sh.I = E > 0 ? w.experts[0].w1.w.dim(0) : 0;
+    for (int64_t e = 0; e < E; ++e) {
+        const ExpertWeights& ew = w.experts[static_cast<size_t>(e)];
+        const int64_t K1 = check_fp4_weight(op, "expert w1", ew.w1);
+        const int64_t K3 = check_fp4_weight(op, "expert w3", ew.w3);
+        const int64_t K2 = check_fp4_weight(op, "expert w2", ew.w2);
+        DS4R_CHECK(K1 == D && K3 == D && ew.w1.w.dim(0) == sh.I && ew.w3.w.dim(0) == sh.I && ew.w2.w.dim(0) == D &&
+                       K2 == sh.I,
+                   "cuda moe: expert %lld must have w1, w3 packed [%lld, %lld] and w2 [%lld, %lld] (every expert "
+                   "the same I); got %s, %s, %s",
+                   (long long)e, (long long)sh.I, (long long)(D / 2), (long long)D, (long long)(sh.I / 2),
+                   shape_str(ew.w1.w.shape).c_str(), shape_str(ew.w3.w.shape).c_str(),
+                   shape_str(ew.w2.w.shape).c_str());
+        check_aligned16(op, "expert w1", ew.w1.w);
+        check_aligned16(op, "expert w3", ew.w3.w);
+        check_aligned16(op, "expert w2", ew.w2.w);
+        ep.w1.push_back(ew.w1.w.ptr<uint8_t>());
+        ep.s1.push_back(ew.w1.s.ptr<uint8_t>());
+        ep.w3.push_back(ew.w3.w.ptr<uint8_t>());
+        ep.s3.push_back(ew.w3.s.ptr<uint8_t>());
+        ep.w2.push_back(ew.w2.w.ptr<uint8_t>());
+        ep.s2.push_back(ew.w2.s.ptr<uint8_t>());
+    }
+    DS4R_CHECK(sh.I > 0 && sh.I % 32 == 0, "cuda moe: expert hidden size %lld is not a positive multiple of 32",
+               (long long)sh.I);
+
+    const bool want_idx = given(route_idx), want_w = given(route_w);
+    if (want_idx) {
+        check_dtype(op, "route_idx", route_idx, DType::I32);
+        check_shape(op, "route_idx", route_idx, {M, sh.k});
+    }
+    if (want_w) {
+        check_dtype(op, "route_w", route_w, DType::F32);
+        check_shape(op, "route_w", route_w, {M, sh.k});
+    }
+    if (M == 0) return;
+
+    const Tensor x2 = x.reshape({M, D});
+    const Tensor y2 = y.reshape({M, D});
+    for (int64_t r0 = 0; r0 < M; r0 += kMoeChunkRows) {
+        const int64_t r1 = std::min(M, r0 + kMoeChunkRows);
+        const Tensor idx = want_idx ? route_idx.rows(r0, r1) : alloc(DType::I32, {r1 - r0, sh.k});
+        const Tensor rw = want_w ? route_w.rows(r0, r1) : alloc(DType::F32, {r1 - r0, sh.k});
+        run_chunk(*this, x2.rows(r0, r1), w, p, sh, ep, y2.rows(r0, r1), idx, rw);
+    }
+}
+
+}  // namespace ds4r

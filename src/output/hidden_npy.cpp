@@ -1,0 +1,94 @@
+// Hidden-state .npy files (DESIGN.md "Hidden states"): rows appended per pass, header rewritten at
+// every commit so the file is always a valid .npy of exactly the committed rows.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "ds4r/npy.h"
+#include "ds4r/output.h"
+
+namespace ds4r {
+
+namespace {
+// Room for any shape we can write (the largest header is ~90 bytes): a rewrite never moves data.
+constexpr size_t kHeaderBytes = 128;
+}  // namespace
+
+HiddenNpyWriter::HiddenNpyWriter(std::string dir, int n_layers, HiddenMode mode, int64_t dim, int64_t hc)
+    : dir_(std::move(dir)), n_layers_(n_layers), mode_(mode), dim_(dim), hc_(hc) {
+    make_dirs(dir_);
+}
+
+std::string HiddenNpyWriter::file_name(int layer) const { return "hidden_L" + std::to_string(layer) + ".npy"; }
+
+void HiddenNpyWriter::open_layer(int layer, int64_t rows_kept) {
+    LayerFile lf;
+    const bool copies = mode_ == HiddenMode::Copies && layer < n_layers_;
+    // mean / final: fp16 [rows, D]; copies: bf16 bit patterns as <u2 [rows, hc, D].
+    lf.descr = copies ? "<u2" : "<f2";
+    lf.row_shape = copies ? Shape{hc_, dim_} : Shape{dim_};
+    lf.row_elems = copies ? hc_ * dim_ : dim_;
+    const std::string path = path_join(dir_, file_name(layer));
+    lf.fh = FileHandle(path, O_RDWR | O_CREAT, 0644);
+    const uint64_t keep = kHeaderBytes + static_cast<uint64_t>(rows_kept * lf.row_elems) * 2;
+    if (rows_kept > 0 && lf.fh.size() < keep)
+        throw RuntimeError(strfmt("%s: holds fewer rows than the results file references (%lld); cannot resume",
+                                  path.c_str(), (long long)rows_kept));
+    if (::ftruncate(lf.fh.fd(), static_cast<off_t>(keep)) != 0)
+        throw RuntimeError(strfmt("%s: ftruncate failed (%s)", path.c_str(), errno_text(errno).c_str()));
+    lf.rows = rows_kept;
+    files_[layer] = std::move(lf);
+    // Write a valid header now (0 rows for a new file).
+    auto& f = files_[layer];
+    Shape shape{f.rows};
+    shape.insert(shape.end(), f.row_shape.begin(), f.row_shape.end());
+    std::string h = npy_header(f.descr, shape, kHeaderBytes);
+    DS4R_CHECK(h.size() == kHeaderBytes, "npy header size %zu != %zu", h.size(), kHeaderBytes);
+    if (::pwrite(f.fh.fd(), h.data(), h.size(), 0) != static_cast<ssize_t>(h.size()))
+        throw RuntimeError(strfmt("%s: header write failed", path.c_str()));
+}
+
+void HiddenNpyWriter::add_rows(int layer, int seq, const uint16_t* data, int64_t rows, int64_t row_elems) {
+    auto it = files_.find(layer);
+    if (it == files_.end()) {
+        open_layer(layer, 0);
+        it = files_.find(layer);
+    }
+    LayerFile& f = it->second;
+    DS4R_CHECK(row_elems == f.row_elems, "hidden rows of layer %d have %lld elements, expected %lld", layer,
+               (long long)row_elems, (long long)f.row_elems);
+    const uint64_t off = kHeaderBytes + static_cast<uint64_t>(f.rows * f.row_elems) * 2;
+    const size_t bytes = static_cast<size_t>(rows * row_elems) * 2;
+    const auto* p = reinterpret_cast<const uint8_t*>(data);
+    size_t done = 0;
+    while (done < bytes) {
+        ssize_t w = ::pwrite(f.fh.fd(), p + done, bytes - done, static_cast<off_t>(off + done));
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            throw RuntimeError(strfmt("%s: write failed (%s)", f.fh.path().c_str(), errno_text(errno).c_str()));
+        }
+        done += static_cast<size_t>(w);
+    }
+    refs_[seq].push_back(HiddenRef{layer, file_name(layer), f.rows, f.rows + rows});
+    f.rows += rows;
+}
+
+std::vector<HiddenRef> HiddenNpyWriter::refs_for(int seq) const {
+    auto it = refs_.find(seq);
+    return it == refs_.end() ? std::vector<HiddenRef>{} : it->second;
+}
+
+void HiddenNpyWriter::clear_refs() { refs_.clear(); }
+
+void HiddenNpyWriter::commit() {
+    for (auto& [layer, f] : files_) {
+        f.fh.fsync_or_throw();
+        Shape shape{f.rows};
+        shape.insert(shape.end(), f.row_shape.begin(), f.row_shape.end());
+        std::string h = npy_header(f.descr, shape, kHeaderBytes);
+        if (::pwrite(f.fh.fd(), h.data(), h.size(), 0) != static_cast<ssize_t>(h.size()))
+            throw RuntimeError(strfmt("%s: header write failed", f.fh.path().c_str()));
+        f.fh.fsync_or_throw();
+    }
+}
+
+}  // namespace ds4r

@@ -1,0 +1,140 @@
+// JSONL result records and their durable writer.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+
+#include "ds4r/output.h"
+
+namespace ds4r {
+
+std::string format_double(double v) {
+    DS4R_CHECK(std::isfinite(v), "non-finite value in a result record");
+    char buf[64];
+    auto r = std::to_chars(buf, buf + sizeof buf, v);
+    std::string s(buf, r.ptr);
+    // Keep it a JSON number that reads back as a float in every language ("-3" -> "-3.0").
+    if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+    return s;
+}
+
+namespace {
+
+void append_json_string(std::string& out, const std::string& s) {
+    out += '"';
+    for (unsigned char c : s) {
+        switch (c) {
+            case '"': out += "\\\""; break;
+            case '\\': out += "\\\\"; break;
+            case '\n': out += "\\n"; break;
+            case '\r': out += "\\r"; break;
+            case '\t': out += "\\t"; break;
+            default:
+                if (c < 0x20) {
+                    char b[8];
+                    std::snprintf(b, sizeof b, "\\u%04x", c);
+                    out += b;
+                } else {
+                    out += static_cast<char>(c);
+                }
+        }
+    }
+    out += '"';
+}
+
+template <class T, class F>
+void append_array(std::string& out, const T* v, size_t n, F fmt) {
+    out += '[';
+    for (size_t i = 0; i < n; ++i) {
+        if (i) out += ", ";
+        out += fmt(v[i]);
+    }
+    out += ']';
+}
+
+std::string fmt_int(int32_t v) { return std::to_string(v); }
+
+// Inserts the members of a JSON object text ("{...}") before the closing brace of `out`.
+void append_extra(std::string& out, const std::string& extra_json) {
+    size_t b = extra_json.find('{'), e = extra_json.rfind('}');
+    if (b == std::string::npos || e == std::string::npos || e <= b + 1) return;
+    std::string inner = extra_json.substr(b + 1, e - b - 1);
+    if (inner.find_first_not_of(" \t\r\n") == std::string::npos) return;
+    out += ", ";
+    out += inner;
+}
+
+}  // namespace
+
+std::string format_record(const std::string& id_json, const SequenceScores& s, int top_k,
+                          const std::vector<HiddenRef>& hidden, const std::string& extra_json) {
+    const size_t n1 = static_cast<size_t>(s.n - 1), K = static_cast<size_t>(top_k);
+    std::string out = "{\"id\": " + id_json + ", \"n_tokens\": " + std::to_string(s.n) + ", \"logprob\": ";
+    append_array(out, s.logprob.data(), n1, format_double);
+    out += ", \"rank\": ";
+    append_array(out, s.rank.data(), n1, fmt_int);
+    out += ", \"entropy\": ";
+    append_array(out, s.entropy.data(), n1, format_double);
+    out += ", \"topk_ids\": [";
+    for (size_t t = 0; t < n1; ++t) {
+        if (t) out += ", ";
+        append_array(out, s.topk_ids.data() + t * K, K, fmt_int);
+    }
+    out += "], \"topk_logprobs\": [";
+    for (size_t t = 0; t < n1; ++t) {
+        if (t) out += ", ";
+        append_array(out, s.topk_logprobs.data() + t * K, K, format_double);
+    }
+    out += "], \"final\": {\"entropy\": " + format_double(s.entropy[n1]) + ", \"topk_ids\": ";
+    append_array(out, s.topk_ids.data() + n1 * K, K, fmt_int);
+    out += ", \"topk_logprobs\": ";
+    append_array(out, s.topk_logprobs.data() + n1 * K, K, format_double);
+    double sum = 0.0;
+    for (size_t t = 0; t < n1; ++t) sum += s.logprob[t];
+    out += "}, \"sum_logprob\": " + format_double(sum);
+    if (!hidden.empty()) {
+        out += ", \"hidden\": [";
+        for (size_t i = 0; i < hidden.size(); ++i) {
+            if (i) out += ", ";
+            out += "{\"layer\": " + std::to_string(hidden[i].layer) + ", \"file\": ";
+            append_json_string(out, hidden[i].file);
+            out += ", \"rows\": [" + std::to_string(hidden[i].row_begin) + ", " + std::to_string(hidden[i].row_end) + "]}";
+        }
+        out += "]";
+    }
+    append_extra(out, extra_json);
+    out += "}";
+    return out;
+}
+
+std::string format_error_record(const std::string& id_json, int64_t line, const std::string& message) {
+    std::string out = "{\"id\": " + id_json + ", \"error\": ";
+    append_json_string(out, message);
+    out += ", \"line\": " + std::to_string(line) + "}";
+    return out;
+}
+
+ResultWriter::ResultWriter(const std::string& path) : path_(path), stdout_(path == "-") {
+    if (!stdout_) fh_ = FileHandle(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+}
+
+void ResultWriter::append(const std::string& line) {
+    pending_ += line;
+    pending_ += '\n';
+}
+
+void ResultWriter::commit() {
+    if (pending_.empty()) return;
+    if (stdout_) {
+        if (std::fwrite(pending_.data(), 1, pending_.size(), stdout) != pending_.size() || std::fflush(stdout) != 0)
+            throw RuntimeError("writing results to stdout failed");
+    } else {
+        fh_.write_all(pending_.data(), pending_.size());
+        fh_.fsync_or_throw();
+    }
+    pending_.clear();
+}
+
+}  // namespace ds4r

@@ -1,0 +1,369 @@
+// Layer-major pass runner: host state, chunking and the sweeps of include/ds4r/model.h.
+#include <fcntl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "ds4r/checkpoint.h"
+#include "ds4r/file_util.h"
+#include "ds4r/numeric.h"
+#include "ds4r/replay.h"
+#include "ds4r/tokenizer.h"
+
+namespace ds4r {
+
+namespace {
+
+double now_s() {
+    using namespace std::chrono;
+    return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt) {
+    const ModelConfig& cfg = ckpt.config();
+    if (cfg.engram_layer_ids.empty()) return nullptr;
+    auto res = std::make_unique<EngramResources>();
+    const std::string tok_path = ckpt.tokenizer_path();
+    Tokenizer tok = Tokenizer::load(tok_path);
+    res->map = build_engram_token_map(tok, cfg, tok_path, /*check=*/true);
+    res->layout = build_engram_layout(cfg);
+    for (int L : cfg.engram_layer_ids) {
+        const TensorLocation& w = ckpt.at(layer_tensor_name(L, "engram.embed.weight"));
+        const TensorLocation& s = ckpt.at(layer_tensor_name(L, "engram.embed.scale"));
+        if (w.shard != s.shard)
+            throw CheckpointError(strfmt("layer %d: engram.embed.weight and .scale are in different shards", L));
+        res->tables.push_back(std::make_unique<EngramTable>(ckpt.shards().at(static_cast<size_t>(w.shard)).path,
+                                                            w.offset, s.offset, w.shape[0], w.shape[1]));
+    }
+    return res;
+}
+
+PassRunner::PassRunner(Backend& be, const Checkpoint& ckpt, WeightSource& weights, const EngramResources* engram,
+                       ReplayOptions opt)
+    : be_(be), ckpt_(ckpt), weights_(weights), engram_(engram), opt_(std::move(opt)), cfg_(ckpt.config()),
+      roles_(ckpt.roles()), ctx_(be, ckpt.config()) {
+    DS4R_CHECK(opt_.max_batch_tokens >= 2, "max_batch_tokens must be >= 2");
+    if (!cfg_.engram_layer_ids.empty())
+        DS4R_CHECK(engram_ != nullptr, "the model has Engram layers but no Engram resources were loaded");
+}
+
+PassRunner::~PassRunner() = default;
+
+uint16_t* PassRunner::stream(int seq) {
+    return static_cast<uint16_t*>(stream_.get()) + row0_.at(static_cast<size_t>(seq)) * cfg_.hc_mult * cfg_.dim;
+}
+float* PassRunner::premix(int seq) {
+    return static_cast<float*>(premix_.get()) + row0_.at(static_cast<size_t>(seq)) * cfg_.hc_mult;
+}
+int64_t PassRunner::seq_len(int seq) const { return static_cast<int64_t>(tokens_.at(static_cast<size_t>(seq)).size()); }
+
+void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs) {
+    tokens_ = seqs;
+    row0_.clear();
+    total_rows_ = 0;
+    std::vector<int64_t> lens;
+    for (const auto& s : seqs) {
+        DS4R_CHECK(!s.empty(), "empty sequence");
+        for (int32_t t : s)
+            DS4R_CHECK(t >= 0 && t < cfg_.vocab_size, "token id %d outside [0, %lld)", t, (long long)cfg_.vocab_size);
+        row0_.push_back(total_rows_);
+        total_rows_ += static_cast<int64_t>(s.size());
+        lens.push_back(static_cast<int64_t>(s.size()));
+    }
+    ctx_.setup(lens);
+    const int64_t D = cfg_.dim, hc = cfg_.hc_mult;
+    stream_ = be_.alloc_host(static_cast<size_t>(total_rows_ * hc * D) * 2);
+    premix_ = be_.alloc_host(static_cast<size_t>(total_rows_ * hc) * 4);
+
+    // Embedding rows (MODEL.md 4.3), read from the shard on the host: a gather, never streamed.
+    const TensorLocation& emb = ckpt_.at("embed.weight");
+    FileHandle f(ckpt_.shards().at(static_cast<size_t>(emb.shard)).path, O_RDONLY, 0, true);
+    std::vector<uint16_t> row(static_cast<size_t>(D));
+    uint16_t* X = static_cast<uint16_t*>(stream_.get());
+    float* P = static_cast<float*>(premix_.get());
+    int64_t r = 0;
+    for (const auto& s : seqs)
+        for (int32_t t : s) {
+            f.pread_exact(row.data(), static_cast<size_t>(D) * 2, emb.offset + static_cast<uint64_t>(t) * D * 2);
+            for (int64_t k = 0; k < hc; ++k) std::memcpy(X + (r * hc + k) * D, row.data(), static_cast<size_t>(D) * 2);
+            for (int64_t k = 0; k < hc; ++k) P[r * hc + k] = k == 0 ? 1.0f : 0.0f;  // one-hot on copy 0
+            ++r;
+        }
+
+    // Engram hash ids of every row (MODEL.md 4.2), computed once per pass.
+    hashes_.clear();
+    if (engram_) {
+        const int64_t ne = static_cast<int64_t>(cfg_.engram_layer_ids.size()), cols = cfg_.engram_hash_cols();
+        hashes_.resize(static_cast<size_t>(total_rows_ * ne * cols));
+        for (size_t i = 0; i < seqs.size(); ++i) {
+            std::vector<int64_t> h = engram_hash_ids(seqs[i], engram_->map, engram_->layout, cfg_);
+            std::copy(h.begin(), h.end(), hashes_.begin() + row0_[i] * ne * cols);
+        }
+    }
+    plan_chunks();
+}
+
+void PassRunner::plan_chunks() {
+    // Chunks are contiguous pass rows; a boundary inside a sequence always falls on an even
+    // position so that ratio-2 compressor pairs never straddle two chunks.
+    chunks_.clear();
+    const int64_t cap = opt_.max_batch_tokens;
+    int64_t r = 0;
+    while (r < total_rows_) {
+        int64_t end = std::min(total_rows_, r + cap);
+        // find the sequence containing row end-1 and check the split position
+        auto it = std::upper_bound(row0_.begin(), row0_.end(), end - 1);
+        const size_t si = static_cast<size_t>(it - row0_.begin()) - 1;
+        const int64_t seq_end = row0_[si] + static_cast<int64_t>(tokens_[si].size());
+        if (end < seq_end && (end - row0_[si]) % 2 == 1) --end;
+        DS4R_CHECK(end > r, "chunk planning made no progress");
+        Chunk ch;
+        ch.r0 = r;
+        ch.r1 = end;
+        ch.rows.rows = end - r;
+        for (int64_t q = r; q < end;) {
+            auto jt = std::upper_bound(row0_.begin(), row0_.end(), q);
+            const size_t sj = static_cast<size_t>(jt - row0_.begin()) - 1;
+            const int64_t s_end = row0_[sj] + static_cast<int64_t>(tokens_[sj].size());
+            const int64_t stop = std::min(end, s_end);
+            Segment sg;
+            sg.seq = static_cast<int>(sj);
+            sg.t0 = q - row0_[sj];
+            sg.t1 = stop - row0_[sj];
+            sg.row = q - r;
+            ch.rows.segs.push_back(sg);
+            for (int64_t t = sg.t0; t < sg.t1; ++t) ch.rows.host_pos.push_back(static_cast<int32_t>(t));
+            q = stop;
+        }
+        chunks_.push_back(std::move(ch));
+        r = end;
+    }
+}
+
+void PassRunner::upload_chunk(const Chunk& ch, const Tensor& X, const Tensor& P) {
+    const int64_t hc = cfg_.hc_mult, D = cfg_.dim, M = ch.r1 - ch.r0;
+    be_.upload(X, 0, static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D, static_cast<size_t>(M * hc * D) * 2);
+    be_.upload(P, 0, static_cast<float*>(premix_.get()) + ch.r0 * hc, static_cast<size_t>(M * hc) * 4);
+}
+
+void PassRunner::download_chunk(const Chunk& ch, const Tensor& X, const Tensor& P) {
+    const int64_t hc = cfg_.hc_mult, D = cfg_.dim, M = ch.r1 - ch.r0;
+    be_.download(static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D, X, 0, static_cast<size_t>(M * hc * D) * 2);
+    be_.download(static_cast<float*>(premix_.get()) + ch.r0 * hc, P, 0, static_cast<size_t>(M * hc) * 4);
+}
+
+void PassRunner::run_engram(const LayerWeights& w) {
+    if (!w.role.engram) return;
+    const int ei = cfg_.engram_index(w.layer);
+    const int64_t hc = cfg_.hc_mult, D = cfg_.dim, ne = static_cast<int64_t>(cfg_.engram_layer_ids.size());
+    const int64_t cols = cfg_.engram_hash_cols(), ehd = cfg_.engram_head_dim;
+    const EngramTable& table = *engram_->tables.at(static_cast<size_t>(ei));
+    std::vector<int64_t> ids;
+    std::vector<uint16_t> rows;
+    for (Chunk& ch : chunks_) {
+        const int64_t M = ch.r1 - ch.r0;
+        ids.resize(static_cast<size_t>(M * cols));
+        for (int64_t r = 0; r < M; ++r)
+            for (int64_t c = 0; c < cols; ++c)
+                ids[static_cast<size_t>(r * cols + c)] = hashes_[static_cast<size_t>(((ch.r0 + r) * ne + ei) * cols + c)];
+        rows.resize(static_cast<size_t>(M * cols * ehd));
+        table.gather_bf16(ids.data(), ids.size(), rows.data());
+        Tensor e = be_.alloc(DType::BF16, {M, cols * ehd});
+        be_.upload(e, 0, rows.data(), rows.size() * 2);
+        Tensor X = be_.alloc(DType::BF16, {M, hc, D});
+        Tensor P = be_.alloc(DType::F32, {M, hc});
+        upload_chunk(ch, X, P);
+        engram_chunk(ctx_, w, X, e);
+        be_.download(static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D, X, 0, static_cast<size_t>(M * hc * D) * 2);
+    }
+    be_.synchronize();
+}
+
+void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {
+    const int64_t hc = cfg_.hc_mult, D = cfg_.dim, k = cfg_.n_activated_experts;
+    begin_layer(ctx_, w.role);
+    for (Chunk& ch : chunks_) {  // sweep 1: window KV, compressed KV, index keys
+        if (ch.rows.pos.data == nullptr && ch.rows.rows > 0) {
+            ch.rows.pos = be_.alloc(DType::I32, {ch.rows.rows});
+            be_.upload(ch.rows.pos, 0, ch.rows.host_pos.data(), ch.rows.host_pos.size() * 4);
+        }
+        const int64_t M = ch.r1 - ch.r0;
+        Tensor X = be_.alloc(DType::BF16, {M, hc, D});
+        Tensor P = be_.alloc(DType::F32, {M, hc});
+        upload_chunk(ch, X, P);
+        kv_chunk(ctx_, w, ch.rows, X, P);
+    }
+    if (host_taps) {
+        host_taps->attn_out.assign(static_cast<size_t>(total_rows_ * D), 0);
+        host_taps->moe_out.assign(static_cast<size_t>(total_rows_ * D), 0);
+        host_taps->route_idx.assign(static_cast<size_t>(total_rows_ * k), 0);
+        host_taps->route_w.assign(static_cast<size_t>(total_rows_ * k), 0);
+    }
+    for (Chunk& ch : chunks_) {  // sweep 2: the rest of the block
+        const int64_t M = ch.r1 - ch.r0;
+        Tensor X = be_.alloc(DType::BF16, {M, hc, D});
+        Tensor P = be_.alloc(DType::F32, {M, hc});
+        upload_chunk(ch, X, P);
+        LayerTaps taps;
+        if (host_taps) {
+            taps.attn_out = be_.alloc(DType::BF16, {M, D});
+            taps.moe_out = be_.alloc(DType::BF16, {M, D});
+            taps.route_idx = be_.alloc(DType::I32, {M, k});
+            taps.route_w = be_.alloc(DType::F32, {M, k});
+        }
+        main_chunk(ctx_, w, ch.rows, X, P, host_taps ? &taps : nullptr);
+        download_chunk(ch, X, P);
+        if (host_taps) {
+            be_.download(host_taps->attn_out.data() + ch.r0 * D, taps.attn_out, 0, static_cast<size_t>(M * D) * 2);
+            be_.download(host_taps->moe_out.data() + ch.r0 * D, taps.moe_out, 0, static_cast<size_t>(M * D) * 2);
+            be_.download(host_taps->route_idx.data() + ch.r0 * k, taps.route_idx, 0, static_cast<size_t>(M * k) * 4);
+            be_.download(host_taps->route_w.data() + ch.r0 * k, taps.route_w, 0, static_cast<size_t>(M * k) * 4);
+        }
+    }
+    be_.synchronize();
+}
+
+void PassRunner::capture(int layer, HiddenSink* sink) {
+    if (!sink) return;
+    const int64_t hc = cfg_.hc_mult, D = cfg_.dim;
+    const uint16_t* X = static_cast<const uint16_t*>(stream_.get());
+    std::vector<uint16_t> out;
+    for (size_t i = 0; i < tokens_.size(); ++i) {
+        const int64_t n = static_cast<int64_t>(tokens_[i].size());
+        const uint16_t* base = X + row0_[i] * hc * D;
+        if (opt_.hidden_mode == HiddenMode::Copies) {
+            sink->add_rows(layer, static_cast<int>(i), base, n, hc * D);
+            continue;
+        }
+        // Mean of the hc copies in fp32 (summed in copy order, then / hc), stored fp16.
+        out.resize(static_cast<size_t>(n * D));
+        for (int64_t r = 0; r < n; ++r)
+            for (int64_t d = 0; d < D; ++d) {
+                float acc = 0.0f;
+                for (int64_t k = 0; k < hc; ++k) acc += bf16_to_f32(base[(r * hc + k) * D + d]);
+                out[static_cast<size_t>(r * D + d)] = f32_to_f16(acc / static_cast<float>(hc));
+            }
+        sink->add_rows(layer, static_cast<int>(i), out.data(), n, D);
+    }
+}
+
+std::vector<SequenceScores> PassRunner::finish(const GlobalWeights& g, HiddenSink* sink) {
+    const int64_t hc = cfg_.hc_mult, D = cfg_.dim, K = opt_.top_k;
+    std::vector<SequenceScores> out(tokens_.size());
+    for (size_t i = 0; i < tokens_.size(); ++i) {
+        const int64_t n = static_cast<int64_t>(tokens_[i].size());
+        auto& s = out[i];
+        s.n = n;
+        s.logprob.resize(static_cast<size_t>(n - 1));
+        s.rank.resize(static_cast<size_t>(n - 1));
+        s.entropy.resize(static_cast<size_t>(n));
+        s.topk_ids.resize(static_cast<size_t>(n * K));
+        s.topk_logprobs.resize(static_cast<size_t>(n * K));
+    }
+    const bool cap_final =
+        sink && std::find(opt_.capture_layers.begin(), opt_.capture_layers.end(), cfg_.n_layers) != opt_.capture_layers.end();
+    std::vector<uint16_t> collapsed_host(static_cast<size_t>(cap_final ? total_rows_ * D : 0));
+    for (Chunk& ch : chunks_) {
+        const int64_t M = ch.r1 - ch.r0;
+        Tensor X = be_.alloc(DType::BF16, {M, hc, D});
+        Tensor P = be_.alloc(DType::F32, {M, hc});
+        upload_chunk(ch, X, P);
+        std::vector<int32_t> targets(static_cast<size_t>(M));
+        for (const Segment& sg : ch.rows.segs) {
+            const auto& toks = tokens_[static_cast<size_t>(sg.seq)];
+            for (int64_t t = sg.t0; t < sg.t1; ++t)
+                targets[static_cast<size_t>(sg.row + t - sg.t0)] =
+                    t + 1 < static_cast<int64_t>(toks.size()) ? toks[static_cast<size_t>(t + 1)] : -1;
+        }
+        Tensor tg = be_.alloc(DType::I32, {M});
+        be_.upload(tg, 0, targets.data(), targets.size() * 4);
+        HeadStatsOut hs;
+        hs.lse = be_.alloc(DType::F64, {M});
+        hs.entropy = be_.alloc(DType::F64, {M});
+        hs.target_logit = be_.alloc(DType::F32, {M});
+        hs.rank = be_.alloc(DType::I32, {M});
+        hs.topk_ids = be_.alloc(DType::I32, {M, K});
+        hs.topk_logit = be_.alloc(DType::F32, {M, K});
+        Tensor collapsed = be_.alloc(DType::BF16, {M, D});
+        head_chunk(ctx_, g, X, P, tg, static_cast<int>(K), collapsed, hs);
+        std::vector<double> lse(static_cast<size_t>(M)), ent(static_cast<size_t>(M));
+        std::vector<float> tl(static_cast<size_t>(M)), kl(static_cast<size_t>(M * K));
+        std::vector<int32_t> rk(static_cast<size_t>(M)), ki(static_cast<size_t>(M * K));
+        be_.download(lse.data(), hs.lse, 0, lse.size() * 8);
+        be_.download(ent.data(), hs.entropy, 0, ent.size() * 8);
+        be_.download(tl.data(), hs.target_logit, 0, tl.size() * 4);
+        be_.download(rk.data(), hs.rank, 0, rk.size() * 4);
+        be_.download(ki.data(), hs.topk_ids, 0, ki.size() * 4);
+        be_.download(kl.data(), hs.topk_logit, 0, kl.size() * 4);
+        if (cap_final) be_.download(collapsed_host.data() + ch.r0 * D, collapsed, 0, static_cast<size_t>(M * D) * 2);
+        for (const Segment& sg : ch.rows.segs) {
+            auto& s = out[static_cast<size_t>(sg.seq)];
+            for (int64_t t = sg.t0; t < sg.t1; ++t) {
+                const size_t r = static_cast<size_t>(sg.row + t - sg.t0);
+                // log-probabilities in double from the fp32 logits (DESIGN.md section 2)
+                if (t + 1 < s.n) {
+                    s.logprob[static_cast<size_t>(t)] = static_cast<double>(tl[r]) - lse[r];
+                    s.rank[static_cast<size_t>(t)] = rk[r];
+                }
+                s.entropy[static_cast<size_t>(t)] = ent[r];
+                for (int64_t j = 0; j < K; ++j) {
+                    s.topk_ids[static_cast<size_t>(t * K + j)] = ki[r * K + static_cast<size_t>(j)];
+                    s.topk_logprobs[static_cast<size_t>(t * K + j)] = static_cast<double>(kl[r * K + static_cast<size_t>(j)]) - lse[r];
+                }
+            }
+        }
+    }
+    if (cap_final) {
+        // L = n_layers: the collapsed final hidden state before the final norm, stored fp16.
+        for (size_t i = 0; i < tokens_.size(); ++i) {
+            const int64_t n = static_cast<int64_t>(tokens_[i].size());
+            std::vector<uint16_t> h(static_cast<size_t>(n * D));
+            for (int64_t j = 0; j < n * D; ++j)
+                h[static_cast<size_t>(j)] = f32_to_f16(bf16_to_f32(collapsed_host[static_cast<size_t>(row0_[i] * D + j)]));
+            sink->add_rows(static_cast<int>(cfg_.n_layers), static_cast<int>(i), h.data(), n, D);
+        }
+    }
+    return out;
+}
+
+std::vector<SequenceScores> PassRunner::run(const std::vector<std::vector<int32_t>>& seqs, HiddenSink* sink,
+                                            const std::function<void(const LayerTiming&)>& on_layer) {
+    begin(seqs);
+    auto captured = [&](int L) {
+        return std::find(opt_.capture_layers.begin(), opt_.capture_layers.end(), L) != opt_.capture_layers.end();
+    };
+    for (int L = 0; L < cfg_.n_layers; ++L) {
+        LayerTiming tm;
+        tm.layer = L;
+        tm.rows = total_rows_;
+        double t0 = now_s();
+        auto res = weights_.acquire(L);
+        tm.wait_s = now_s() - t0;
+        t0 = now_s();
+        const LayerWeights w = bind_layer_weights(cfg_, roles_[static_cast<size_t>(L)],
+                                                  [&](const std::string& n) { return res->get(n); });
+        run_engram(w);
+        if (captured(L)) capture(L, sink);
+        run_block(w);
+        tm.compute_s = now_s() - t0;
+        if (on_layer) on_layer(tm);
+    }
+    LayerTiming tm;
+    tm.layer = kHeadLayer;
+    tm.rows = total_rows_;
+    double t0 = now_s();
+    auto head = weights_.acquire(kHeadLayer);
+    tm.wait_s = now_s() - t0;
+    t0 = now_s();
+    const GlobalWeights g = bind_global_weights([&](const std::string& n) { return head->get(n); });
+    auto out = finish(g, sink);
+    tm.compute_s = now_s() - t0;
+    if (on_layer) on_layer(tm);
+    return out;
+}
+
+}  // namespace ds4r

@@ -1,0 +1,57 @@
+// Harness for the CUDA-vs-CPU op tests: the same inputs on both backends, outputs compared with the
+// tolerance each op's contract states (bit-exact where MODEL.md says exact). Tests skip with a clear
+// message when ds4replay was built without CUDA or no GPU is present (CI).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ds4r/backend.h"
+
+namespace ds4r::test {
+
+// The two backends, created once per process. cuda() is nullptr when unavailable (see why()).
+Backend& cpu();
+Backend* cuda();
+const std::string& cuda_why();
+
+#define DS4R_REQUIRE_CUDA()                                                                   \
+    do {                                                                                      \
+        if (!::ds4r::test::cuda())                                                           \
+            GTEST_SKIP() << "CUDA backend unavailable (" << ::ds4r::test::cuda_why()          \
+                         << "): CUDA op tests run on the GPU machine only";                   \
+    } while (0)
+
+// The same tensor on the CPU and on the GPU.
+struct Pair {
+    Tensor c, g;
+};
+Pair make_pair(DType t, const Shape& shape, const void* host_bytes);
+// A tensor on both sides whose GPU copy is filled with a poison byte (0xFF..: NaN for floats) so an
+// unwritten output element is caught.
+Pair make_output(DType t, const Shape& shape);
+// Random inputs (deterministic from seed). bf16 values ~ N(0, scale^2) rounded to bf16.
+Pair random_bf16(const Shape& shape, float scale, uint64_t seed);
+Pair random_f32(const Shape& shape, float scale, uint64_t seed);
+Pair random_bytes(DType t, const Shape& shape, uint64_t seed);  // any byte pattern (fp8 weights, ...)
+// Valid fp8 e4m3 weights [N, K] with e8m0 block scales [N/32, K/32] (no NaN codes).
+Fp8Linear random_fp8_linear(Backend& be, int64_t n, int64_t k, uint64_t seed, std::vector<uint8_t>* w_host = nullptr,
+                            std::vector<uint8_t>* s_host = nullptr);
+std::pair<Fp8Linear, Fp8Linear> random_fp8_linear_pair(int64_t n, int64_t k, uint64_t seed);
+std::pair<Fp4Linear, Fp4Linear> random_fp4_linear_pair(int64_t n, int64_t k, uint64_t seed);
+
+std::vector<uint8_t> to_host(Backend& be, const Tensor& t);
+
+// Comparisons. `what` names the op/case in failure messages; the first mismatches are printed.
+void expect_bitwise_equal(const Pair& p, const std::string& what);
+// bf16 outputs: every element within max_ulps bf16 ulps, and at least min_equal of them bitwise equal.
+void expect_bf16_close(const Pair& p, double max_ulps, double min_equal, const std::string& what);
+// fp32 / fp64 outputs: |a - b| <= abs_tol + rel_tol * |b|.
+void expect_f32_close(const Pair& p, double rel_tol, double abs_tol, const std::string& what);
+void expect_f64_close(const Pair& p, double rel_tol, double abs_tol, const std::string& what);
+
+}  // namespace ds4r::test

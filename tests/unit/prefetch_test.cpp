@@ -1,0 +1,506 @@
+// The prefetching weight source (include/ds4r/weights.h): byte-identical tensors to the synchronous
+// source across passes, the asynchronous upload path and slot recycling on a fake backend whose copy
+// queue completes late, error propagation, stopping mid-prefetch, plans and the O_DIRECT reader.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "ds4r/checkpoint.h"
+#include "ds4r/error.h"
+#include "ds4r/weights.h"
+#include "io/direct_reader.h"
+#include "io/prefetch_plan.h"
+#include "prefetch_fake_backend.h"
+#include "test_util.h"
+
+using namespace ds4r;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string golden_model() { return test::data_dir() + "/tiny-a/model"; }
+
+std::vector<const TensorLocation*> tensors_of_layer(const Checkpoint& ckpt, int layer) {
+    if (layer == kHeadLayer) return {&ckpt.at("norm.weight"), &ckpt.at("head.weight")};
+    std::vector<const TensorLocation*> out;
+    for (const TensorLocation& t : ckpt.tensors())
+        if (t.cls == TensorClass::Layer && t.layer == layer) out.push_back(&t);
+    return out;
+}
+
+std::vector<int> one_pass(const Checkpoint& ckpt) {
+    std::vector<int> order;
+    for (int L = 0; L < static_cast<int>(ckpt.config().n_layers); ++L) order.push_back(L);
+    order.push_back(kHeadLayer);
+    return order;
+}
+
+// The bytes of every streamed tensor as the synchronous source delivers them on the CPU backend,
+// cross-checked against a plain Checkpoint::read of the tensor.
+using LayerBytes = std::map<std::string, std::vector<uint8_t>>;
+std::map<int, LayerBytes> expected_bytes(const Checkpoint& ckpt) {
+    auto cpu = make_cpu_backend();
+    auto sync = make_sync_weight_source(*cpu, ckpt);
+    std::map<int, LayerBytes> out;
+    for (int L : one_pass(ckpt)) {
+        auto h = sync->acquire(L);
+        for (const TensorLocation* t : tensors_of_layer(ckpt, L)) {
+            const Tensor x = h->get(t->name);
+            std::vector<uint8_t> b(t->nbytes), direct(t->nbytes);
+            if (t->nbytes) std::memcpy(b.data(), x.data, t->nbytes);
+            ckpt.read(*t, direct.data());
+            EXPECT_EQ(b, direct) << t->name;
+            out[L][t->name] = std::move(b);
+        }
+    }
+    return out;
+}
+
+// Compares every tensor of `layer` in `r` with the expected bytes, dtype and shape, and checks the
+// alignment rules of weights.h. Returns the number of problems (details go to the gtest log).
+int check_layer(const ResidentLayer& r, const Checkpoint& ckpt, int layer, const std::map<int, LayerBytes>& exp,
+                bool upload) {
+    int bad = 0;
+    for (const TensorLocation* t : tensors_of_layer(ckpt, layer)) {
+        const Tensor x = r.get(t->name);
+        if (x.dtype != t->dtype || x.shape != t->shape) {
+            ADD_FAILURE() << t->name << ": dtype/shape " << dtype_name(x.dtype) << shape_str(x.shape);
+            ++bad;
+            continue;
+        }
+        const auto& want = exp.at(layer).at(t->name);
+        if (t->nbytes && std::memcmp(x.data, want.data(), t->nbytes) != 0) {
+            size_t i = 0;
+            while (static_cast<const uint8_t*>(x.data)[i] == want[i]) ++i;
+            ADD_FAILURE() << "layer " << layer << " tensor " << t->name << ": first differing byte " << i << " of "
+                          << t->nbytes << " (got " << int(static_cast<const uint8_t*>(x.data)[i]) << ", want "
+                          << int(want[i]) << ")";
+            ++bad;
+        }
+        const auto addr = reinterpret_cast<uintptr_t>(x.data);
+        if (t->nbytes == 0) continue;
+        if (upload && addr % 16 != 0) {
+            ADD_FAILURE() << t->name << ": address not 16-byte aligned in upload mode";
+            ++bad;
+        }
+        if (!upload) {
+            const bool in_run = (addr - t->offset) % DirectReader::kAlign == 0;
+            const bool own_copy = addr % kSlotAlign == 0 && t->offset % dtype_size(t->dtype) != 0;
+            if (addr % dtype_size(t->dtype) != 0 || !(in_run || own_copy)) {
+                ADD_FAILURE() << t->name << ": direct-mode placement (address mod 4096 " << addr % 4096
+                              << ", file offset mod 4096 " << t->offset % 4096 << ")";
+                ++bad;
+            }
+        }
+    }
+    return bad;
+}
+
+std::vector<test::FakeAsyncBackend::Range> ranges_of(const ResidentLayer& r, const Checkpoint& ckpt, int layer) {
+    std::vector<test::FakeAsyncBackend::Range> out;
+    for (const TensorLocation* t : tensors_of_layer(ckpt, layer)) {
+        const auto a = reinterpret_cast<uintptr_t>(r.get(t->name).data);
+        if (t->nbytes) out.emplace_back(a, a + t->nbytes);
+    }
+    return out;
+}
+
+// "Compute" on a layer: check it, give the prefetcher time to misbehave, check again, then poison it
+// so that a slot reused without a complete reload is caught later.
+void use_and_poison(const ResidentLayer& r, const Checkpoint& ckpt, int layer, const std::map<int, LayerBytes>& exp,
+                    bool upload, std::mt19937& rng) {
+    EXPECT_EQ(check_layer(r, ckpt, layer, exp, upload), 0) << "layer " << layer << " at acquire";
+    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 400)(rng)));
+    EXPECT_EQ(check_layer(r, ckpt, layer, exp, upload), 0) << "layer " << layer << " before release";
+    for (const TensorLocation* t : tensors_of_layer(ckpt, layer))
+        if (t->nbytes) std::memset(r.get(t->name).data, 0xA5, t->nbytes);
+}
+
+std::vector<int> repeat(const std::vector<int>& order, int times) {
+    std::vector<int> out;
+    for (int i = 0; i < times; ++i) out.insert(out.end(), order.begin(), order.end());
+    return out;
+}
+
+class PrefetchTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        ckpt_ = std::make_unique<Checkpoint>(Checkpoint::open(golden_model()));
+        exp_ = expected_bytes(*ckpt_);
+    }
+    std::unique_ptr<Checkpoint> ckpt_;
+    std::map<int, LayerBytes> exp_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// CPU backend (direct mode): identical bytes across 3 passes, full-list and repeating schedules.
+struct DirectCase {
+    size_t staging;
+    size_t request;
+    bool direct_io;
+    bool full_list;  // the schedule lists all three passes (else one pass, repeated)
+};
+
+class PrefetchDirectTest : public PrefetchTest, public ::testing::WithParamInterface<DirectCase> {};
+
+TEST_P(PrefetchDirectTest, MatchesSyncSourceAcrossThreePasses) {
+    const DirectCase c = GetParam();
+    auto cpu = make_cpu_backend();
+    PrefetchOptions o;
+    o.staging_bytes = c.staging;
+    o.read_request_bytes = c.request;
+    o.direct_io = c.direct_io;
+    o.repeat_schedule = !c.full_list;
+    auto src = make_prefetch_weight_source(*cpu, *ckpt_, o);
+    const std::vector<int> pass = one_pass(*ckpt_);
+    const std::vector<int> all = repeat(pass, 3);
+    src->set_schedule(c.full_list ? all : pass);
+    std::mt19937 rng(7);
+    for (int L : all) {
+        auto h = src->acquire(L);
+        use_and_poison(*h, *ckpt_, L, exp_, false, rng);
+    }
+    const WeightSourceStats st = src->stats();
+    EXPECT_EQ(st.device_bytes, 0u);
+    EXPECT_GT(st.host_bytes, 0u);
+    EXPECT_EQ(st.bytes_uploaded, 0u);
+    ASSERT_EQ(st.layers.size(), all.size());
+    uint64_t tensor_bytes = 0;
+    for (size_t i = 0; i < all.size(); ++i) {
+        const LayerLoadRecord& r = st.layers[i];
+        EXPECT_EQ(r.layer, all[i]);
+        EXPECT_EQ(r.position, i);
+        uint64_t want = 0;
+        for (const TensorLocation* t : tensors_of_layer(*ckpt_, all[i])) want += t->nbytes;
+        EXPECT_EQ(r.bytes, want);
+        EXPECT_GE(r.bytes_read, r.bytes);
+        EXPECT_LE(r.load_begin_at_s, r.ready_at_s);
+        EXPECT_LE(r.ready_at_s, r.acquired_at_s);
+        EXPECT_GE(r.wait_s, 0.0);
+        tensor_bytes += want;
+    }
+    EXPECT_GE(st.bytes_read, tensor_bytes);
+    EXPECT_GT(st.read_seconds, 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, PrefetchDirectTest,
+                         ::testing::Values(DirectCase{size_t{128} << 20, size_t{64} << 20, true, true},
+                                           DirectCase{size_t{128} << 20, size_t{64} << 20, true, false},
+                                           DirectCase{8192, 4096, true, false},
+                                           DirectCase{65536, 16384, false, true}));
+
+// ---------------------------------------------------------------------------------------------
+// Fake asynchronous backend (upload mode): late copies, fences, slot recycling, memory bound.
+struct UploadCase {
+    size_t staging;
+    int count;
+    int delay_us;
+    unsigned seed;
+};
+
+class PrefetchUploadTest : public PrefetchTest, public ::testing::WithParamInterface<UploadCase> {};
+
+TEST_P(PrefetchUploadTest, AsyncCopiesRecycleSlotsSafely) {
+    const UploadCase c = GetParam();
+    test::FakeAsyncBackend be(c.seed, c.delay_us);
+    PrefetchOptions o;
+    o.mode = PrefetchOptions::Mode::Upload;
+    o.staging_bytes = c.staging;
+    o.staging_count = c.count;
+    o.read_request_bytes = 16384;
+    o.repeat_schedule = false;
+    auto src = make_prefetch_weight_source(be, *ckpt_, o);
+    // Memory bound: two slots and the ring, allocated once.
+    EXPECT_EQ(be.allocs(), 2);
+    EXPECT_EQ(be.host_allocs(), c.count);
+    const std::vector<int> all = repeat(one_pass(*ckpt_), 3);
+    src->set_schedule(all);
+    std::mt19937 rng(c.seed + 1);
+    for (int L : all) {
+        auto h = src->acquire(L);
+        be.guard_hold(ranges_of(*h, *ckpt_, L));
+        use_and_poison(*h, *ckpt_, L, exp_, true, rng);
+        be.guard_release();  // "kernels" may still read it until the next synchronize()
+        h.reset();
+    }
+    EXPECT_EQ(be.violations(), 0) << "a copy landed in a slot still held or read by queued compute";
+    EXPECT_EQ(be.allocs(), 2);
+    EXPECT_EQ(be.host_allocs(), c.count);
+    ASSERT_NE(be.last_queue(), nullptr);
+    EXPECT_EQ(be.last_queue()->compute_waits(), static_cast<int>(all.size()));
+    const WeightSourceStats st = src->stats();
+    EXPECT_EQ(st.device_bytes, be.alloc_bytes());
+    EXPECT_EQ(st.host_bytes, static_cast<uint64_t>(c.count) * (align_up(c.staging, 4096) + 4096));
+    ASSERT_EQ(st.layers.size(), all.size());
+    uint64_t uploaded = 0;
+    for (size_t i = 0; i < all.size(); ++i) {
+        const LayerLoadRecord& r = st.layers[i];
+        EXPECT_EQ(r.layer, all[i]);
+        EXPECT_GE(r.bytes_uploaded, r.bytes);
+        EXPECT_GE(r.bytes_read, r.bytes);
+        EXPECT_GT(r.upload_s, 0.0);
+        uploaded += r.bytes_uploaded;
+    }
+    // The full-list schedule ends with the last entry: nothing is uploaded beyond the acquired layers.
+    EXPECT_EQ(st.bytes_uploaded, uploaded);
+    EXPECT_GT(st.upload_seconds, 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, PrefetchUploadTest,
+                         ::testing::Values(UploadCase{4096, 2, 50, 1}, UploadCase{65536, 3, 200, 2},
+                                           UploadCase{65536, 4, 0, 3}, UploadCase{size_t{16} << 20, 2, 300, 4}));
+
+// The synchronous CopyQueue default (Backend::make_copy_queue) drives the same path on the CPU backend.
+TEST_F(PrefetchTest, UploadModeWithDefaultCopyQueueOnCpu) {
+    auto cpu = make_cpu_backend();
+    PrefetchOptions o;
+    o.mode = PrefetchOptions::Mode::Upload;
+    o.staging_bytes = 32768;
+    o.staging_count = 2;
+    auto src = make_prefetch_weight_source(*cpu, *ckpt_, o);
+    const std::vector<int> pass = one_pass(*ckpt_);
+    src->set_schedule(pass);
+    std::mt19937 rng(3);
+    for (int L : repeat(pass, 2)) {
+        auto h = src->acquire(L);
+        use_and_poison(*h, *ckpt_, L, exp_, true, rng);
+    }
+    EXPECT_GT(src->stats().bytes_uploaded, 0u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schedule order: resynchronization, unknown layers, both slots held, no schedule.
+TEST_F(PrefetchTest, OutOfOrderAcquireResynchronizes) {
+    test::FakeAsyncBackend be(11, 100);
+    PrefetchOptions o;
+    o.mode = PrefetchOptions::Mode::Upload;
+    o.staging_bytes = 65536;
+    o.staging_count = 3;
+    auto src = make_prefetch_weight_source(be, *ckpt_, o);
+    src->set_schedule(one_pass(*ckpt_));
+    std::mt19937 rng(5);
+    // 0, then 2 (1 skipped while it was prefetched), the same layer again (found in the next pass),
+    // the head, then the next pass from its start.
+    for (int L : {0, 2, 2, 3, kHeadLayer, 0, 1, 5}) {
+        auto h = src->acquire(L);
+        use_and_poison(*h, *ckpt_, L, exp_, true, rng);
+    }
+    EXPECT_THROW(src->acquire(42), RuntimeError);
+    auto h = src->acquire(kHeadLayer);  // still usable after the refusal
+    EXPECT_EQ(check_layer(*h, *ckpt_, kHeadLayer, exp_, true), 0);
+}
+
+TEST_F(PrefetchTest, NonRepeatingScheduleEnds) {
+    auto cpu = make_cpu_backend();
+    PrefetchOptions o;
+    o.repeat_schedule = false;
+    auto src = make_prefetch_weight_source(*cpu, *ckpt_, o);
+    src->set_schedule({3, kHeadLayer});
+    src->acquire(3).reset();
+    src->acquire(kHeadLayer).reset();
+    EXPECT_THROW(src->acquire(3), RuntimeError);
+    // A new schedule restarts it.
+    src->set_schedule({1});
+    std::mt19937 rng(1);
+    auto h = src->acquire(1);
+    use_and_poison(*h, *ckpt_, 1, exp_, false, rng);
+}
+
+TEST_F(PrefetchTest, HoldingBothSlotsIsAnErrorNotAHang) {
+    auto cpu = make_cpu_backend();
+    auto src = make_prefetch_weight_source(*cpu, *ckpt_, {});
+    src->set_schedule(one_pass(*ckpt_));
+    auto h0 = src->acquire(0);
+    auto h1 = src->acquire(1);
+    EXPECT_THROW(src->acquire(2), RuntimeError);
+    h0.reset();
+    auto h2 = src->acquire(2);
+    EXPECT_EQ(check_layer(*h1, *ckpt_, 1, exp_, false), 0);
+    EXPECT_EQ(check_layer(*h2, *ckpt_, 2, exp_, false), 0);
+}
+
+TEST_F(PrefetchTest, AcquireNeedsASchedule) {
+    auto cpu = make_cpu_backend();
+    auto src = make_prefetch_weight_source(*cpu, *ckpt_, {});
+    EXPECT_THROW(src->acquire(0), RuntimeError);
+    EXPECT_THROW(src->set_schedule({}), RuntimeError);
+    EXPECT_THROW(src->set_schedule({0, 99}), RuntimeError);
+}
+
+TEST_F(PrefetchTest, UnknownTensorNameIsACheckpointError) {
+    auto cpu = make_cpu_backend();
+    auto src = make_prefetch_weight_source(*cpu, *ckpt_, {});
+    src->set_schedule({0});
+    auto h = src->acquire(0);
+    EXPECT_THROW(h->get("layers.1.attn_norm.weight"), CheckpointError);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors of the reader thread reach acquire() with the file named.
+class PrefetchErrorTest : public PrefetchTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(PrefetchErrorTest, TruncatedShardIsNamedByAcquire) {
+    const bool upload = GetParam();
+    const std::string dir = test::temp_dir("prefetch-trunc") + "/model";
+    fs::copy(golden_model(), dir, fs::copy_options::recursive);
+    Checkpoint ckpt = Checkpoint::open(dir);
+    // Cut the shard of layer 2 inside layer 2's first tensor.
+    const TensorLocation* first = nullptr;
+    for (const TensorLocation* t : tensors_of_layer(ckpt, 2))
+        if (!first || (t->shard == first->shard ? t->offset < first->offset : t->shard < first->shard)) first = t;
+    ASSERT_NE(first, nullptr);
+    const ShardInfo& shard = ckpt.shards().at(static_cast<size_t>(first->shard));
+    for (int L = 0; L < 2; ++L)
+        for (const TensorLocation* t : tensors_of_layer(ckpt, L))
+            ASSERT_NE(t->shard, first->shard) << "test premise: layers 0 and 1 are not in layer 2's shard";
+
+    test::FakeAsyncBackend fake(9, 50);
+    auto cpu = make_cpu_backend();
+    PrefetchOptions o;
+    o.mode = upload ? PrefetchOptions::Mode::Upload : PrefetchOptions::Mode::Direct;
+    o.staging_bytes = 65536;
+    o.staging_count = 2;
+    Backend& be = upload ? static_cast<Backend&>(fake) : *cpu;
+    auto src = make_prefetch_weight_source(be, ckpt, o);
+    ASSERT_EQ(::truncate(shard.path.c_str(), static_cast<off_t>(first->offset + 3)), 0);
+    src->set_schedule(one_pass(ckpt));
+    std::mt19937 rng(2);
+    for (int L : {0, 1}) {  // layer 2 fails while these are in use: they are still delivered
+        auto h = src->acquire(L);
+        use_and_poison(*h, ckpt, L, exp_, upload, rng);
+    }
+    try {
+        src->acquire(2);
+        FAIL() << "acquire(2) of a truncated shard did not throw";
+    } catch (const CheckpointError& e) {
+        EXPECT_NE(std::string(e.what()).find(shard.file_name), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("layer 2"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(src->acquire(3), CheckpointError);  // the source stays failed
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, PrefetchErrorTest, ::testing::Values(false, true));
+
+// ---------------------------------------------------------------------------------------------
+// Destruction while the reader and the copy queue are busy: prompt, clean, handles stay valid.
+TEST_F(PrefetchTest, DestructorStopsMidPrefetch) {
+    using clock = std::chrono::steady_clock;
+    for (int variant = 0; variant < 3; ++variant) {
+        test::FakeAsyncBackend be(21 + variant, 300);  // up to 0.3 ms per queued copy
+        PrefetchOptions o;
+        o.mode = PrefetchOptions::Mode::Upload;
+        o.staging_bytes = 4096;
+        o.staging_count = 2;
+        o.read_request_bytes = 4096;
+        auto src = make_prefetch_weight_source(be, *ckpt_, o);
+        src->set_schedule(one_pass(*ckpt_));
+        std::shared_ptr<ResidentLayer> kept;
+        if (variant >= 1) kept = src->acquire(0);  // then layer 1 is loading
+        if (variant == 1) kept.reset();
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        const auto t0 = clock::now();
+        src.reset();
+        const double s = std::chrono::duration<double>(clock::now() - t0).count();
+        EXPECT_LT(s, 2.0) << "variant " << variant;
+        if (kept) {
+            EXPECT_EQ(check_layer(*kept, *ckpt_, 0, exp_, true), 0) << "a handle outlives its source";
+        }
+    }
+    {
+        auto cpu = make_cpu_backend();
+        auto src = make_prefetch_weight_source(*cpu, *ckpt_, {});
+        src->set_schedule(one_pass(*ckpt_));
+    }  // destroyed right after the reader started
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plans: alignment, coverage and staging bounds for every layer.
+TEST_F(PrefetchTest, PlansRespectAlignmentAndStagingBounds) {
+    for (bool upload : {true, false})
+        for (size_t staging : {size_t{4096}, size_t{65536}, size_t{1} << 24})
+            for (int L : one_pass(*ckpt_)) {
+                const LayerPlan p = make_layer_plan(*ckpt_, L, upload, staging);
+                SCOPED_TRACE(strfmt("layer %d upload %d staging %zu", L, upload, staging));
+                uint64_t copied = 0, read = 0;
+                for (const PlanBatch& b : p.batches) {
+                    EXPECT_LE(b.used, staging);
+                    for (const ReadPiece& r : b.reads) {
+                        EXPECT_EQ(r.file_begin % DirectReader::kAlign, 0u);
+                        EXPECT_EQ(r.file_end % DirectReader::kAlign, 0u);
+                        EXPECT_EQ(r.buf_off % DirectReader::kAlign, 0u);
+                        EXPECT_LE(r.file_end - r.file_begin, staging);
+                        EXPECT_LE(r.need_end, r.file_end);
+                        if (upload) {
+                            EXPECT_LE(r.buf_off + (r.file_end - r.file_begin), staging);
+                        }
+                        read += r.file_end - r.file_begin;
+                    }
+                    for (const SlotCopy& c : b.copies) {
+                        EXPECT_LE(c.src_off + c.bytes, b.used);
+                        EXPECT_LE(c.dst_off + c.bytes, p.slot_bytes);
+                        copied += c.bytes;
+                    }
+                }
+                EXPECT_EQ(read, p.read_bytes);
+                EXPECT_EQ(copied, p.upload_bytes);
+                if (!upload) {
+                    EXPECT_EQ(p.upload_bytes, 0u);
+                }
+                size_t n = 0;
+                for (const TensorLocation* t : tensors_of_layer(*ckpt_, L)) {
+                    const auto it = p.tensors.find(t->name);
+                    ASSERT_NE(it, p.tensors.end()) << t->name;
+                    EXPECT_LE(it->second.slot_off + t->nbytes, p.slot_bytes);
+                    if (upload) {
+                        EXPECT_EQ(it->second.slot_off % kTensorAlign, 0u) << t->name;
+                    }
+                    ++n;
+                }
+                EXPECT_EQ(n, p.tensors.size());
+            }
+}
+
+// ---------------------------------------------------------------------------------------------
+// DirectReader: aligned reads, end of file, the buffered fallback, errors.
+TEST(DirectReaderTest, ReadsAlignedRangesAndFallsBack) {
+    const std::string path = test::temp_dir("direct-reader") + "/f.bin";
+    std::vector<uint8_t> data(10000);
+    std::mt19937 rng(4);
+    for (auto& b : data) b = static_cast<uint8_t>(rng());
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(data.data()), 10000);
+    auto buf = std::shared_ptr<void>(std::aligned_alloc(4096, 16384), [](void* p) { std::free(p); });
+    auto* b = static_cast<uint8_t*>(buf.get());
+    for (auto mode : {DirectReader::Mode::Auto, DirectReader::Mode::Buffered, DirectReader::Mode::RefuseDirectForTest}) {
+        DirectReader r(path, mode);
+        if (mode == DirectReader::Mode::Buffered) {
+            EXPECT_FALSE(r.direct());
+        }
+        std::memset(b, 0, 16384);
+        EXPECT_EQ(r.read_aligned(b, 0, 16384), 10000u);
+        EXPECT_EQ(std::memcmp(b, data.data(), 10000), 0);
+        if (mode == DirectReader::Mode::RefuseDirectForTest) {
+            EXPECT_FALSE(r.direct()) << "fell back to buffered";
+        }
+        EXPECT_EQ(r.read_aligned(b, 8192, 4096), 10000u - 8192u);
+        EXPECT_EQ(std::memcmp(b, data.data() + 8192, 10000 - 8192), 0);
+        EXPECT_EQ(r.read_aligned(b, 12288, 4096), 0u);
+        EXPECT_THROW(r.read_aligned(b + 1, 0, 4096), RuntimeError);
+        EXPECT_THROW(r.read_aligned(b, 100, 4096), RuntimeError);
+        EXPECT_EQ(r.file_size(), 10000u);
+    }
+    try {
+        DirectReader r(path + ".missing", DirectReader::Mode::Auto);
+        FAIL() << "opened a missing file";
+    } catch (const RuntimeError& e) {
+        EXPECT_NE(std::string(e.what()).find("f.bin.missing"), std::string::npos);
+    }
+}
+
+}  // namespace
