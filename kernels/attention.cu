@@ -1,6 +1,5 @@
 // Attention kernels (MODEL.md 4.6 b-d, 5.4, 6.4). See attention.cuh for the contracts.
 #include "attention.cuh"
-
 #include "attn_device.cuh"
 #include "common.cuh"
 
@@ -55,25 +54,26 @@ constexpr int kSaThreads = kSaWarps * 32;
 
 template <int HD>
 struct SaLayout {
-    static constexpr int KS = HD + 8;        // bf16 row stride of k_s and q_s (ldmatrix / lds conflict-free)
-    static constexpr int SS = kSaTile + 4;   // f32 row stride of s_s
-    static constexpr int PS = kSaTile + 8;   // bf16 row stride of p_s
-    static constexpr size_t k_off = 0;                                         // bf16 [64][KS]
-    static constexpr size_t q_off = k_off + size_t(kSaTile) * KS * 2;          // bf16 [16][KS]
-    static constexpr size_t s_off = q_off + size_t(kSaHeads) * KS * 2;         // f32 [16][SS]
-    static constexpr size_t p_off = s_off + size_t(kSaHeads) * SS * 4;         // bf16 [16][PS]
-    static constexpr size_t row_off = p_off + size_t(kSaHeads) * PS * 2;       // row pointers [64]
+    static constexpr int KS = HD + 8;       // bf16 row stride of k_s and q_s (ldmatrix / lds conflict-free)
+    static constexpr int SS = kSaTile + 4;  // f32 row stride of s_s
+    static constexpr int PS = kSaTile + 8;  // bf16 row stride of p_s
+    static constexpr size_t k_off = 0;      // bf16 [64][KS]
+    static constexpr size_t q_off = k_off + size_t(kSaTile) * KS * 2;              // bf16 [16][KS]
+    static constexpr size_t s_off = q_off + size_t(kSaHeads) * KS * 2;             // f32 [16][SS]
+    static constexpr size_t p_off = s_off + size_t(kSaHeads) * SS * 4;             // bf16 [16][PS]
+    static constexpr size_t row_off = p_off + size_t(kSaHeads) * PS * 2;           // row pointers [64]
     static constexpr size_t stat_off = row_off + size_t(kSaTile) * sizeof(void*);  // f32 [4][16]
     static constexpr size_t bytes = stat_off + 4 * kSaHeads * sizeof(float);
-    static_assert(q_off % 16 == 0 && s_off % 16 == 0 && p_off % 16 == 0 && row_off % 16 == 0, "smem alignment");
+    static_assert(q_off % 16 == 0 && s_off % 16 == 0 && p_off % 16 == 0 && row_off % 16 == 0,
+                  "smem alignment");
 };
 
 template <int HD>
 __global__ void __launch_bounds__(kSaThreads, 1)
     sparse_attn_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ win_kv,
                        const uint16_t* __restrict__ cmp_kv, const float* __restrict__ sink,
-                       const int32_t* __restrict__ idx, uint16_t* __restrict__ o, int64_t H, int64_t s, int64_t T,
-                       int64_t n_idx, float scale, int64_t groups) {
+                       const int32_t* __restrict__ idx, uint16_t* __restrict__ o, int64_t H, int64_t s,
+                       int64_t T, int64_t n_idx, float scale, int64_t groups) {
     using L = SaLayout<HD>;
     constexpr int KS = L::KS, SS = L::SS, PS = L::PS;
     constexpr int KSTEPS = HD / 16;
@@ -88,9 +88,9 @@ __global__ void __launch_bounds__(kSaThreads, 1)
     uint16_t* p_s = reinterpret_cast<uint16_t*>(smem + L::p_off);
     const uint16_t** rows_s = reinterpret_cast<const uint16_t**>(smem + L::row_off);
     float* m_s = reinterpret_cast<float*>(smem + L::stat_off);  // running max per head
-    float* mnew_s = m_s + kSaHeads;                              // this tile's new max
-    float* sum_s = mnew_s + kSaHeads;                            // running denominator
-    float* alpha_s = sum_s + kSaHeads;                           // this tile's rescale factor
+    float* mnew_s = m_s + kSaHeads;                             // this tile's new max
+    float* sum_s = mnew_s + kSaHeads;                           // running denominator
+    float* alpha_s = sum_s + kSaHeads;                          // this tile's rescale factor
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
     const int64_t r = static_cast<int64_t>(blockIdx.x) / groups;
@@ -175,7 +175,8 @@ __global__ void __launch_bounds__(kSaThreads, 1)
                 tmax = fmaxf(tmax, sv[e]);
             }
 #pragma unroll
-            for (int off = 8; off >= 1; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+            for (int off = 8; off >= 1; off >>= 1)
+                tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
             const float mnew = fmaxf(m_s[h], tmax);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -243,11 +244,11 @@ __global__ void __launch_bounds__(kSaThreads, 1)
 
 template <int HD>
 cudaError_t launch_sa(const uint16_t* q, const uint16_t* win_kv, const uint16_t* cmp_kv, const float* sink,
-                      const int32_t* idx, uint16_t* o, int64_t m, int64_t H, int64_t s, int64_t T, int64_t n_idx,
-                      float scale, cudaStream_t stream) {
+                      const int32_t* idx, uint16_t* o, int64_t m, int64_t H, int64_t s, int64_t T,
+                      int64_t n_idx, float scale, cudaStream_t stream) {
     const size_t bytes = SaLayout<HD>::bytes;
-    cudaError_t err = cudaFuncSetAttribute(sparse_attn_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(bytes));
+    cudaError_t err = cudaFuncSetAttribute(
+        sparse_attn_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
     if (err != cudaSuccess) return err;
     const int64_t groups = (H + kSaHeads - 1) / kSaHeads;
     sparse_attn_kernel<HD><<<static_cast<unsigned>(m * groups), kSaThreads, bytes, stream>>>(
@@ -257,8 +258,8 @@ cudaError_t launch_sa(const uint16_t* q, const uint16_t* win_kv, const uint16_t*
 
 }  // namespace
 
-void launch_attn_indices(const int32_t* qpos, int64_t m, int64_t window, int64_t W, const int32_t* topk, int64_t kc,
-                         int32_t* idx, cudaStream_t stream) {
+void launch_attn_indices(const int32_t* qpos, int64_t m, int64_t window, int64_t W, const int32_t* topk,
+                         int64_t kc, int32_t* idx, cudaStream_t stream) {
     const int64_t total = m * (W + kc);
     if (total == 0) return;
     const int threads = 256;
@@ -267,28 +268,41 @@ void launch_attn_indices(const int32_t* qpos, int64_t m, int64_t window, int64_t
         qpos, m, window, W, topk, kc, idx);
 }
 
-bool sparse_attn_supported_dim(int64_t hd) { return hd == 64 || hd == 128 || hd == 256 || hd == 512; }
+bool sparse_attn_supported_dim(int64_t hd) {
+    return hd == 64 || hd == 128 || hd == 256 || hd == 512;
+}
 
 size_t sparse_attn_smem_bytes(int64_t hd) {
     switch (hd) {
-        case 64: return SaLayout<64>::bytes;
-        case 128: return SaLayout<128>::bytes;
-        case 256: return SaLayout<256>::bytes;
-        case 512: return SaLayout<512>::bytes;
-        default: return 0;
+        case 64:
+            return SaLayout<64>::bytes;
+        case 128:
+            return SaLayout<128>::bytes;
+        case 256:
+            return SaLayout<256>::bytes;
+        case 512:
+            return SaLayout<512>::bytes;
+        default:
+            return 0;
     }
 }
 
-cudaError_t launch_sparse_attn(const uint16_t* q, const uint16_t* win_kv, const uint16_t* cmp_kv, const float* sink,
-                               const int32_t* idx, uint16_t* o, int64_t m, int64_t H, int64_t hd, int64_t s, int64_t T,
-                               int64_t n_idx, float scale, cudaStream_t stream) {
+cudaError_t launch_sparse_attn(const uint16_t* q, const uint16_t* win_kv, const uint16_t* cmp_kv,
+                               const float* sink, const int32_t* idx, uint16_t* o, int64_t m, int64_t H,
+                               int64_t hd, int64_t s, int64_t T, int64_t n_idx, float scale,
+                               cudaStream_t stream) {
     if (m == 0 || H == 0) return cudaSuccess;
     switch (hd) {
-        case 64: return launch_sa<64>(q, win_kv, cmp_kv, sink, idx, o, m, H, s, T, n_idx, scale, stream);
-        case 128: return launch_sa<128>(q, win_kv, cmp_kv, sink, idx, o, m, H, s, T, n_idx, scale, stream);
-        case 256: return launch_sa<256>(q, win_kv, cmp_kv, sink, idx, o, m, H, s, T, n_idx, scale, stream);
-        case 512: return launch_sa<512>(q, win_kv, cmp_kv, sink, idx, o, m, H, s, T, n_idx, scale, stream);
-        default: return cudaErrorInvalidValue;
+        case 64:
+            return launch_sa<64>(q, win_kv, cmp_kv, sink, idx, o, m, H, s, T, n_idx, scale, stream);
+        case 128:
+            return launch_sa<128>(q, win_kv, cmp_kv, sink, idx, o, m, H, s, T, n_idx, scale, stream);
+        case 256:
+            return launch_sa<256>(q, win_kv, cmp_kv, sink, idx, o, m, H, s, T, n_idx, scale, stream);
+        case 512:
+            return launch_sa<512>(q, win_kv, cmp_kv, sink, idx, o, m, H, s, T, n_idx, scale, stream);
+        default:
+            return cudaErrorInvalidValue;
     }
 }
 

@@ -11,8 +11,8 @@ namespace ds4r::kern {
 // idx I32 [m, n] with n = W + Kc: idx[r, c] = max(p - window + 1, 0) + c, or -1 if that exceeds
 // p = qpos[r] (I32 [m]), for c < W; idx[r, W + c] = topk[r, c] (I32 [m, Kc], Kc may be 0, topk may
 // then be null). window_indices is the Kc = 0 case.
-void launch_attn_indices(const int32_t* qpos, int64_t m, int64_t window, int64_t W, const int32_t* topk, int64_t kc,
-                         int32_t* idx, cudaStream_t stream);
+void launch_attn_indices(const int32_t* qpos, int64_t m, int64_t window, int64_t W, const int32_t* topk,
+                         int64_t kc, int32_t* idx, cudaStream_t stream);
 
 // Head dims sparse_attn is instantiated for.
 bool sparse_attn_supported_dim(int64_t hd);
@@ -26,8 +26,9 @@ size_t sparse_attn_smem_bytes(int64_t hd);
 // seeded -1e30, p = exp(S - M_new), bf16(p) into the PV product, unscaled sink logit added to the
 // denominator last, o = bf16(acc / sum). q, win_kv, cmp_kv, o 16-byte aligned. Returns the error of
 // the shared-memory attribute call or of the launch.
-cudaError_t launch_sparse_attn(const uint16_t* q, const uint16_t* win_kv, const uint16_t* cmp_kv, const float* sink,
-                        const int32_t* idx, uint16_t* o, int64_t m, int64_t H, int64_t hd, int64_t s, int64_t T,
-                        int64_t n_idx, float scale, cudaStream_t stream);
+cudaError_t launch_sparse_attn(const uint16_t* q, const uint16_t* win_kv, const uint16_t* cmp_kv,
+                               const float* sink, const int32_t* idx, uint16_t* o, int64_t m, int64_t H,
+                               int64_t hd, int64_t s, int64_t T, int64_t n_idx, float scale,
+                               cudaStream_t stream);
 
 }  // namespace ds4r::kern

@@ -16,7 +16,8 @@ namespace ds4r::kern::attn {
 // D = A (16x16 bf16, row) * B (16x8 bf16, col) + C (fp32). Fragment layout (PTX ISA, m16n8k16):
 // g = lane / 4, q = lane % 4; a0: (g, 2q..2q+1), a1: (g+8, 2q..), a2: (g, 2q+8..), a3: (g+8, 2q+8..);
 // b0: (k = 2q..2q+1, n = g), b1: (k = 2q+8.., n = g); c0,c1: (g, 2q..2q+1), c2,c3: (g+8, 2q..).
-__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
@@ -49,13 +50,17 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src,
                  "r"(src_bytes)
                  : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-__device__ __forceinline__ uint32_t ld_shared_u32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ uint32_t ld_shared_u32(const uint16_t* p) {
+    return *reinterpret_cast<const uint32_t*>(p);
+}
 __device__ __forceinline__ uint32_t pack_bf16x2(uint16_t lo, uint16_t hi) {
     return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
 }
@@ -135,7 +140,8 @@ __device__ void radix_select_kth(int64_t n, uint32_t K, KeyAt key_at, RadixSmem<
             }
             // warp-aggregated increment: one atomic per distinct bin in the warp
             const uint32_t peers = __match_any_sync(0xffffffffu, bin);
-            if (bin != 0xffffffffu && lane == __ffs(peers) - 1) atomicAdd(&sm.whist[warp][bin], __popc(peers));
+            if (bin != 0xffffffffu && lane == __ffs(peers) - 1)
+                atomicAdd(&sm.whist[warp][bin], __popc(peers));
         }
         __syncthreads();
         // thread t holds the count of bin 255 - t (descending key order); scan finds the bin where
@@ -185,7 +191,8 @@ __device__ void select_ordered(int64_t n, uint32_t K, uint32_t kth, uint32_t n_g
             }
         }
         uint64_t total;
-        const uint64_t excl = block_exclusive_scan<NT>((static_cast<uint64_t>(gt) << 32) | tie, scan_ws, &total);
+        const uint64_t excl =
+            block_exclusive_scan<NT>((static_cast<uint64_t>(gt) << 32) | tie, scan_ws, &total);
         uint64_t g = run_gt + (excl >> 32), t = run_tie + (excl & 0xffffffffu);
 #pragma unroll
         for (int e = 0; e < ITEMS; ++e) {

@@ -1,8 +1,7 @@
 // Engram update (MODEL.md 4.8), compressor ratio-2 pooling (4.6.1) and the bf16 scalar multiply.
 // Separately rounded reference ops are explicit __f*_rn intrinsics (no FMA contraction).
-#include "engram.cuh"
-
 #include "common.cuh"
+#include "engram.cuh"
 #include "fixed_reduce.cuh"
 
 namespace ds4r::kern {
@@ -22,9 +21,9 @@ int elem_blocks(int64_t n) {
 // barriers inside block_sum_fixed order every read before any write, and each element is written by
 // the thread that reads it).
 __global__ void __launch_bounds__(kFixedReduceThreads)
-engram_update_kernel(uint16_t* __restrict__ X, const uint16_t* __restrict__ kv, const uint16_t* __restrict__ qw,
-                     const uint16_t* __restrict__ kw, int64_t hc, int64_t D, float inv_d, float inv_sqrt_d,
-                     float eps) {
+    engram_update_kernel(uint16_t* __restrict__ X, const uint16_t* __restrict__ kv,
+                         const uint16_t* __restrict__ qw, const uint16_t* __restrict__ kw, int64_t hc,
+                         int64_t D, float inv_d, float inv_sqrt_d, float eps) {
     __shared__ float scratch[kFixedReduceWarps * 3];
     const int64_t r = blockIdx.x / hc, k = blockIdx.x - r * hc;
     uint16_t* h = X + (r * hc + k) * D;
@@ -52,7 +51,8 @@ engram_update_kernel(uint16_t* __restrict__ X, const uint16_t* __restrict__ kv, 
     const float mag = sqrtf(a < lo ? lo : a);
     const float gate = ref_sigmoid(copysignf(mag, dot));
     for (int64_t d = threadIdx.x; d < D; d += kFixedReduceThreads)
-        h[d] = f32_to_bf16_bits(__fadd_rn(bf16_bits_to_f32(h[d]), __fmul_rn(gate, bf16_bits_to_f32(value[d]))));
+        h[d] =
+            f32_to_bf16_bits(__fadd_rn(bf16_bits_to_f32(h[d]), __fmul_rn(gate, bf16_bits_to_f32(value[d]))));
 }
 
 __global__ void compress_pool2_kernel(const float* __restrict__ kv, const float* __restrict__ sc,
@@ -82,10 +82,11 @@ __global__ void mul_scalar_bf16_kernel(uint16_t* __restrict__ x, int64_t n, floa
 }  // namespace
 
 void launch_engram_update(uint16_t* X, const uint16_t* kv, const uint16_t* qw, const uint16_t* kw, int64_t M,
-                          int64_t hc, int64_t D, float inv_d, float inv_sqrt_d, float eps, cudaStream_t stream) {
+                          int64_t hc, int64_t D, float inv_d, float inv_sqrt_d, float eps,
+                          cudaStream_t stream) {
     if (M <= 0 || hc <= 0 || D <= 0) return;
-    engram_update_kernel<<<static_cast<unsigned>(M * hc), kFixedReduceThreads, 0, stream>>>(X, kv, qw, kw, hc, D,
-                                                                                            inv_d, inv_sqrt_d, eps);
+    engram_update_kernel<<<static_cast<unsigned>(M * hc), kFixedReduceThreads, 0, stream>>>(
+        X, kv, qw, kw, hc, D, inv_d, inv_sqrt_d, eps);
 }
 
 void launch_compress_pool2(const float* kv, const float* sc, uint16_t* out, int64_t n, int64_t hd,

@@ -16,7 +16,8 @@ namespace ds4r::kern {
 // Sums: fixed-order fp32 block reductions. X: BF16 bits [M, hc, D]; kv: BF16 bits [M, (hc+1)*D];
 // qw, kw: BF16 bits [hc, D]; inv_d = fp32(1) / fp32(D); inv_sqrt_d = fp32(D^-0.5).
 void launch_engram_update(uint16_t* X, const uint16_t* kv, const uint16_t* qw, const uint16_t* kw, int64_t M,
-                          int64_t hc, int64_t D, float inv_d, float inv_sqrt_d, float eps, cudaStream_t stream);
+                          int64_t hc, int64_t D, float inv_d, float inv_sqrt_d, float eps,
+                          cudaStream_t stream);
 
 // Ratio-2 gated pooling: out[j, c] = bf16((0 + kv[2j, c] * w0) + kv[2j+1, c] * w1) with
 // (w0, w1) = the 2-way softmax of (sc[2j, c], sc[2j+1, c]) (exp(x - max) / sum).

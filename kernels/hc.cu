@@ -1,10 +1,9 @@
 // Hyper-connection kernels (MODEL.md 4.5, 5.5, 8.2): the mixes (fp32 projection + Sinkhorn split),
 // the pre-collapse and the post-expansion. Separately rounded reference ops are written as explicit
 // __f*_rn intrinsics so nvcc's FMA contraction cannot merge them.
-#include "hc.cuh"
-
 #include "common.cuh"
 #include "fixed_reduce.cuh"
+#include "hc.cuh"
 
 namespace ds4r::kern {
 
@@ -28,19 +27,21 @@ constexpr int kMixVals = kMixTok * (kHcMix + 1);  // [tok][mix] dots, then [tok]
 
 // hc_split_sinkhorn for one token (MODEL.md 5.5), the exact operation order of the CPU backend's
 // cpuref::hc_split_sinkhorn: sums sequential from 0, true divisions, expf, separate roundings.
-__device__ void sinkhorn_split_one(const float* m, const float* __restrict__ scale, const float* __restrict__ base,
-                                   float hc_eps, int iters, float* pre, float* post, float* comb) {
+__device__ void sinkhorn_split_one(const float* m, const float* __restrict__ scale,
+                                   const float* __restrict__ base, float hc_eps, int iters, float* pre,
+                                   float* post, float* comb) {
     constexpr int hc = kHcMult;
     const float s0 = scale[0], s1 = scale[1], s2 = scale[2];
 #pragma unroll
-    for (int k = 0; k < hc; ++k) pre[k] = __fadd_rn(ref_sigmoid(__fadd_rn(__fmul_rn(m[k], s0), base[k])), hc_eps);
+    for (int k = 0; k < hc; ++k)
+        pre[k] = __fadd_rn(ref_sigmoid(__fadd_rn(__fmul_rn(m[k], s0), base[k])), hc_eps);
 #pragma unroll
     for (int k = 0; k < hc; ++k)
         post[k] = __fmul_rn(2.0f, ref_sigmoid(__fadd_rn(__fmul_rn(m[hc + k], s1), base[hc + k])));
     float c[hc * hc];
 #pragma unroll
     for (int i = 0; i < hc * hc; ++i) c[i] = __fadd_rn(__fmul_rn(m[2 * hc + i], s2), base[2 * hc + i]);
-    // Row softmax (max-subtracted), then + eps.
+        // Row softmax (max-subtracted), then + eps.
 #pragma unroll
     for (int j = 0; j < hc; ++j) {
         float mx = c[j * hc];
@@ -87,9 +88,10 @@ __device__ void sinkhorn_split_one(const float* m, const float* __restrict__ sca
 // reduction. A token's bits depend only on its own row (missing tail tokens are skipped, never mixed
 // in), so the result is independent of M and of the token's slot in the block.
 __global__ void __launch_bounds__(kFixedReduceThreads)
-hc_mixes_kernel(const uint16_t* __restrict__ X, const float* __restrict__ fn, const float* __restrict__ scale,
-                const float* __restrict__ base, int64_t M, int64_t K, float inv_n, float norm_eps, float hc_eps,
-                int iters, float* __restrict__ pre, float* __restrict__ post, float* __restrict__ comb) {
+    hc_mixes_kernel(const uint16_t* __restrict__ X, const float* __restrict__ fn,
+                    const float* __restrict__ scale, const float* __restrict__ base, int64_t M, int64_t K,
+                    float inv_n, float norm_eps, float hc_eps, int iters, float* __restrict__ pre,
+                    float* __restrict__ post, float* __restrict__ comb) {
     __shared__ float scratch[kFixedReduceWarps * kMixVals];
     __shared__ float totals[kMixVals];
     const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kMixTok;
@@ -106,7 +108,8 @@ hc_mixes_kernel(const uint16_t* __restrict__ X, const float* __restrict__ fn, co
             if (t < ntok) {
                 const float z = bf16_bits_to_f32(X[(r0 + t) * K + k]);
 #pragma unroll
-                for (int m = 0; m < kHcMix; ++m) acc[t * kHcMix + m] = __fmaf_rn(z, f[m], acc[t * kHcMix + m]);
+                for (int m = 0; m < kHcMix; ++m)
+                    acc[t * kHcMix + m] = __fmaf_rn(z, f[m], acc[t * kHcMix + m]);
                 acc[kMixTok * kHcMix + t] = __fmaf_rn(z, z, acc[kMixTok * kHcMix + t]);  // z^2 exact
             }
         }
@@ -131,8 +134,8 @@ hc_mixes_kernel(const uint16_t* __restrict__ X, const float* __restrict__ fn, co
 }
 
 // ------------------------------------------------------------------ hc_pre / hc_post
-__global__ void hc_pre_kernel(const uint16_t* __restrict__ X, const float* __restrict__ mix, uint16_t* __restrict__ y,
-                              int64_t M, int64_t hc, int64_t D) {
+__global__ void hc_pre_kernel(const uint16_t* __restrict__ X, const float* __restrict__ mix,
+                              uint16_t* __restrict__ y, int64_t M, int64_t hc, int64_t D) {
     const int64_t total = M * D;
     for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
          e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -148,15 +151,17 @@ constexpr int kPostMaxHc = 8;
 
 // One thread per (row, d): all hc residual values of the element are read before any output copy of
 // it is written, so out may alias R (each element is touched by this thread only).
-__global__ void hc_post_kernel(const uint16_t* __restrict__ x, const uint16_t* R, const float* __restrict__ post,
-                               const float* __restrict__ comb, uint16_t* out, int64_t M, int64_t hc, int64_t D) {
+__global__ void hc_post_kernel(const uint16_t* __restrict__ x, const uint16_t* R,
+                               const float* __restrict__ post, const float* __restrict__ comb, uint16_t* out,
+                               int64_t M, int64_t hc, int64_t D) {
     const int64_t total = M * D;
     for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
          e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const int64_t r = e / D, d = e - r * D;
         float res[kPostMaxHc];
 #pragma unroll
-        for (int j = 0; j < kPostMaxHc; ++j) res[j] = j < hc ? bf16_bits_to_f32(R[(r * hc + j) * D + d]) : 0.0f;
+        for (int j = 0; j < kPostMaxHc; ++j)
+            res[j] = j < hc ? bf16_bits_to_f32(R[(r * hc + j) * D + d]) : 0.0f;
         const float xv = bf16_bits_to_f32(x[e]);
         const float* c = comb + r * hc * hc;
         float o[kPostMaxHc];
@@ -178,9 +183,9 @@ __global__ void hc_post_kernel(const uint16_t* __restrict__ x, const uint16_t* R
 
 }  // namespace
 
-void launch_hc_mixes(const uint16_t* X, const float* fn, const float* scale, const float* base, int64_t M, int64_t D,
-                     float inv_n, float norm_eps, float hc_eps, int iters, float* pre, float* post, float* comb,
-                     cudaStream_t stream) {
+void launch_hc_mixes(const uint16_t* X, const float* fn, const float* scale, const float* base, int64_t M,
+                     int64_t D, float inv_n, float norm_eps, float hc_eps, int iters, float* pre, float* post,
+                     float* comb, cudaStream_t stream) {
     if (M <= 0) return;
     const int64_t blocks = cdiv(M, kMixTok);
     hc_mixes_kernel<<<static_cast<unsigned>(blocks), kFixedReduceThreads, 0, stream>>>(

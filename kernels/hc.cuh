@@ -16,9 +16,9 @@ constexpr int kHcMix = (2 + kHcMult) * kHcMult;
 // hc_split_sinkhorn (MODEL.md 5.5) -> pre, post, comb.
 // X: BF16 bits [M, hc, D]; fn: F32 [mix, hc * D]; scale: F32 [3]; base: F32 [mix];
 // pre, post: F32 [M, hc]; comb: F32 [M, hc, hc]; inv_n = fp32(1) / fp32(hc * D).
-void launch_hc_mixes(const uint16_t* X, const float* fn, const float* scale, const float* base, int64_t M, int64_t D,
-                     float inv_n, float norm_eps, float hc_eps, int iters, float* pre, float* post, float* comb,
-                     cudaStream_t stream);
+void launch_hc_mixes(const uint16_t* X, const float* fn, const float* scale, const float* base, int64_t M,
+                     int64_t D, float inv_n, float norm_eps, float hc_eps, int iters, float* pre, float* post,
+                     float* comb, cudaStream_t stream);
 
 // y[r, d] = bf16(((0 + m0*X0) + m1*X1) + ...) in fp32; X: BF16 bits [M, hc, D]; mix: F32 [M, hc];
 // y: BF16 bits [M, D].

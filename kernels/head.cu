@@ -1,8 +1,7 @@
 // Output-head kernels (MODEL.md 4.9, DESIGN.md 2). See head.cuh for the contracts.
-#include "head.cuh"
-
 #include "attn_device.cuh"
 #include "common.cuh"
+#include "head.cuh"
 
 namespace ds4r::kern {
 
@@ -22,8 +21,8 @@ constexpr size_t kHbStageElems = static_cast<size_t>(kHbM + kHbN) * kHbLd;
 constexpr size_t kHbSmemBytes = kHbStages * kHbStageElems * 2;
 
 __global__ void __launch_bounds__(kHbThreads)
-    head_logits_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w, float* __restrict__ out,
-                       int64_t R, int64_t V, int64_t D) {
+    head_logits_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w,
+                       float* __restrict__ out, int64_t R, int64_t V, int64_t D) {
     extern __shared__ __align__(16) uint8_t smem[];
     uint16_t* base = reinterpret_cast<uint16_t*>(smem);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
@@ -74,12 +73,13 @@ __global__ void __launch_bounds__(kHbThreads)
             uint32_t a[4][4], b[4][2];
 #pragma unroll
             for (int mt = 0; mt < 4; ++mt)
-                ldmatrix_x4(a[mt], as + (warp_m * 64 + mt * 16 + (lane & 15)) * kHbLd + kk * 16 + (lane >> 4) * 8);
+                ldmatrix_x4(a[mt],
+                            as + (warp_m * 64 + mt * 16 + (lane & 15)) * kHbLd + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
             for (int np = 0; np < 2; ++np) {
                 uint32_t t[4];
-                ldmatrix_x4(t, bs + (warp_n * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kHbLd + kk * 16 +
-                                   ((lane >> 3) & 1) * 8);
+                ldmatrix_x4(t, bs + (warp_n * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kHbLd +
+                                   kk * 16 + ((lane >> 3) & 1) * 8);
                 b[2 * np][0] = t[0];
                 b[2 * np][1] = t[1];
                 b[2 * np + 1][0] = t[2];
@@ -144,10 +144,10 @@ __device__ double block_sum_f64(double v, double* red) {
 }
 
 __global__ void __launch_bounds__(kHsThreads)
-    head_row_stats_kernel(const float* __restrict__ logits, const int32_t* __restrict__ targets, int64_t V, int k,
-                          double* __restrict__ lse_out, double* __restrict__ ent_out, float* __restrict__ tl_out,
-                          int32_t* __restrict__ rank_out, int32_t* __restrict__ topk_ids,
-                          float* __restrict__ topk_logit) {
+    head_row_stats_kernel(const float* __restrict__ logits, const int32_t* __restrict__ targets, int64_t V,
+                          int k, double* __restrict__ lse_out, double* __restrict__ ent_out,
+                          float* __restrict__ tl_out, int32_t* __restrict__ rank_out,
+                          int32_t* __restrict__ topk_ids, float* __restrict__ topk_logit) {
     __shared__ HsSmem sm;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t r = blockIdx.x;
@@ -198,7 +198,8 @@ __global__ void __launch_bounds__(kHsThreads)
     radix_select_kth<kHsThreads, 32>(V, static_cast<uint32_t>(k), key_at, sm.rs, &kth, &n_gt);
     unsigned long long* cand = sm.cand;
     auto emit = [cand, key_at](uint32_t pos, int64_t v) {
-        cand[pos] = (static_cast<unsigned long long>(key_at(v)) << 32) | (0xffffffffu - static_cast<uint32_t>(v));
+        cand[pos] =
+            (static_cast<unsigned long long>(key_at(v)) << 32) | (0xffffffffu - static_cast<uint32_t>(v));
     };
     select_ordered<kHsThreads, kHsItems>(V, static_cast<uint32_t>(k), kth, n_gt, key_at, emit, sm.rs.scan);
     int P = 1;
@@ -230,23 +231,24 @@ __global__ void __launch_bounds__(kHsThreads)
 
 }  // namespace
 
-cudaError_t launch_head_logits(const uint16_t* x, const uint16_t* w, float* logits, int64_t R, int64_t V, int64_t D,
-                               cudaStream_t stream) {
+cudaError_t launch_head_logits(const uint16_t* x, const uint16_t* w, float* logits, int64_t R, int64_t V,
+                               int64_t D, cudaStream_t stream) {
     if (R == 0 || V == 0) return cudaSuccess;
     cudaError_t err = cudaFuncSetAttribute(head_logits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(kHbSmemBytes));
     if (err != cudaSuccess) return err;
-    const dim3 grid(static_cast<unsigned>((R + kHbM - 1) / kHbM), static_cast<unsigned>((V + kHbN - 1) / kHbN));
+    const dim3 grid(static_cast<unsigned>((R + kHbM - 1) / kHbM),
+                    static_cast<unsigned>((V + kHbN - 1) / kHbN));
     head_logits_kernel<<<grid, kHbThreads, kHbSmemBytes, stream>>>(x, w, logits, R, V, D);
     return cudaGetLastError();
 }
 
-void launch_head_row_stats(const float* logits, const int32_t* targets, int64_t R, int64_t V, int k, double* lse,
-                           double* entropy, float* target_logit, int32_t* rank, int32_t* topk_ids, float* topk_logit,
-                           cudaStream_t stream) {
+void launch_head_row_stats(const float* logits, const int32_t* targets, int64_t R, int64_t V, int k,
+                           double* lse, double* entropy, float* target_logit, int32_t* rank,
+                           int32_t* topk_ids, float* topk_logit, cudaStream_t stream) {
     if (R == 0) return;
-    head_row_stats_kernel<<<static_cast<unsigned>(R), kHsThreads, 0, stream>>>(logits, targets, V, k, lse, entropy,
-                                                                               target_logit, rank, topk_ids, topk_logit);
+    head_row_stats_kernel<<<static_cast<unsigned>(R), kHsThreads, 0, stream>>>(
+        logits, targets, V, k, lse, entropy, target_logit, rank, topk_ids, topk_logit);
 }
 
 }  // namespace ds4r::kern

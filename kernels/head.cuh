@@ -16,16 +16,16 @@ constexpr int kHeadMaxTopK = 1024;
 // logits F32 [R, V] = x BF16 [R, D] . w BF16 [V, D]^T on the tensor cores (products of bf16 values
 // are exact in fp32; fp32 accumulation in a fixed k order, independent of R). D % 8 == 0; x, w
 // 16-byte aligned. Returns the error of the shared-memory attribute call or of the launch.
-cudaError_t launch_head_logits(const uint16_t* x, const uint16_t* w, float* logits, int64_t R, int64_t V, int64_t D,
-                               cudaStream_t stream);
+cudaError_t launch_head_logits(const uint16_t* x, const uint16_t* w, float* logits, int64_t R, int64_t V,
+                               int64_t D, cudaStream_t stream);
 
 // Per row r < R of logits F32 [R, V], targets I32 [R] (-1 = none, else < V):
 // lse F64 [R] = max + log(sum exp(l - max)) (fp64), entropy F64 [R] = lse - sum p l (fp64),
 // target_logit F32 [R] and rank I32 [R] = 1 + #{l > l_target} (0 and 0 without a target),
 // topk_ids I32 [R, k] / topk_logit F32 [R, k]: the k largest logits, descending, equal logits by
 // lower id (+0 == -0; NaN below everything). 0 <= k <= min(V, kHeadMaxTopK).
-void launch_head_row_stats(const float* logits, const int32_t* targets, int64_t R, int64_t V, int k, double* lse,
-                           double* entropy, float* target_logit, int32_t* rank, int32_t* topk_ids, float* topk_logit,
-                           cudaStream_t stream);
+void launch_head_row_stats(const float* logits, const int32_t* targets, int64_t R, int64_t V, int k,
+                           double* lse, double* entropy, float* target_logit, int32_t* rank,
+                           int32_t* topk_ids, float* topk_logit, cudaStream_t stream);
 
 }  // namespace ds4r::kern

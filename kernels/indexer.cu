@@ -1,8 +1,7 @@
 // Indexer kernels (MODEL.md 4.6.2 steps 4-7, 8.1, 8.2). See indexer.cuh for the contracts.
-#include "indexer.cuh"
-
 #include "attn_device.cuh"
 #include "common.cuh"
+#include "indexer.cuh"
 
 namespace ds4r::kern {
 
@@ -34,9 +33,9 @@ __device__ __forceinline__ uint16_t weighted_score(float s, float w) {
 
 template <int D>
 __global__ void __launch_bounds__(kIsThreads)
-    index_scores_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const uint16_t* __restrict__ w,
-                        const int32_t* __restrict__ qpos, int64_t m, int nh, int64_t T, int ratio,
-                        uint16_t* __restrict__ score) {
+    index_scores_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
+                        const uint16_t* __restrict__ w, const int32_t* __restrict__ qpos, int64_t m, int nh,
+                        int64_t T, int ratio, uint16_t* __restrict__ score) {
     static_assert(D % 16 == 0 && D <= 128, "index head dim");
     constexpr int KS = D + 8;  // key tile row stride (bf16)
     constexpr int KSTEPS = D / 16;
@@ -137,7 +136,8 @@ __global__ void __launch_bounds__(kIsThreads)
             uint16_t res = kBf16NegInfBits;
             if (j < n_t) {
                 float sum = 0.0f;  // torch's sum starts from its identity, +0
-                for (int h = 0; h < nh; ++h) sum = __fadd_rn(sum, bf16_bits_to_f32(st[h * kIsStageStride + c]));
+                for (int h = 0; h < nh; ++h)
+                    sum = __fadd_rn(sum, bf16_bits_to_f32(st[h * kIsStageStride + c]));
                 res = f32_to_bf16_bits(sum);
             }
             out[j] = res;
@@ -153,8 +153,8 @@ constexpr int kSelItems = 8;
 // One CTA per query row: exact radix select of the K-th largest bf16 key (two 8-bit digit passes
 // over the row), then one ordered pass emitting the chosen positions in ascending order.
 __global__ void __launch_bounds__(kSelThreads)
-    index_topk_kernel(const uint16_t* __restrict__ score, const int32_t* __restrict__ qpos, int64_t T, int ratio,
-                      int64_t offset, int32_t* __restrict__ idx, int64_t K) {
+    index_topk_kernel(const uint16_t* __restrict__ score, const int32_t* __restrict__ qpos, int64_t T,
+                      int ratio, int64_t offset, int32_t* __restrict__ idx, int64_t K) {
     __shared__ RadixSmem<kSelThreads> sm;
     const int64_t r = blockIdx.x;
     const uint16_t* row = score + r * T;
@@ -240,25 +240,35 @@ __global__ void apply_candidate_mask_kernel(uint16_t* __restrict__ score, const 
 
 }  // namespace
 
-bool index_scores_supported_dim(int ihd) { return ihd == 32 || ihd == 64 || ihd == 128; }
+bool index_scores_supported_dim(int ihd) {
+    return ihd == 32 || ihd == 64 || ihd == 128;
+}
 
-void launch_index_scores(const uint16_t* q, const uint16_t* k, const uint16_t* w, const int32_t* qpos, int64_t m,
-                         int nh, int ihd, int64_t T, int ratio, uint16_t* score, cudaStream_t stream) {
+void launch_index_scores(const uint16_t* q, const uint16_t* k, const uint16_t* w, const int32_t* qpos,
+                         int64_t m, int nh, int ihd, int64_t T, int ratio, uint16_t* score,
+                         cudaStream_t stream) {
     if (m == 0 || T == 0) return;
     const dim3 grid(static_cast<unsigned>((m + kIsWarps - 1) / kIsWarps),
                     static_cast<unsigned>((T + kIsTile * kIsTilesPerCta - 1) / (kIsTile * kIsTilesPerCta)));
     switch (ihd) {
-        case 32: index_scores_kernel<32><<<grid, kIsThreads, 0, stream>>>(q, k, w, qpos, m, nh, T, ratio, score); break;
-        case 64: index_scores_kernel<64><<<grid, kIsThreads, 0, stream>>>(q, k, w, qpos, m, nh, T, ratio, score); break;
-        default: index_scores_kernel<128><<<grid, kIsThreads, 0, stream>>>(q, k, w, qpos, m, nh, T, ratio, score); break;
+        case 32:
+            index_scores_kernel<32><<<grid, kIsThreads, 0, stream>>>(q, k, w, qpos, m, nh, T, ratio, score);
+            break;
+        case 64:
+            index_scores_kernel<64><<<grid, kIsThreads, 0, stream>>>(q, k, w, qpos, m, nh, T, ratio, score);
+            break;
+        default:
+            index_scores_kernel<128><<<grid, kIsThreads, 0, stream>>>(q, k, w, qpos, m, nh, T, ratio, score);
+            break;
     }
 }
 
 void launch_candidate_blocks(const uint16_t* score, const int32_t* qpos, int64_t m, int64_t T, int ratio,
-                             int64_t block, int64_t topk_blocks, uint32_t* mask, int64_t words, cudaStream_t stream) {
+                             int64_t block, int64_t topk_blocks, uint32_t* mask, int64_t words,
+                             cudaStream_t stream) {
     if (m == 0 || words == 0) return;
-    candidate_blocks_kernel<<<static_cast<unsigned>(m), kSelThreads, 0, stream>>>(score, qpos, T, ratio, block,
-                                                                                  topk_blocks, mask, words);
+    candidate_blocks_kernel<<<static_cast<unsigned>(m), kSelThreads, 0, stream>>>(
+        score, qpos, T, ratio, block, topk_blocks, mask, words);
 }
 
 void launch_apply_candidate_mask(uint16_t* score, const uint32_t* mask, int64_t m, int64_t T, int64_t block,
@@ -267,14 +277,15 @@ void launch_apply_candidate_mask(uint16_t* score, const uint32_t* mask, int64_t 
     if (n == 0) return;
     const int threads = 256;
     const int64_t blocks = (n + threads - 1) / threads;
-    apply_candidate_mask_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), threads, 0, stream>>>(
-        score, mask, m, T, block, words);
+    apply_candidate_mask_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), threads, 0,
+                                  stream>>>(score, mask, m, T, block, words);
 }
 
-void launch_index_topk(const uint16_t* score, const int32_t* qpos, int64_t m, int64_t T, int ratio, int64_t offset,
-                       int32_t* idx, int64_t K, cudaStream_t stream) {
+void launch_index_topk(const uint16_t* score, const int32_t* qpos, int64_t m, int64_t T, int ratio,
+                       int64_t offset, int32_t* idx, int64_t K, cudaStream_t stream) {
     if (m == 0 || K == 0) return;
-    index_topk_kernel<<<static_cast<unsigned>(m), kSelThreads, 0, stream>>>(score, qpos, T, ratio, offset, idx, K);
+    index_topk_kernel<<<static_cast<unsigned>(m), kSelThreads, 0, stream>>>(score, qpos, T, ratio, offset,
+                                                                            idx, K);
 }
 
 }  // namespace ds4r::kern

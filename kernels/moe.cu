@@ -61,24 +61,29 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
         }
         __syncwarp();
     }
-    if (lane == 0) {
-        float wk[kMaxTopk];
-        for (int t = 0; t < k; ++t) wk[t] = score[sel[t]];  // unbiased scores
-        if (k > 1) {
+    // weights: the unbiased scores of the selection, / (sum + 1e-20) when k > 1, * route_scale
+    float denom = 1.0f;
+    if (k > 1) {
+        if (lane == 0) {
             float sum;
-            if (k == 6) {
-                sum = __fadd_rn(__fadd_rn(__fadd_rn(wk[0], wk[4]), wk[2]), __fadd_rn(__fadd_rn(wk[1], wk[5]), wk[3]));
+            if (k == 6) {  // CUDA torch.sum's order for 6 values (MODEL.md 8.2)
+                const float w0 = score[sel[0]], w1 = score[sel[1]], w2 = score[sel[2]];
+                const float w3 = score[sel[3]], w4 = score[sel[4]], w5 = score[sel[5]];
+                sum = __fadd_rn(__fadd_rn(__fadd_rn(w0, w4), w2), __fadd_rn(__fadd_rn(w1, w5), w3));
             } else {
                 sum = 0.0f;
-                for (int t = 0; t < k; ++t) sum = __fadd_rn(sum, wk[t]);
+                for (int t = 0; t < k; ++t) sum = __fadd_rn(sum, score[sel[t]]);
             }
-            const float denom = __fadd_rn(sum, 1e-20f);
-            for (int t = 0; t < k; ++t) wk[t] = __fdiv_rn(wk[t], denom);
+            denom = __fadd_rn(sum, 1e-20f);
         }
-        for (int t = 0; t < k; ++t) {
-            idx[r * k + t] = sel[t];
-            wout[r * k + t] = __fmul_rn(wk[t], route_scale);
-        }
+        denom = __shfl_sync(0xffffffffu, denom, 0);
+    }
+    if (lane < k) {
+        const int e = sel[lane];
+        float v = score[e];
+        if (k > 1) v = __fdiv_rn(v, denom);
+        idx[r * k + lane] = e;
+        wout[r * k + lane] = __fmul_rn(v, route_scale);
     }
 }
 
@@ -219,24 +224,22 @@ __global__ void __launch_bounds__(kCombineThreads)
                    const int32_t* __restrict__ slot_pos, int k, const uint16_t* __restrict__ shared, int64_t D,
                    uint16_t* __restrict__ y) {
     __shared__ int64_t src_row[kMaxTopk];
+    __shared__ int32_t src_expert[kMaxTopk];
     const int64_t r = blockIdx.x;
     if (threadIdx.x == 0) {
         // the row's slots in ascending expert id (insertion sort of <= 32 entries)
-        int32_t ex[kMaxTopk];
-        int64_t pos[kMaxTopk];
         for (int s = 0; s < k; ++s) {
             const int32_t e = idx[r * k + s];
             const int64_t p = slot_pos[r * k + s];
             int i = s;
-            while (i > 0 && ex[i - 1] > e) {
-                ex[i] = ex[i - 1];
-                pos[i] = pos[i - 1];
+            while (i > 0 && src_expert[i - 1] > e) {
+                src_expert[i] = src_expert[i - 1];
+                src_row[i] = src_row[i - 1];
                 --i;
             }
-            ex[i] = e;
-            pos[i] = p;
+            src_expert[i] = e;
+            src_row[i] = p;
         }
-        for (int s = 0; s < k; ++s) src_row[s] = pos[s];
     }
     __syncthreads();
     for (int64_t d0 = static_cast<int64_t>(threadIdx.x) * 8; d0 < D; d0 += kCombineThreads * 8) {

@@ -1,10 +1,9 @@
 // RMSNorm and RoPE kernels (MODEL.md 4.0, 8.2, 8.3). Every fp32 operation that the reference rounds
 // separately is written as an explicit __f*_rn intrinsic so nvcc's FMA contraction cannot merge it.
-#include "norm_rope.cuh"
-
 #include "common.cuh"
 #include "fixed_reduce.cuh"
 #include "libm_sincosf.cuh"
+#include "norm_rope.cuh"
 
 namespace ds4r::kern {
 
@@ -23,7 +22,8 @@ int elem_blocks(int64_t n) {
 // values are exact in fp32), then the fixed block reduction. Reads of the row finish (barrier inside
 // block_sum_fixed) before any write, so y may alias x.
 __global__ void __launch_bounds__(kFixedReduceThreads)
-rms_norm_kernel(const uint16_t* __restrict__ w, const uint16_t* x, uint16_t* y, int64_t n, float inv_n, float eps) {
+    rms_norm_kernel(const uint16_t* __restrict__ w, const uint16_t* x, uint16_t* y, int64_t n, float inv_n,
+                    float eps) {
     __shared__ float scratch[kFixedReduceWarps];
     const int64_t row = blockIdx.x;
     const uint16_t* xr = x + row * n;
@@ -68,7 +68,8 @@ __global__ void rope_inv_freqs_kernel(float base, float factor, int yarn, float 
 
 // angle = fp32(pos) * f (torch.outer in fp32), then torch.polar's (cos, sin).
 template <bool kLibdevice>
-__global__ void rope_table_kernel(const float* __restrict__ inv_freq, int64_t n_pos, int64_t half, float* table) {
+__global__ void rope_table_kernel(const float* __restrict__ inv_freq, int64_t n_pos, int64_t half,
+                                  float* table) {
     const int64_t total = n_pos * half;
     for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
          e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -93,8 +94,8 @@ __global__ void rope_table_kernel(const float* __restrict__ inv_freq, int64_t n_
 // LLVM's FMA combine: the first product of each expression fused): re = fma(a, c, -(b*s)),
 // im = fma(a, s, b*c). The CPU backend rounds both products; the two differ by <= 1 bf16 ulp.
 __global__ void rope_inplace_kernel(uint16_t* x, int64_t rows, int64_t heads, int64_t width, int64_t rd,
-                                    const int32_t* __restrict__ pos, const float* __restrict__ table, int64_t n_pos,
-                                    int inverse) {
+                                    const int32_t* __restrict__ pos, const float* __restrict__ table,
+                                    int64_t n_pos, int inverse) {
     const int64_t half = rd / 2;
     const int64_t total = rows * heads * half;
     for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
@@ -128,30 +129,34 @@ void launch_rms_norm(const uint16_t* x, const uint16_t* w, uint16_t* y, int64_t 
     rms_norm_kernel<<<static_cast<unsigned>(rows), kFixedReduceThreads, 0, stream>>>(w, x, y, n, inv_n, eps);
 }
 
-void launch_rope_inv_freqs(float base, float factor, int yarn, float low, float span, int64_t rd, float* inv_freq,
-                           cudaStream_t stream) {
+void launch_rope_inv_freqs(float base, float factor, int yarn, float low, float span, int64_t rd,
+                           float* inv_freq, cudaStream_t stream) {
     if (rd < 2) return;
     rope_inv_freqs_kernel<<<elem_blocks(rd / 2), kElemThreads, 0, stream>>>(base, factor, yarn, low, span, rd,
-                                                                              inv_freq);
+                                                                            inv_freq);
 }
 
-void launch_rope_table(const float* inv_freq, int64_t n_pos, int64_t half, float* table, cudaStream_t stream) {
+void launch_rope_table(const float* inv_freq, int64_t n_pos, int64_t half, float* table,
+                       cudaStream_t stream) {
     if (n_pos <= 0 || half <= 0) return;
-    rope_table_kernel<false><<<elem_blocks(n_pos * half), kElemThreads, 0, stream>>>(inv_freq, n_pos, half, table);
+    rope_table_kernel<false>
+        <<<elem_blocks(n_pos * half), kElemThreads, 0, stream>>>(inv_freq, n_pos, half, table);
 }
 
 void launch_rope_table_libdevice(const float* inv_freq, int64_t n_pos, int64_t half, float* table,
                                  cudaStream_t stream) {
     if (n_pos <= 0 || half <= 0) return;
-    rope_table_kernel<true><<<elem_blocks(n_pos * half), kElemThreads, 0, stream>>>(inv_freq, n_pos, half, table);
+    rope_table_kernel<true>
+        <<<elem_blocks(n_pos * half), kElemThreads, 0, stream>>>(inv_freq, n_pos, half, table);
 }
 
-void launch_rope_inplace(uint16_t* x, int64_t rows, int64_t heads, int64_t width, int64_t rd, const int32_t* pos,
-                         const float* table, int64_t n_pos, int inverse, cudaStream_t stream) {
+void launch_rope_inplace(uint16_t* x, int64_t rows, int64_t heads, int64_t width, int64_t rd,
+                         const int32_t* pos, const float* table, int64_t n_pos, int inverse,
+                         cudaStream_t stream) {
     const int64_t total = rows * heads * (rd / 2);
     if (total <= 0) return;
-    rope_inplace_kernel<<<elem_blocks(total), kElemThreads, 0, stream>>>(x, rows, heads, width, rd, pos, table, n_pos,
-                                                                           inverse);
+    rope_inplace_kernel<<<elem_blocks(total), kElemThreads, 0, stream>>>(x, rows, heads, width, rd, pos,
+                                                                         table, n_pos, inverse);
 }
 
 }  // namespace ds4r::kern

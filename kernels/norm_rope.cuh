@@ -18,8 +18,8 @@ void launch_rms_norm(const uint16_t* x, const uint16_t* w, uint16_t* y, int64_t 
 // with yarn: ramp = clamp((i - low) / span, 0, 1), smooth = 1 - ramp,
 // f_i = (f_i / factor) * (1 - smooth) + f_i * smooth, every op one fp32 rounding.
 // inv_freq: F32 [rd / 2] (output).
-void launch_rope_inv_freqs(float base, float factor, int yarn, float low, float span, int64_t rd, float* inv_freq,
-                           cudaStream_t stream);
+void launch_rope_inv_freqs(float base, float factor, int yarn, float low, float span, int64_t rd,
+                           float* inv_freq, cudaStream_t stream);
 
 // table F32 [n_pos, half, 2] = (cos, sin)(fp32(pos) * inv_freq[i]) with glibc's cosf / sinf
 // (kernels/libm_sincosf.cuh); inv_freq F32 [half].
@@ -35,7 +35,8 @@ void launch_rope_table_libdevice(const float* inv_freq, int64_t n_pos, int64_t h
 // re = fma(a, c, -(b * s)), im = fma(a, s, b * c) in fp32, one rounding to bf16 each.
 // pos I32 [rows]; table F32 [n_pos, rd / 2, 2]. A row whose pos is outside [0, n_pos) gets NaN in
 // its rotated dims (a caller bug made loud; the host checks what it can).
-void launch_rope_inplace(uint16_t* x, int64_t rows, int64_t heads, int64_t width, int64_t rd, const int32_t* pos,
-                         const float* table, int64_t n_pos, int inverse, cudaStream_t stream);
+void launch_rope_inplace(uint16_t* x, int64_t rows, int64_t heads, int64_t width, int64_t rd,
+                         const int32_t* pos, const float* table, int64_t n_pos, int inverse,
+                         cudaStream_t stream);
 
 }  // namespace ds4r::kern

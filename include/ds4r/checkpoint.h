@@ -25,7 +25,6 @@ enum class TensorClass : uint8_t {
     Unused,       // shipped but not read by the prefill: mtp.*, vision.*, aligner.*, image_*, *.bias_vl
     Unknown,      // not in the binding and not known to be unused (a warning at open)
 };
-const char* tensor_class_name(TensorClass c);
 
 struct TensorLocation {
     std::string name;

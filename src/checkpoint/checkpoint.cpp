@@ -16,17 +16,6 @@
 
 namespace ds4r {
 
-const char* tensor_class_name(TensorClass c) {
-    switch (c) {
-        case TensorClass::Global: return "global";
-        case TensorClass::Layer: return "layer";
-        case TensorClass::EngramTable: return "engram table";
-        case TensorClass::Unused: return "unused";
-        case TensorClass::Unknown: return "unknown";
-    }
-    return "?";
-}
-
 std::vector<ByteRun> merge_byte_runs(std::vector<const TensorLocation*> tensors, uint64_t max_gap) {
     std::sort(tensors.begin(), tensors.end(), [](const TensorLocation* a, const TensorLocation* b) {
         if (a->shard != b->shard) return a->shard < b->shard;

@@ -347,6 +347,7 @@ void PrefetchWeightSource::set_schedule(const std::vector<int>& order) {
 
 std::shared_ptr<ResidentLayer> PrefetchWeightSource::acquire(int layer) {
     const double t_begin = now_s();
+    DS4R_CHECK(plans_.count(layer), "weights: acquire(%d): neither a layer of the checkpoint nor the head", layer);
     std::unique_lock<std::mutex> lk(core_->mu);
     DS4R_CHECK(scheduled_, "weights: acquire(%s) before set_schedule()", layer_label(layer).c_str());
     recycle_released(lk);

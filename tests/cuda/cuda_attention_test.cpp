@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -25,7 +26,9 @@ bool sanitizer_run() {
     return e && std::string(e) == "1";
 }
 
-Pair i32_pair(const std::vector<int32_t>& v, const Shape& shape) { return make_pair(DType::I32, shape, v.data()); }
+Pair i32_pair(const std::vector<int32_t>& v, const Shape& shape) {
+    return make_pair(DType::I32, shape, v.data());
+}
 
 std::vector<uint16_t> gpu_bf16(const Tensor& t) {
     auto b = to_host(*cuda(), t);
@@ -61,38 +64,58 @@ std::vector<int32_t> model_indices(const std::vector<int32_t>& qpos, int64_t s, 
     return idx;
 }
 
-// bf16 closeness for attention outputs: bitwise, or within max_ulps bf16 ulps of the larger
-// magnitude, or within abs_floor (outputs that are a cancellation of O(1) terms have no meaningful
-// ulp scale); at least min_equal of all elements bitwise equal.
-void expect_attn_close(const Pair& p, double max_ulps, double abs_floor, double min_equal, const std::string& what) {
+// bf16 closeness for attention outputs o [rows, seg] (seg = hd: one head's output vector): each
+// element bitwise equal, or within max_ulps bf16 ulps of max(|cpu|, |cuda|, rms of its head's cpu
+// output vector); at least min_equal of all elements bitwise equal. The rms floor: when the bf16
+// rounding of one large probability differs (a few-ulp fp32 difference in its score), the whole
+// head vector moves by ~2^-9 * p * |v|, which is within an ulp at the vector's scale but many ulps
+// of an element that happens to cancel to ~0.
+void expect_attn_close(const Pair& p, int64_t seg, double max_ulps, double min_equal,
+                       const std::string& what) {
     auto a = to_host(cpu(), p.c), b = to_host(*cuda(), p.g);
     ASSERT_EQ(a.size(), b.size());
     const size_t n = a.size() / 2;
+    auto val = [](const std::vector<uint8_t>& v, size_t i) {
+        uint16_t x;
+        std::memcpy(&x, &v[2 * i], 2);
+        return x;
+    };
     size_t equal = 0, bad = 0;
     double worst = 0;
-    for (size_t i = 0; i < n; ++i) {
-        uint16_t x, y;
-        std::memcpy(&x, &a[2 * i], 2);
-        std::memcpy(&y, &b[2 * i], 2);
-        if (x == y) {
-            ++equal;
-            continue;
+    for (size_t s0 = 0; s0 < n; s0 += static_cast<size_t>(seg)) {
+        double ss = 0;
+        for (size_t i = s0; i < s0 + static_cast<size_t>(seg); ++i) {
+            const double x = bf16_to_f32(val(a, i));
+            ss += x * x;
         }
-        const double fx = bf16_to_f32(x), fy = bf16_to_f32(y);
-        const double diff = std::fabs(fx - fy);
-        int e;
-        std::frexp(std::max(std::fabs(fx), std::fabs(fy)), &e);
-        const double ulps = diff / std::ldexp(1.0, e - 8);
-        const bool ok = std::isfinite(diff) && (ulps <= max_ulps || diff <= abs_floor);
-        if (std::isfinite(diff) && diff > abs_floor) worst = std::max(worst, ulps);
-        if (!ok) {
-            if (bad < 8) ADD_FAILURE() << what << ": element " << i << " cpu " << fx << " cuda " << fy << " (" << ulps
-                                       << " ulps)";
-            ++bad;
+        const double rms = std::sqrt(ss / static_cast<double>(seg));
+        for (size_t i = s0; i < s0 + static_cast<size_t>(seg); ++i) {
+            const uint16_t x = val(a, i), y = val(b, i);
+            if (x == y) {
+                ++equal;
+                continue;
+            }
+            const double fx = bf16_to_f32(x), fy = bf16_to_f32(y);
+            const double diff = std::fabs(fx - fy);
+            int e;
+            std::frexp(std::max({std::fabs(fx), std::fabs(fy), rms}), &e);
+            const double ulps = diff / std::ldexp(1.0, e - 8);
+            if (std::isfinite(ulps)) worst = std::max(worst, ulps);
+            if (!(ulps <= max_ulps)) {
+                if (bad < 8)
+                    ADD_FAILURE() << what << ": element " << i << " (row*H + head " << i / seg << ", dim "
+                                  << i % seg << ") cpu " << fx << " cuda " << fy << " (" << ulps
+                                  << " ulps; head rms " << rms << ")";
+                ++bad;
+            }
         }
     }
-    EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << n << " outside tolerance (worst " << worst << " ulps)";
-    EXPECT_GE(static_cast<double>(equal), min_equal * n) << what << ": only " << equal << " of " << n << " bitwise equal";
+    EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << n << " outside tolerance (worst " << worst
+                       << " ulps)";
+    EXPECT_GE(static_cast<double>(equal), min_equal * n)
+        << what << ": only " << equal << " of " << n << " bitwise equal";
+    std::printf("[ info ] %s: %.4f%% bitwise equal, worst %.3f ulps (of max(|x|, head rms))\n", what.c_str(),
+                n ? 100.0 * equal / n : 100.0, worst);
 }
 
 struct AttnCase {
@@ -124,7 +147,9 @@ AttnInputs make_attn_inputs(const AttnCase& c, uint64_t seed) {
     return in;
 }
 
-float attn_scale(int64_t hd) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd))); }
+float attn_scale(int64_t hd) {
+    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+}
 
 Pair run_attn_both(const AttnCase& c, const AttnInputs& in) {
     Pair o = make_output(DType::BF16, {in.m, c.H, c.hd});
@@ -171,11 +196,12 @@ TEST(CudaAttention, WindowAndAttnIndicesIdentical) {
 
 // ---------------------------------------------------------------------------- sparse attention
 //
-// Tolerance: <= 2 bf16 ulps (or <= 2^-16 absolute, for outputs that cancel to ~0) and >= 90% of the
-// elements bitwise equal. Why not exact: the CPU rounds each q.K dot product exactly (double, once)
-// and the tensor cores accumulate in fp32 in their own order; a few-ulp fp32 difference in a score
-// can move exp() across a bf16 rounding boundary of p, and CUDA's expf differs from glibc's in the
-// last fp32 ulp. Everything else (tiling, max seed, bf16 p, the update order, the sink) is the same.
+// Tolerance: <= 2 bf16 ulps of max(|o|, rms of the head's output vector) per element and >= 90% of
+// the elements bitwise equal (expect_attn_close; the achieved fractions are printed). Why not exact: the CPU
+// rounds each q.K dot product exactly (double, once) and the tensor cores accumulate in fp32 in their own
+// order; a few-ulp fp32 difference in a score can move exp() across a bf16 rounding boundary of p, and CUDA's
+// expf differs from glibc's in the last fp32 ulp. Everything else (tiling, max seed, bf16 p, the update
+// order, the sink) is the same.
 
 TEST(CudaAttention, SparseAttnRealShape) {
     DS4R_REQUIRE_CUDA();
@@ -185,7 +211,7 @@ TEST(CudaAttention, SparseAttnRealShape) {
     AttnInputs in = make_attn_inputs(c, 101);
     ASSERT_EQ(in.n_idx, 640);
     Pair o = run_attn_both(c, in);
-    expect_attn_close(o, 2.0, std::ldexp(1.0, -16), 0.9, "sparse_attn 64x512, 640 slots");
+    expect_attn_close(o, c.hd, 2.0, 0.9, "sparse_attn 64x512, 640 slots");
 }
 
 TEST(CudaAttention, SparseAttnShortSequenceAndOddHeads) {
@@ -193,15 +219,15 @@ TEST(CudaAttention, SparseAttnShortSequenceAndOddHeads) {
     // s < 128: the compressed part starts at slot W = s (tile placement depends on s, MODEL.md 6.4)
     AttnCase a{64, 512, 100, 50, 128, 512, 2, {0, 1, 49, 98, 99}};
     AttnInputs ia = make_attn_inputs(a, 201);
-    expect_attn_close(run_attn_both(a, ia), 2.0, std::ldexp(1.0, -16), 0.9, "sparse_attn s=100");
+    expect_attn_close(run_attn_both(a, ia), a.hd, 2.0, 0.9, "sparse_attn s=100");
     // 20 heads (a partial group of 16), hd 128, ratio 1
     AttnCase b{20, 128, 300, 300, 128, 512, 1, {0, 5, 150, 299}};
     AttnInputs ib = make_attn_inputs(b, 202);
-    expect_attn_close(run_attn_both(b, ib), 2.0, std::ldexp(1.0, -16), 0.9, "sparse_attn 20 heads x 128");
+    expect_attn_close(run_attn_both(b, ib), b.hd, 2.0, 0.9, "sparse_attn 20 heads x 128");
     // hd 256, window only (T = 0: no compressed part)
     AttnCase d{16, 256, 70, 0, 128, 512, 2, {0, 33, 69}};
     AttnInputs id = make_attn_inputs(d, 203);
-    expect_attn_close(run_attn_both(d, id), 2.0, std::ldexp(1.0, -16), 0.9, "sparse_attn hd 256, T = 0");
+    expect_attn_close(run_attn_both(d, id), d.hd, 2.0, 0.9, "sparse_attn hd 256, T = 0");
 }
 
 TEST(CudaAttention, SparseAttnTinyShape) {
@@ -211,7 +237,7 @@ TEST(CudaAttention, SparseAttnTinyShape) {
     for (int32_t p = 0; p < 40; ++p) qpos.push_back(p);
     AttnCase c{4, 64, 40, 20, 16, 8, 2, qpos};
     AttnInputs in = make_attn_inputs(c, 301);
-    expect_attn_close(run_attn_both(c, in), 2.0, std::ldexp(1.0, -16), 0.9, "sparse_attn tiny");
+    expect_attn_close(run_attn_both(c, in), c.hd, 2.0, 0.9, "sparse_attn tiny");
 }
 
 TEST(CudaAttention, SparseAttnEmptyRowsAndInertTail) {
@@ -222,7 +248,7 @@ TEST(CudaAttention, SparseAttnEmptyRowsAndInertTail) {
     for (int64_t k = 0; k < in.n_idx; ++k) in.idx_host[static_cast<size_t>(in.n_idx + k)] = -1;
     in.idx = i32_pair(in.idx_host, {in.m, in.n_idx});
     Pair o = run_attn_both(c, in);
-    expect_attn_close(o, 2.0, std::ldexp(1.0, -16), 0.9, "sparse_attn with an empty row");
+    expect_attn_close(o, c.hd, 2.0, 0.9, "sparse_attn with an empty row");
     const auto og = gpu_bf16(o.g);
     size_t nonzero = 0;
     for (int64_t i = 0; i < c.H * c.hd; ++i) nonzero += og[static_cast<size_t>(c.H * c.hd + i)] != 0 ? 1 : 0;

@@ -9,6 +9,7 @@
 #include "cuda_test_util.h"
 #include "golden_util.h"
 #include "teacher_forced.h"
+#include "test_util.h"
 
 using namespace ds4r;
 using namespace ds4r::test;

@@ -39,7 +39,8 @@ std::vector<uint16_t> int_grid_bf16(int64_t n, int span, int exp2, uint64_t seed
     const float s = std::ldexp(1.0f, exp2);
     for (int64_t i = 0; i < n; ++i) {
         const int k = static_cast<int>(splitmix64(seed * 0x100000001b3ull + static_cast<uint64_t>(i)) %
-                                       static_cast<uint64_t>(2 * span + 1)) - span;
+                                       static_cast<uint64_t>(2 * span + 1)) -
+                      span;
         v[static_cast<size_t>(i)] = f32_to_bf16(static_cast<float>(k) * s);
     }
     return v;
@@ -71,10 +72,14 @@ struct HeadCase {
     int64_t M, V, D;
 };
 
-HeadCase make_case(const std::vector<uint16_t>& x, const std::vector<uint16_t>& head, std::vector<int32_t> targets,
-                   int64_t M, int64_t V, int64_t D) {
-    return {make_pair(DType::BF16, {M, D}, x.data()), make_pair(DType::BF16, {V, D}, head.data()),
-            make_pair(DType::I32, {M}, targets.data()), M, V, D};
+HeadCase make_case(const std::vector<uint16_t>& x, const std::vector<uint16_t>& head,
+                   std::vector<int32_t> targets, int64_t M, int64_t V, int64_t D) {
+    return {make_pair(DType::BF16, {M, D}, x.data()),
+            make_pair(DType::BF16, {V, D}, head.data()),
+            make_pair(DType::I32, {M}, targets.data()),
+            M,
+            V,
+            D};
 }
 
 std::vector<int32_t> some_targets(int64_t M, int64_t V, uint64_t seed) {
@@ -107,8 +112,9 @@ std::vector<uint8_t> all_outputs(const HeadOuts& o) {
 }
 
 // GPU batch invariance: rows computed inside M rows (several 256-row chunks) == computed alone.
-void check_rows_alone(const std::vector<uint16_t>& x, const Pair& head, const std::vector<int32_t>& targets, int64_t M,
-                      int64_t D, int k, const std::vector<int64_t>& rows, const std::string& what) {
+void check_rows_alone(const std::vector<uint16_t>& x, const Pair& head, const std::vector<int32_t>& targets,
+                      int64_t M, int64_t D, int k, const std::vector<int64_t>& rows,
+                      const std::string& what) {
     Pair px = make_pair(DType::BF16, {M, D}, x.data()), pt = make_pair(DType::I32, {M}, targets.data());
     HeadOuts all(M, k), again(M, k);
     cuda()->head_stats(px.g, head.g, pt.g, k, all.g());
@@ -213,6 +219,7 @@ TEST(CudaHead, BatchInvariantAcrossChunksAndDeterministic) {
     auto head = normal_bf16(V * D, 0.0625f, 32);
     Pair ph = make_pair(DType::BF16, {V, D}, head.data());
     std::vector<int32_t> targets(static_cast<size_t>(M));
-    for (int64_t r = 0; r < M; ++r) targets[static_cast<size_t>(r)] = r % 3 == 0 ? -1 : static_cast<int32_t>(r * 7 % V);
+    for (int64_t r = 0; r < M; ++r)
+        targets[static_cast<size_t>(r)] = r % 3 == 0 ? -1 : static_cast<int32_t>(r * 7 % V);
     check_rows_alone(x, ph, targets, M, D, 8, {0, 1, 128, 255, 256, 299}, "head_stats batch invariance");
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -24,8 +25,12 @@ bool sanitizer_run() {
     return e && std::string(e) == "1";
 }
 
-Pair i32_pair(const std::vector<int32_t>& v, const Shape& shape) { return make_pair(DType::I32, shape, v.data()); }
-Pair bf16_pair(const std::vector<uint16_t>& v, const Shape& shape) { return make_pair(DType::BF16, shape, v.data()); }
+Pair i32_pair(const std::vector<int32_t>& v, const Shape& shape) {
+    return make_pair(DType::I32, shape, v.data());
+}
+Pair bf16_pair(const std::vector<uint16_t>& v, const Shape& shape) {
+    return make_pair(DType::BF16, shape, v.data());
+}
 
 template <class T>
 std::vector<T> gpu_values(const Tensor& t) {
@@ -42,8 +47,10 @@ void expect_row_equal(const std::vector<T>& all, int64_t r, int64_t n, const std
     ASSERT_EQ(static_cast<int64_t>(want.size()), n) << what;
     size_t bad = 0;
     for (int64_t c = 0; c < n; ++c)
-        if (std::memcmp(&all[static_cast<size_t>(r * n + c)], &want[static_cast<size_t>(c)], sizeof(T)) != 0) {
-            if (bad < 5) ADD_FAILURE() << what << ": row " << r << " column " << c << " differs when computed alone";
+        if (std::memcmp(&all[static_cast<size_t>(r * n + c)], &want[static_cast<size_t>(c)], sizeof(T)) !=
+            0) {
+            if (bad < 5)
+                ADD_FAILURE() << what << ": row " << r << " column " << c << " differs when computed alone";
             ++bad;
         }
     EXPECT_EQ(bad, 0u) << what << ": row " << r;
@@ -97,7 +104,8 @@ struct ScoresCase {
 };
 Pair run_index_scores(const ScoresCase& c, const std::vector<uint16_t>& q, const std::vector<uint16_t>& k,
                       const std::vector<uint16_t>& w, const std::vector<int32_t>& qpos) {
-    Pair pq = bf16_pair(q, {c.m, c.nh, c.ihd}), pk = bf16_pair(k, {c.T, c.ihd}), pw = bf16_pair(w, {c.m, c.nh});
+    Pair pq = bf16_pair(q, {c.m, c.nh, c.ihd}), pk = bf16_pair(k, {c.T, c.ihd}),
+         pw = bf16_pair(w, {c.m, c.nh});
     Pair pp = i32_pair(qpos, {c.m});
     Pair out = make_output(DType::BF16, {c.m, c.T});
     cpu().index_scores(pq.c, pk.c, pw.c, pp.c, c.ratio, out.c);
@@ -135,8 +143,12 @@ void expect_scores_close(const Pair& p, double max_ulps, double max_frac_beyond_
         }
     }
     EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << n << " beyond " << max_ulps << " ulps";
-    EXPECT_LE(static_cast<double>(beyond1), max_frac_beyond_1 * n) << what << ": " << beyond1 << " beyond 1 ulp";
-    EXPECT_GE(static_cast<double>(equal), min_equal * n) << what << ": " << equal << " of " << n << " bitwise equal";
+    EXPECT_LE(static_cast<double>(beyond1), max_frac_beyond_1 * n)
+        << what << ": " << beyond1 << " beyond 1 ulp";
+    EXPECT_GE(static_cast<double>(equal), min_equal * n)
+        << what << ": " << equal << " of " << n << " bitwise equal";
+    std::printf("[ info ] %s: %.4f%% bitwise equal, %zu beyond 1 ulp\n", what.c_str(),
+                n ? 100.0 * equal / n : 100.0, beyond1);
 }
 
 }  // namespace
@@ -151,7 +163,7 @@ TEST(CudaIndexer, ScoresExactOnFp4Grid) {
         {17, 32, 128, 1001, 2},                             // ratio 2, T not a multiple of the tiles
         {3, 4, 64, 37, 2},                                  // tiny preset
         {1, 4, 64, 5, 1},
-        {5, 20, 32, 70, 1},                                 // head count not a multiple of 16
+        {5, 20, 32, 70, 1},  // head count not a multiple of 16
     };
     for (size_t i = 0; i < cases.size(); ++i) {
         const ScoresCase& c = cases[i];
@@ -183,7 +195,8 @@ TEST(CudaIndexer, ScoresBatchInvariantAndDeterministic) {
     auto q = normal_bf16(c.m * c.nh * c.ihd, 1.0f, 31), k = normal_bf16(c.T * c.ihd, 1.0f, 32);
     auto w = normal_bf16(c.m * c.nh, 0.1f, 33);
     auto qpos = make_qpos(c.m, c.T, 34);
-    Pair pq = bf16_pair(q, {c.m, c.nh, c.ihd}), pk = bf16_pair(k, {c.T, c.ihd}), pw = bf16_pair(w, {c.m, c.nh});
+    Pair pq = bf16_pair(q, {c.m, c.nh, c.ihd}), pk = bf16_pair(k, {c.T, c.ihd}),
+         pw = bf16_pair(w, {c.m, c.nh});
     Pair pp = i32_pair(qpos, {c.m});
     Pair a = make_output(DType::BF16, {c.m, c.T}), b = make_output(DType::BF16, {c.m, c.T});
     cuda()->index_scores(pq.g, pk.g, pw.g, pp.g, c.ratio, a.g);
@@ -207,7 +220,8 @@ TEST(CudaIndexer, ScoresBatchInvariantAndDeterministic) {
 namespace {
 
 // Score rows in several tie-heavy styles (MODEL.md 8.1: ties at the K-th value are the normal case).
-std::vector<uint16_t> topk_scores(int64_t m, int64_t T, const std::vector<int32_t>& qpos, int ratio, uint64_t seed) {
+std::vector<uint16_t> topk_scores(int64_t m, int64_t T, const std::vector<int32_t>& qpos, int ratio,
+                                  uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<uint16_t> s(static_cast<size_t>(m * T));
@@ -217,13 +231,27 @@ std::vector<uint16_t> topk_scores(int64_t m, int64_t T, const std::vector<int32_
         for (int64_t j = 0; j < T; ++j) {
             float v;
             switch (style) {
-                case 0: v = nd(rng); break;                                        // bf16 rounding ties
-                case 1: v = 1.0f; break;                                           // all equal
-                case 2: v = static_cast<float>(static_cast<int>(rng() % 4) - 1); break;  // 4 values
-                case 3: v = (rng() % 2) ? 0.0f : -0.0f; break;                     // +0 / -0 (distinct keys)
-                case 4: v = (j % 3 == 0) ? 2.0f : nd(rng) * 0.01f; break;
-                case 5: v = static_cast<float>(static_cast<int>(rng() % 3)); break;
-                default: v = nd(rng) * 3.0f; break;
+                case 0:
+                    v = nd(rng);
+                    break;  // bf16 rounding ties
+                case 1:
+                    v = 1.0f;
+                    break;  // all equal
+                case 2:
+                    v = static_cast<float>(static_cast<int>(rng() % 4) - 1);
+                    break;  // 4 values
+                case 3:
+                    v = (rng() % 2) ? 0.0f : -0.0f;
+                    break;  // +0 / -0 (distinct keys)
+                case 4:
+                    v = (j % 3 == 0) ? 2.0f : nd(rng) * 0.01f;
+                    break;
+                case 5:
+                    v = static_cast<float>(static_cast<int>(rng() % 3));
+                    break;
+                default:
+                    v = nd(rng) * 3.0f;
+                    break;
             }
             // rows of style 5 keep finite scores past n_t: those picks must still map to -1
             if (j >= n_t && style != 5) v = -INFINITY;
@@ -233,7 +261,8 @@ std::vector<uint16_t> topk_scores(int64_t m, int64_t T, const std::vector<int32_
     return s;
 }
 
-void check_topk_case(int64_t m, int64_t T, int64_t K, int ratio, int64_t offset, uint64_t seed, const std::string& what) {
+void check_topk_case(int64_t m, int64_t T, int64_t K, int ratio, int64_t offset, uint64_t seed,
+                     const std::string& what) {
     auto qpos = make_qpos(m, T * ratio, seed);
     auto sc = topk_scores(m, T, qpos, ratio, seed + 1);
     Pair ps = bf16_pair(sc, {m, T}), pp = i32_pair(qpos, {m});
@@ -248,7 +277,8 @@ void check_topk_case(int64_t m, int64_t T, int64_t K, int ratio, int64_t offset,
 TEST(CudaIndexer, TopkIdenticalRealSize) {
     DS4R_REQUIRE_CUDA();
     const bool small = sanitizer_run();
-    check_topk_case(small ? 14 : 130, small ? 1024 : 4096, 512, 1, 8192, 41, "index_topk T=4096 K=512 ratio 1");
+    check_topk_case(small ? 14 : 130, small ? 1024 : 4096, 512, 1, 8192, 41,
+                    "index_topk T=4096 K=512 ratio 1");
     check_topk_case(small ? 7 : 35, small ? 600 : 5000, 512, 2, 10000, 42, "index_topk T=5000 K=512 ratio 2");
     if (!small) check_topk_case(7, 40000, 512, 1, 40000, 43, "index_topk T=40000 K=512");
 }
@@ -286,8 +316,9 @@ TEST(CudaIndexer, TopkBatchInvariantAndDeterministic) {
 
 namespace {
 
-void check_candidates(int64_t m, int64_t T, int ratio, int64_t block, int64_t topk_blocks, int64_t extra_words,
-                      uint64_t seed, const std::string& what, std::vector<int32_t> qpos = {}) {
+void check_candidates(int64_t m, int64_t T, int ratio, int64_t block, int64_t topk_blocks,
+                      int64_t extra_words, uint64_t seed, const std::string& what,
+                      std::vector<int32_t> qpos = {}) {
     if (qpos.empty()) qpos = make_qpos(m, T * ratio, seed);
     auto sc = topk_scores(m, T, qpos, ratio, seed + 1);
     const int64_t nb = (T + block - 1) / block, words = (nb + 31) / 32 + extra_words;
@@ -308,7 +339,8 @@ TEST(CudaIndexer, CandidateBlocksIdentical) {
     DS4R_REQUIRE_CUDA();
     const bool small = sanitizer_run();
     // real: block 8, 2048 blocks kept of 4096 (only bites past 16,384 positions)
-    check_candidates(small ? 7 : 21, small ? 4096 : 32768, 1, 8, small ? 256 : 2048, 0, 71, "candidates real");
+    check_candidates(small ? 7 : 21, small ? 4096 : 32768, 1, 8, small ? 256 : 2048, 0, 71,
+                     "candidates real");
     // n_blocks < topk_blocks: every reachable block kept, -inf blocks dropped; partial last block
     check_candidates(15, 1001, 1, 8, 2048, 0, 72, "candidates T=1001");
     // n_t = 0 rows (ratio 2, qpos 0): no block pinned (arange(nb) == -1 matches none)
@@ -333,7 +365,8 @@ TEST(CudaIndexer, ApplyCandidateMaskRandomBits) {
 
 TEST(CudaIndexer, CandidateBlocksBatchInvariantAndDeterministic) {
     DS4R_REQUIRE_CUDA();
-    const int64_t m = 9, T = 9000, block = 8, topk = 500, nb = (T + block - 1) / block, words = (nb + 31) / 32;
+    const int64_t m = 9, T = 9000, block = 8, topk = 500, nb = (T + block - 1) / block,
+                  words = (nb + 31) / 32;
     auto qpos = make_qpos(m, T, 91);
     auto sc = topk_scores(m, T, qpos, 1, 92);
     Pair ps = bf16_pair(sc, {m, T}), pp = i32_pair(qpos, {m});

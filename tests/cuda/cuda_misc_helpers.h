@@ -32,7 +32,8 @@ inline Tensor cuda_tensor(DType t, const Shape& shape, const void* bytes) {
 }
 
 // Bytes [r0, r1) rows of a host image whose rows are row_bytes long.
-inline std::vector<uint8_t> row_bytes(const std::vector<uint8_t>& all, size_t row_len_bytes, int64_t r0, int64_t r1) {
+inline std::vector<uint8_t> row_bytes(const std::vector<uint8_t>& all, size_t row_len_bytes, int64_t r0,
+                                      int64_t r1) {
     return std::vector<uint8_t>(all.begin() + static_cast<std::ptrdiff_t>(r0 * row_len_bytes),
                                 all.begin() + static_cast<std::ptrdiff_t>(r1 * row_len_bytes));
 }
@@ -48,7 +49,8 @@ inline void expect_bytes_equal(const std::vector<uint8_t>& a, const std::vector<
                 uint32_t x = 0, y = 0;
                 std::memcpy(&x, &a[i], std::min<size_t>(es, 4));
                 std::memcpy(&y, &b[i], std::min<size_t>(es, 4));
-                ADD_FAILURE() << what << ": element " << i / es << " bits 0x" << std::hex << x << " vs 0x" << y << std::dec;
+                ADD_FAILURE() << what << ": element " << i / es << " bits 0x" << std::hex << x << " vs 0x"
+                              << y << std::dec;
             }
             ++bad;
         }

@@ -22,12 +22,16 @@ using namespace ds4r::test::misc;
 
 namespace {
 
-int64_t model_dim() { return sanitizer_run() ? 512 : 5120; }
+int64_t model_dim() {
+    return sanitizer_run() ? 512 : 5120;
+}
 constexpr int64_t kHc = 4;
 constexpr int64_t kMix = (2 + kHc) * kHc;
 
 // Rows checked alone for batch invariance.
-std::vector<int64_t> probe_rows(int64_t M) { return {0, M / 2, M - 1}; }
+std::vector<int64_t> probe_rows(int64_t M) {
+    return {0, M / 2, M - 1};
+}
 
 }  // namespace
 
@@ -45,13 +49,13 @@ TEST(CudaMisc, RmsNormMatchesCpu) {
     DS4R_REQUIRE_CUDA();
     const int64_t D = model_dim();
     const NormCase cases[] = {
-        {1, D, 1.0f, 1e-20f, false},   {3, D, 20.0f, 1e-20f, true},    {17, 1280, 1.0f, 1e-20f, false},
-        {130, 512, 1.0f, 1e-20f, true}, {130, 128, 0.05f, 1e-20f, false}, {5, 256, 1.0f, 1e-6f, false},
+        {1, D, 1.0f, 1e-20f, false},     {3, D, 20.0f, 1e-20f, true},      {17, 1280, 1.0f, 1e-20f, false},
+        {130, 512, 1.0f, 1e-20f, true},  {130, 128, 0.05f, 1e-20f, false}, {5, 256, 1.0f, 1e-6f, false},
         {17, 1000, 3.0f, 1e-20f, false}, {2, 77, 1.0f, 1e-20f, true},
     };
     for (const NormCase& c : cases) {
-        const std::string what = "rms_norm M" + std::to_string(c.M) + " N" + std::to_string(c.N) +
-                                 (c.inplace ? " in place" : "");
+        const std::string what =
+            "rms_norm M" + std::to_string(c.M) + " N" + std::to_string(c.N) + (c.inplace ? " in place" : "");
         SCOPED_TRACE(what);
         Pair x = random_bf16({c.M, c.N}, c.scale, 10 + c.M + c.N);
         const Pair w = random_bf16({c.N}, 1.0f, 20 + c.N);
@@ -91,8 +95,9 @@ struct MixesInputs {
 MixesInputs mixes_inputs(int64_t M, int64_t D, float x_scale, uint64_t seed) {
     const int64_t K = kHc * D;
     // Magnitudes like the golden checkpoint's: fn rms ~ 1/sqrt(K), scale ~ 0.6-0.9, base rms ~ 0.4.
-    MixesInputs in{random_bf16({M, kHc, D}, x_scale, seed), random_f32({kMix, K}, 1.0f / std::sqrt(float(K)), seed + 1),
-                   Pair{}, random_f32({kMix}, 0.4f, seed + 2)};
+    MixesInputs in{random_bf16({M, kHc, D}, x_scale, seed),
+                   random_f32({kMix, K}, 1.0f / std::sqrt(float(K)), seed + 1), Pair{},
+                   random_f32({kMix}, 0.4f, seed + 2)};
     const float scale[3] = {0.7353f, 0.8912f, 0.5672f};
     in.scale = make_pair(DType::F32, {3}, scale);
     return in;
@@ -116,7 +121,8 @@ TEST(CudaMisc, HcMixesMatchesCpu) {
         int64_t M, D;
         float x_scale;
     };
-    const Case cases[] = {{1, D, 1.0f}, {3, D, 20.0f}, {17, D, 1.0f}, {130, D, 1.0f}, {5, 256, 1.0f}, {6, 250, 0.3f}};
+    const Case cases[] = {{1, D, 1.0f},   {3, D, 20.0f},  {17, D, 1.0f},
+                          {130, D, 1.0f}, {5, 256, 1.0f}, {6, 250, 0.3f}};
     const float norm_eps = 1e-20f, hc_eps = 1e-6f;
     const int iters = 20;
     for (const Case& c : cases) {
@@ -126,8 +132,8 @@ TEST(CudaMisc, HcMixesMatchesCpu) {
         MixesOut out = mixes_outputs(c.M);
         cpu().hc_mixes(in.X.c, in.fn.c, in.scale.c, in.base.c, norm_eps, hc_eps, iters, out.pre.c, out.post.c,
                        out.comb.c);
-        cuda()->hc_mixes(in.X.g, in.fn.g, in.scale.g, in.base.g, norm_eps, hc_eps, iters, out.pre.g, out.post.g,
-                         out.comb.g);
+        cuda()->hc_mixes(in.X.g, in.fn.g, in.scale.g, in.base.g, norm_eps, hc_eps, iters, out.pre.g,
+                         out.post.g, out.comb.g);
         // fp32 FFMA dot in a fixed order + rsqrtf + libdevice expf (CUDA) vs exact dot, exact rsqrt,
         // glibc expf (CPU): a few fp32 ulps after the Sinkhorn iterations.
         f32_stats(out.pre, what + " pre");
@@ -158,7 +164,8 @@ TEST(CudaMisc, HcMixesMatchesCpu) {
             const std::string tag = what + " batch invariance row " + std::to_string(r);
             expect_bytes_equal(row_bytes(pre, kHc * 4, r, r + 1), to_host(*cuda(), p1), 4, tag + " pre");
             expect_bytes_equal(row_bytes(post, kHc * 4, r, r + 1), to_host(*cuda(), q1), 4, tag + " post");
-            expect_bytes_equal(row_bytes(comb, kHc * kHc * 4, r, r + 1), to_host(*cuda(), c1), 4, tag + " comb");
+            expect_bytes_equal(row_bytes(comb, kHc * kHc * 4, r, r + 1), to_host(*cuda(), c1), 4,
+                               tag + " comb");
         }
     }
 }
@@ -237,10 +244,12 @@ TEST(CudaMisc, HcPostMatchesCpuBitwise) {
                 Tensor x1 = cuda_tensor(DType::BF16, {1, d}, &xs[static_cast<size_t>(r * d * 2)]);
                 Tensor R1 = cuda_tensor(DType::BF16, {1, kHc, d}, &rs[static_cast<size_t>(r * kHc * d * 2)]);
                 Tensor p1 = cuda_tensor(DType::F32, {1, kHc}, &ps[static_cast<size_t>(r * kHc * 4)]);
-                Tensor c1 = cuda_tensor(DType::F32, {1, kHc, kHc}, &cs[static_cast<size_t>(r * kHc * kHc * 4)]);
+                Tensor c1 =
+                    cuda_tensor(DType::F32, {1, kHc, kHc}, &cs[static_cast<size_t>(r * kHc * kHc * 4)]);
                 Tensor o1 = inplace ? R1 : cuda()->alloc(DType::BF16, {1, kHc, d});
                 cuda()->hc_post(x1, R1, p1, c1, o1);
-                expect_bytes_equal(row_bytes(o, static_cast<size_t>(kHc * d * 2), r, r + 1), to_host(*cuda(), o1), 2,
+                expect_bytes_equal(row_bytes(o, static_cast<size_t>(kHc * d * 2), r, r + 1),
+                                   to_host(*cuda(), o1), 2,
                                    what + " batch invariance row " + std::to_string(r));
             }
         }
@@ -289,7 +298,8 @@ TEST(CudaMisc, EngramUpdateMatchesCpu) {
         int64_t M, D;
         float x_scale;
     };
-    const Case cases[] = {{1, D, 1.0f}, {3, D, 8.0f}, {17, D, 1.0f}, {130, D, 1.0f}, {5, 256, 1.0f}, {4, 300, 0.5f}};
+    const Case cases[] = {{1, D, 1.0f},   {3, D, 8.0f},   {17, D, 1.0f},
+                          {130, D, 1.0f}, {5, 256, 1.0f}, {4, 300, 0.5f}};
     const float eps = 1e-20f;
     for (const Case& c : cases) {
         const std::string what = "engram_update M" + std::to_string(c.M) + " D" + std::to_string(c.D);
@@ -311,10 +321,11 @@ TEST(CudaMisc, EngramUpdateMatchesCpu) {
         const auto ks = to_host(cpu(), kv.c);
         for (int64_t r : probe_rows(c.M)) {
             Tensor x1 = cuda_tensor(DType::BF16, {1, kHc, c.D}, &xs[static_cast<size_t>(r * kHc * c.D * 2)]);
-            Tensor k1 = cuda_tensor(DType::BF16, {1, (kHc + 1) * c.D}, &ks[static_cast<size_t>(r * (kHc + 1) * c.D * 2)]);
+            Tensor k1 = cuda_tensor(DType::BF16, {1, (kHc + 1) * c.D},
+                                    &ks[static_cast<size_t>(r * (kHc + 1) * c.D * 2)]);
             cuda()->engram_update(x1, k1, qw.g, kw.g, eps);
-            expect_bytes_equal(row_bytes(o, static_cast<size_t>(kHc * c.D * 2), r, r + 1), to_host(*cuda(), x1), 2,
-                               what + " batch invariance row " + std::to_string(r));
+            expect_bytes_equal(row_bytes(o, static_cast<size_t>(kHc * c.D * 2), r, r + 1),
+                               to_host(*cuda(), x1), 2, what + " batch invariance row " + std::to_string(r));
         }
     }
 }

@@ -99,7 +99,8 @@ void golden_table_case(const std::string& file, const TableArgs& args) {
     auto* be = dynamic_cast<CudaBackend*>(cuda());
     ASSERT_NE(be, nullptr);
     Tensor t = be->alloc(DType::F32, {n_pos, half, 2});
-    cuda_rope_table_libdevice(*be, args.base, args.factor, args.orig, args.beta_fast, args.beta_slow, args.rd, t);
+    cuda_rope_table_libdevice(*be, args.base, args.factor, args.orig, args.beta_fast, args.beta_slow, args.rd,
+                              t);
     std::vector<float> lib(static_cast<size_t>(t.numel()));
     be->download(lib.data(), t, 0, t.nbytes());
     const size_t lib_bad = compare_tables(golden, lib, half, "libdevice cosf/sinf table vs " + file, false);
@@ -140,9 +141,11 @@ TEST(CudaRope, TablesMatchCpuAtModelSizes) {
                    "plain rd 64 cuda vs cpu", true);
     const std::vector<float> y1 = table_on(*cuda(), yarn, n_yarn);
     compare_tables(table_on(cpu(), yarn, n_yarn), y1, 32, "yarn rd 64 cuda vs cpu", true);
-    compare_tables(table_on(cpu(), tiny_rd, 4096), table_on(*cuda(), tiny_rd, 4096), 8, "yarn rd 16 cuda vs cpu", true);
+    compare_tables(table_on(cpu(), tiny_rd, 4096), table_on(*cuda(), tiny_rd, 4096), 8,
+                   "yarn rd 16 cuda vs cpu", true);
     const std::vector<float> y2 = table_on(*cuda(), yarn, n_yarn);
-    EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)), 0) << "rope_table not deterministic";
+    EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)), 0)
+        << "rope_table not deterministic";
 }
 
 // ---------------------------------------------------------------------------- rope_inplace
@@ -206,8 +209,9 @@ void run_rot_case(const RotCase& c) {
         Tensor one = cuda_tensor(DType::BF16, {1, c.heads * c.width}, &input[static_cast<size_t>(r) * rb]);
         Tensor pos1 = cuda_tensor(DType::I32, {1}, &pos[static_cast<size_t>(r)]);
         cuda()->rope_inplace(one, c.heads, c.width, c.rd, pos1, table.g, c.inverse);
-        expect_bytes_equal(row_bytes(out, rb, r, r + 1), to_host(*cuda(), one), 2,
-                           std::string("rope_inplace batch invariance row ") + std::to_string(r) + " " + c.name);
+        expect_bytes_equal(
+            row_bytes(out, rb, r, r + 1), to_host(*cuda(), one), 2,
+            std::string("rope_inplace batch invariance row ") + std::to_string(r) + " " + c.name);
     }
 }
 
@@ -261,8 +265,9 @@ TEST(CudaRope, InplaceOutOfTablePositionGivesNaN) {
                     const float want = bf16_to_f32(c0[h * width + d]), g = bf16_to_f32(got);
                     EXPECT_LE(std::fabs(want - g), std::ldexp(std::fabs(want), -7)) << "row 0 dim " << d;
                 } else {
-                    EXPECT_TRUE(std::isnan(bf16_to_f32(got))) << "row " << r << " (pos " << pos[static_cast<size_t>(r)]
-                                                             << ") dim " << d << " not NaN";
+                    EXPECT_TRUE(std::isnan(bf16_to_f32(got)))
+                        << "row " << r << " (pos " << pos[static_cast<size_t>(r)] << ") dim " << d
+                        << " not NaN";
                 }
             }
 }

@@ -17,8 +17,17 @@ struct AttnCase {
 
 AttnCase random_attn_case(CpuBackend& be, Rng& rng, int64_t m, int64_t H, int64_t hd, int64_t s, int64_t T,
                           int64_t n_idx) {
-    AttnCase c{random_bf16(be, {m, H, hd}, rng, 0.5f), random_bf16(be, {s, hd}, rng), random_bf16(be, {T, hd}, rng),
-               random_f32(be, {H}, rng), make(be, DType::I32, {m, n_idx}), m, H, hd, s, T, n_idx};
+    AttnCase c{random_bf16(be, {m, H, hd}, rng, 0.5f),
+               random_bf16(be, {s, hd}, rng),
+               random_bf16(be, {T, hd}, rng),
+               random_f32(be, {H}, rng),
+               make(be, DType::I32, {m, n_idx}),
+               m,
+               H,
+               hd,
+               s,
+               T,
+               n_idx};
     for (int64_t i = 0; i < m * n_idx; ++i) {
         const int64_t slot = i % n_idx;
         // a sprinkle of empty slots everywhere and an empty tail, both sources, duplicates allowed
@@ -38,9 +47,12 @@ std::vector<double> naive_attention(const AttnCase& c, float scale) {
             for (int64_t i = 0; i < c.n_idx; ++i) {
                 const int32_t j = c.idx.ptr<int32_t>()[r * c.n_idx + i];
                 if (j < 0) continue;
-                const uint16_t* kr = j < c.s ? c.win.ptr<uint16_t>() + j * c.hd : c.cmp.ptr<uint16_t>() + (j - c.s) * c.hd;
+                const uint16_t* kr =
+                    j < c.s ? c.win.ptr<uint16_t>() + j * c.hd : c.cmp.ptr<uint16_t>() + (j - c.s) * c.hd;
                 double dot = 0;
-                for (int64_t d = 0; d < c.hd; ++d) dot += double(bf16_to_f32(c.q.ptr<uint16_t>()[(r * c.H + h) * c.hd + d])) * bf16_to_f32(kr[d]);
+                for (int64_t d = 0; d < c.hd; ++d)
+                    dot += double(bf16_to_f32(c.q.ptr<uint16_t>()[(r * c.H + h) * c.hd + d])) *
+                           bf16_to_f32(kr[d]);
                 logits.push_back(dot * scale);
                 rows.push_back(kr);
             }
@@ -50,7 +62,8 @@ std::vector<double> naive_attention(const AttnCase& c, float scale) {
             for (double l : logits) z += std::exp(l - mx);
             for (size_t i = 0; i < logits.size(); ++i) {
                 const double p = std::exp(logits[i] - mx) / z;
-                for (int64_t d = 0; d < c.hd; ++d) out[size_t((r * c.H + h) * c.hd + d)] += p * bf16_to_f32(rows[i][d]);
+                for (int64_t d = 0; d < c.hd; ++d)
+                    out[size_t((r * c.H + h) * c.hd + d)] += p * bf16_to_f32(rows[i][d]);
             }
         }
     return out;

@@ -33,10 +33,12 @@ TEST(CpuEngram, MatchesTheReferenceFormulaPerCopy) {
             const float rstd = float(1.0 / std::sqrt(double(float(sh) * inv_d + eps))) *
                                float(1.0 / std::sqrt(double(float(sk) * inv_d + eps)));
             const float dd = (float(dot) * rstd) * float(std::pow(double(D), -0.5));
-            const float gate = 1.0f / (1.0f + std::exp(-std::copysign(std::sqrt(std::max(std::fabs(dd), 1e-6f)), dd)));
+            const float gate =
+                1.0f / (1.0f + std::exp(-std::copysign(std::sqrt(std::max(std::fabs(dd), 1e-6f)), dd)));
             for (int64_t d = 0; d < D; ++d) {
                 const float want = bf(X, (r * hc + k) * D + d) + gate * bf(kv, r * (hc + 1) * D + hc * D + d);
-                EXPECT_EQ(Y.ptr<uint16_t>()[(r * hc + k) * D + d], f32_to_bf16(want)) << r << " " << k << " " << d;
+                EXPECT_EQ(Y.ptr<uint16_t>()[(r * hc + k) * D + d], f32_to_bf16(want))
+                    << r << " " << k << " " << d;
             }
         }
 }
@@ -53,7 +55,8 @@ TEST(CpuEngram, ZeroDotTakesThePositiveSignedRootFloor) {
     const float gate = 1.0f / (1.0f + std::exp(-std::sqrt(1e-6f)));
     for (int64_t k = 0; k < hc; ++k)
         for (int64_t d = 0; d < D; ++d)
-            EXPECT_EQ(X.ptr<uint16_t>()[k * D + d], f32_to_bf16(0.0f + gate * bf16_to_f32(kv.ptr<uint16_t>()[hc * D + d])));
+            EXPECT_EQ(X.ptr<uint16_t>()[k * D + d],
+                      f32_to_bf16(0.0f + gate * bf16_to_f32(kv.ptr<uint16_t>()[hc * D + d])));
 }
 
 TEST(CpuHead, StatisticsMatchANaiveDoubleLogSoftmax) {
@@ -66,18 +69,20 @@ TEST(CpuHead, StatisticsMatchANaiveDoubleLogSoftmax) {
     for (int64_t d = 0; d < D; ++d) head.ptr<uint16_t>()[9 * D + d] = head.ptr<uint16_t>()[5 * D + d];
     // make them the top logit of row 0 by aligning them with x[0]
     for (int64_t d = 0; d < D; ++d)
-        head.ptr<uint16_t>()[5 * D + d] = head.ptr<uint16_t>()[9 * D + d] = f32_to_bf16(4.0f * bf16_to_f32(x.ptr<uint16_t>()[d]));
+        head.ptr<uint16_t>()[5 * D + d] = head.ptr<uint16_t>()[9 * D + d] =
+            f32_to_bf16(4.0f * bf16_to_f32(x.ptr<uint16_t>()[d]));
     const int k = 5;
     Tensor targets = i32_from(be, {M}, {9, 0, -1, 699});
-    HeadStatsOut out{make(be, DType::F64, {M}), make(be, DType::F64, {M}), make(be, DType::F32, {M}),
-                     make(be, DType::I32, {M}),  make(be, DType::I32, {M, k}), make(be, DType::F32, {M, k})};
+    HeadStatsOut out{make(be, DType::F64, {M}), make(be, DType::F64, {M}),    make(be, DType::F32, {M}),
+                     make(be, DType::I32, {M}), make(be, DType::I32, {M, k}), make(be, DType::F32, {M, k})};
     be.head_stats(x, head, targets, k, out);
     for (int64_t r = 0; r < M; ++r) {
         std::vector<float> logit(static_cast<size_t>(V));
         for (int64_t v = 0; v < V; ++v) {
             double s = 0;
             for (int64_t d = 0; d < D; ++d)
-                s += double(bf16_to_f32(x.ptr<uint16_t>()[r * D + d])) * bf16_to_f32(head.ptr<uint16_t>()[v * D + d]);
+                s += double(bf16_to_f32(x.ptr<uint16_t>()[r * D + d])) *
+                     bf16_to_f32(head.ptr<uint16_t>()[v * D + d]);
             logit[size_t(v)] = float(s);
         }
         long double mx = -INFINITY, z = 0, pl = 0;
@@ -104,7 +109,8 @@ TEST(CpuHead, StatisticsMatchANaiveDoubleLogSoftmax) {
             EXPECT_EQ(out.topk_logit.ptr<float>()[r * k + i], logit[size_t(id)]);
             if (i > 0) {
                 const int32_t prev = out.topk_ids.ptr<int32_t>()[r * k + i - 1];
-                EXPECT_TRUE(logit[size_t(prev)] > logit[size_t(id)] || (logit[size_t(prev)] == logit[size_t(id)] && prev < id));
+                EXPECT_TRUE(logit[size_t(prev)] > logit[size_t(id)] ||
+                            (logit[size_t(prev)] == logit[size_t(id)] && prev < id));
             }
         }
         int64_t better = 0;  // nothing outside the top-k beats its last entry

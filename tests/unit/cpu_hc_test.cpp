@@ -11,8 +11,9 @@ using namespace ds4r::cputest;
 namespace {
 
 // model.py Block.hc_mixes + kernel hc_split_sinkhorn for one token, transcribed line by line.
-void transcribed_mixes(const uint16_t* X, const float* fn, const float* scale, const float* base, int hc, int64_t D,
-                       float norm_eps, float eps, int iters, float* pre, float* post, float* comb) {
+void transcribed_mixes(const uint16_t* X, const float* fn, const float* scale, const float* base, int hc,
+                       int64_t D, float norm_eps, float eps, int iters, float* pre, float* post,
+                       float* comb) {
     const int64_t n = hc * D;
     const int mix = (2 + hc) * hc;
     // x.square().mean(-1): the squares of bf16 values are exact; the sum model is exact-then-round
@@ -68,8 +69,13 @@ struct MixCase {
     int64_t M, hc, D;
 };
 MixCase random_mix_case(CpuBackend& be, Rng& rng, int64_t M, int64_t hc, int64_t D) {
-    MixCase c{random_bf16(be, {M, hc, D}, rng), random_f32(be, {(2 + hc) * hc, hc * D}, rng, 0.05f),
-              f32_from(be, {3}, {0.7f, 0.3f, 1.9f}), random_f32(be, {(2 + hc) * hc}, rng, 0.5f), M, hc, D};
+    MixCase c{random_bf16(be, {M, hc, D}, rng),
+              random_f32(be, {(2 + hc) * hc, hc * D}, rng, 0.05f),
+              f32_from(be, {3}, {0.7f, 0.3f, 1.9f}),
+              random_f32(be, {(2 + hc) * hc}, rng, 0.5f),
+              M,
+              hc,
+              D};
     return c;
 }
 
@@ -146,8 +152,10 @@ TEST(CpuHc, PostUsesCombColumnsAndMayAliasTheResidual) {
             for (int64_t d = 0; d < D; ++d) {
                 float s = 0.0f;  // S_k = sum over the ROW index j of comb[j][k] * R_j
                 for (int64_t j = 0; j < hc; ++j)
-                    s += comb.ptr<float>()[(r * hc + j) * hc + k] * bf16_to_f32(R.ptr<uint16_t>()[(r * hc + j) * D + d]);
-                const float want = post.ptr<float>()[r * hc + k] * bf16_to_f32(x.ptr<uint16_t>()[r * D + d]) + s;
+                    s += comb.ptr<float>()[(r * hc + j) * hc + k] *
+                         bf16_to_f32(R.ptr<uint16_t>()[(r * hc + j) * D + d]);
+                const float want =
+                    post.ptr<float>()[r * hc + k] * bf16_to_f32(x.ptr<uint16_t>()[r * D + d]) + s;
                 EXPECT_EQ(out.ptr<uint16_t>()[(r * hc + k) * D + d], f32_to_bf16(want));
             }
     Tensor R2 = clone(be, R);

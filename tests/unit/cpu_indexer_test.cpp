@@ -51,8 +51,8 @@ TEST(CpuIndexTopk, TiesMaskedTailsAndOffsetMapping) {
     Tensor qpos = i32_from(be, {3}, {2 * int32_t(T) - 1, 5, 2 * 10 - 1});
     Tensor idx = make(be, DType::I32, {3, K});
     be.index_topk(score, qpos, 2, offset, idx);
-    const std::vector<int32_t> want = {100, 101, 102, 103, 104,
-                                       100, 101, 102, -1,  -1,  // 0, 1, 2 visible; -inf ties at 3, 4 -> -1
+    const std::vector<int32_t> want = {100, 101, 102, 103, 104, 100, 101, 102, -1,
+                                       -1,  // 0, 1, 2 visible; -inf ties at 3, 4 -> -1
                                        // row 2 values (j*7)%10: j=1 ->7, 4 ->8, 7 ->9, 8 ->6, 5 ->5
                                        101, 104, 105, 107, 108};
     for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(idx.ptr<int32_t>()[i], want[i]) << i;
@@ -80,7 +80,8 @@ TEST(CpuIndexScores, FormulaHeadSumInFp32AndCausalMask) {
             for (int64_t h = 0; h < nh; ++h) {
                 double dot = 0;
                 for (int64_t d = 0; d < ihd; ++d)
-                    dot += double(bf16_to_f32(q.ptr<uint16_t>()[(r * nh + h) * ihd + d])) * bf16_to_f32(k.ptr<uint16_t>()[j * ihd + d]);
+                    dot += double(bf16_to_f32(q.ptr<uint16_t>()[(r * nh + h) * ihd + d])) *
+                           bf16_to_f32(k.ptr<uint16_t>()[j * ihd + d]);
                 const float S = std::max(round_bf16(static_cast<float>(dot)), 0.0f);
                 acc += round_bf16(S * bf16_to_f32(w.ptr<uint16_t>()[r * nh + h]));
             }

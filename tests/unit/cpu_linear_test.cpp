@@ -31,8 +31,12 @@ struct FpW {
 struct Fp8W : FpW {
     const Fp8Linear& l;
     explicit Fp8W(const Fp8Linear& l_) : l(l_) {}
-    float value(int64_t n, int64_t k) const override { return e4m3_to_f32(l.w.ptr<uint8_t>()[n * l.w.dim(1) + k]); }
-    float scale(int64_t n, int64_t kb) const override { return e8m0_to_f32(l.s.ptr<uint8_t>()[(n / 32) * l.s.dim(1) + kb]); }
+    float value(int64_t n, int64_t k) const override {
+        return e4m3_to_f32(l.w.ptr<uint8_t>()[n * l.w.dim(1) + k]);
+    }
+    float scale(int64_t n, int64_t kb) const override {
+        return e8m0_to_f32(l.s.ptr<uint8_t>()[(n / 32) * l.s.dim(1) + kb]);
+    }
 };
 struct Fp4W : FpW {
     const Fp4Linear& l;
@@ -41,7 +45,9 @@ struct Fp4W : FpW {
         const uint8_t byte = l.w.ptr<uint8_t>()[n * l.w.dim(1) + k / 2];
         return e2m1_to_f32(k % 2 == 0 ? byte & 15 : byte >> 4);
     }
-    float scale(int64_t n, int64_t kb) const override { return e8m0_to_f32(l.s.ptr<uint8_t>()[n * l.s.dim(1) + kb]); }
+    float scale(int64_t n, int64_t kb) const override {
+        return e8m0_to_f32(l.s.ptr<uint8_t>()[n * l.s.dim(1) + kb]);
+    }
 };
 
 // Round a double directly to bf16 (RNE), without passing through fp32.
@@ -52,7 +58,8 @@ uint16_t bf16_of_double(double v) {
 }
 
 // blockwise: MODEL.md 5.3 (fp32 partial per block, scaled, added in K order); exact: one dot in double.
-void reference(const Tensor& x, const FpW& w, int64_t N, std::vector<uint16_t>& blockwise, std::vector<uint16_t>& exact) {
+void reference(const Tensor& x, const FpW& w, int64_t N, std::vector<uint16_t>& blockwise,
+               std::vector<uint16_t>& exact) {
     const int64_t M = x.dim(0), K = x.dim(1);
     blockwise.resize(static_cast<size_t>(M * N));
     exact.resize(static_cast<size_t>(M * N));
@@ -181,7 +188,8 @@ TEST(CpuLinear, DenseGemmsAccumulateInFp64WithoutTf32) {
         for (int64_t n = 0; n < N; ++n) {
             long double s = 0;
             for (int64_t k = 0; k < K; ++k)
-                s += (long double)bf16_to_f32(xb.ptr<uint16_t>()[m * K + k]) * bf16_to_f32(wb.ptr<uint16_t>()[n * K + k]);
+                s += (long double)bf16_to_f32(xb.ptr<uint16_t>()[m * K + k]) *
+                     bf16_to_f32(wb.ptr<uint16_t>()[n * K + k]);
             ref[size_t(m * N + n)] = static_cast<float>(s);
         }
     for (const Tensor* xa : {&xb, &xf})
@@ -223,7 +231,8 @@ TEST(CpuLinear, WoAIsGroupedAndUsesTheExactBf16Dequantization) {
     Tensor y2 = make(be, DType::BF16, {M, G * R});
     be.linear_wo_a(o2, w, G, y2);
     for (int64_t m = 0; m < M; ++m)
-        for (int64_t r = 0; r < R; ++r) EXPECT_EQ(y2.ptr<uint16_t>()[m * G * R + r], y.ptr<uint16_t>()[m * G * R + r]);
+        for (int64_t r = 0; r < R; ++r)
+            EXPECT_EQ(y2.ptr<uint16_t>()[m * G * R + r], y.ptr<uint16_t>()[m * G * R + r]);
 }
 
 TEST(CpuLinear, ShapeErrorsNameTheOpAndArgument) {

@@ -60,7 +60,7 @@ TEST(CpuMoe, RouterAndExpertCompositionMatchTheReferenceFormulas) {
     Rng rng(77);
     const int64_t M = 5;
     MoeCase c = random_moe(be, rng, 12, 64, 32);
-    MoeParams p;  // topk 6, route_scale 1.5, swiglu_limit 10, gate_temp 1
+    MoeParams p;            // topk 6, route_scale 1.5, swiglu_limit 10, gate_temp 1
     p.swiglu_limit = 0.5f;  // small enough that the clamps bite
     Tensor x = random_bf16(be, {M, c.D}, rng);
     Tensor y = make(be, DType::BF16, {M, c.D});
@@ -73,7 +73,8 @@ TEST(CpuMoe, RouterAndExpertCompositionMatchTheReferenceFormulas) {
         for (int64_t e = 0; e < c.E; ++e) {
             double s = 0;
             for (int64_t d = 0; d < c.D; ++d)
-                s += double(bf16_to_f32(x.ptr<uint16_t>()[r * c.D + d])) * bf16_to_f32(c.w.gate_w.ptr<uint16_t>()[e * c.D + d]);
+                s += double(bf16_to_f32(x.ptr<uint16_t>()[r * c.D + d])) *
+                     bf16_to_f32(c.w.gate_w.ptr<uint16_t>()[e * c.D + d]);
             const float l = static_cast<float>(s);
             score[size_t(e)] = std::sqrt(l > 20.0f ? l : std::log1p(std::exp(l)));
             biased[size_t(e)] = score[size_t(e)] + c.w.gate_bias.ptr<float>()[e];
@@ -96,12 +97,15 @@ TEST(CpuMoe, RouterAndExpertCompositionMatchTheReferenceFormulas) {
             for (int i = 0; i < 6; ++i) {
                 if (top[size_t(i)] != e) continue;
                 const ExpertWeights& ew = c.w.experts[size_t(e)];
-                const std::vector<float> o = expert_row(be, xr, ew.w1, ew.w3, ew.w2, c.I, c.D, wv[i], p.swiglu_limit, fp4);
+                const std::vector<float> o =
+                    expert_row(be, xr, ew.w1, ew.w3, ew.w2, c.I, c.D, wv[i], p.swiglu_limit, fp4);
                 for (int64_t d = 0; d < c.D; ++d) acc[size_t(d)] += o[size_t(d)];
             }
-        const std::vector<float> sh = expert_row(be, xr, c.w.sw1, c.w.sw3, c.w.sw2, c.I, c.D, -1.0f, p.swiglu_limit, fp8);
+        const std::vector<float> sh =
+            expert_row(be, xr, c.w.sw1, c.w.sw3, c.w.sw2, c.I, c.D, -1.0f, p.swiglu_limit, fp8);
         for (int64_t d = 0; d < c.D; ++d)
-            EXPECT_EQ(y.ptr<uint16_t>()[r * c.D + d], f32_to_bf16(acc[size_t(d)] + sh[size_t(d)])) << r << " " << d;
+            EXPECT_EQ(y.ptr<uint16_t>()[r * c.D + d], f32_to_bf16(acc[size_t(d)] + sh[size_t(d)]))
+                << r << " " << d;
     }
 }
 
@@ -121,7 +125,8 @@ TEST(CpuMoe, ContributionsAreSummedInExpertIdOrderNotRankOrder) {
     ExpertWeights& e2 = c.w.experts[2];
     for (int64_t i = 0; i < e1.w1.w.numel(); ++i) e2.w1.w.ptr<uint8_t>()[i] = e1.w1.w.ptr<uint8_t>()[i];
     for (int64_t i = 0; i < e1.w3.w.numel(); ++i) e2.w3.w.ptr<uint8_t>()[i] = e1.w3.w.ptr<uint8_t>()[i];
-    for (int64_t i = 0; i < e1.w2.w.numel(); ++i) e2.w2.w.ptr<uint8_t>()[i] = e1.w2.w.ptr<uint8_t>()[i] ^ 0x88;
+    for (int64_t i = 0; i < e1.w2.w.numel(); ++i)
+        e2.w2.w.ptr<uint8_t>()[i] = e1.w2.w.ptr<uint8_t>()[i] ^ 0x88;
     for (const Tensor* s : {&e1.w1.s, &e1.w3.s, &e1.w2.s})
         for (int64_t i = 0; i < s->numel(); ++i) s->ptr<uint8_t>()[i] = 127;
     be.fill(e1.w2.s, 127 + 60);  // expert 1 (and 2): outputs around 2^60
@@ -146,8 +151,10 @@ TEST(CpuMoe, ContributionsAreSummedInExpertIdOrderNotRankOrder) {
     // The small expert's own output is nonzero: rank-order summation would have kept it.
     auto fp4 = [&](const Tensor& a, const Fp4Linear& l, const Tensor& o) { be.linear_fp4(a, l, o); };
     const ExpertWeights& e0 = c.w.experts[0];
-    const std::vector<float> s = expert_row(be, x, e0.w1, e0.w3, e0.w2, I, D, rw.ptr<float>()[2], p.swiglu_limit, fp4);
-    const std::vector<float> big = expert_row(be, x, e1.w1, e1.w3, e1.w2, I, D, rw.ptr<float>()[0], p.swiglu_limit, fp4);
+    const std::vector<float> s =
+        expert_row(be, x, e0.w1, e0.w3, e0.w2, I, D, rw.ptr<float>()[2], p.swiglu_limit, fp4);
+    const std::vector<float> big =
+        expert_row(be, x, e1.w1, e1.w3, e1.w2, I, D, rw.ptr<float>()[0], p.swiglu_limit, fp4);
     int nonzero_s = 0, big_enough = 0;
     for (int64_t d = 0; d < D; ++d) {
         nonzero_s += s[size_t(d)] != 0.0f;

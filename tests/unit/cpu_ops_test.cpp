@@ -19,7 +19,8 @@ constexpr int64_t kRows = 6;
 // Inputs of every op; per-row inputs have kRows rows (compress_pool2: 2 kv rows per output row).
 struct Inputs {
     Tensor x64, o128, xr, norm_w, table, pos, X, fn, hc_scale, hc_base, mix, hx, R, post, comb;
-    Tensor iq, ik, iw, qpos, score, sq, win, cmp, sink, aidx, ckv, csc, eX, ekv, eqw, ekw, hx32, head, targets;
+    Tensor iq, ik, iw, qpos, score, sq, win, cmp, sink, aidx, ckv, csc, eX, ekv, eqw, ekw, hx32, head,
+        targets;
     Fp8Linear l8, wo;
     Fp4Linear l4;
     Tensor wb, wf;
@@ -56,7 +57,8 @@ Inputs make_inputs(CpuBackend& be) {
     in.iw = random_bf16(be, {M, 4}, rng);
     in.qpos = i32_from(be, {M}, {39, 0, 17, 25, 4, 33});
     in.score = random_bf16(be, {M, 40}, rng);
-    for (int64_t j = 0; j < 40; ++j) in.score.ptr<uint16_t>()[3 * 40 + j] = f32_to_bf16(0.5f);  // an all-tie row
+    for (int64_t j = 0; j < 40; ++j)
+        in.score.ptr<uint16_t>()[3 * 40 + j] = f32_to_bf16(0.5f);  // an all-tie row
     in.sq = random_bf16(be, {M, 3, 32}, rng, 0.3f);
     in.win = random_bf16(be, {10, 32}, rng);
     in.cmp = random_bf16(be, {8, 32}, rng);
@@ -79,8 +81,8 @@ Inputs make_inputs(CpuBackend& be) {
     in.moe.sw3 = random_fp8_linear(be, 32, 64, rng);
     in.moe.sw2 = random_fp8_linear(be, 64, 32, rng);
     for (int e = 0; e < 8; ++e)
-        in.moe.experts.push_back(
-            {random_fp4_linear(be, 32, 64, rng), random_fp4_linear(be, 64, 32, rng), random_fp4_linear(be, 32, 64, rng)});
+        in.moe.experts.push_back({random_fp4_linear(be, 32, 64, rng), random_fp4_linear(be, 64, 32, rng),
+                                  random_fp4_linear(be, 32, 64, rng)});
     return in;
 }
 
@@ -102,7 +104,8 @@ Outputs run_all(CpuBackend& be, const Inputs& in, int64_t r0, int64_t r1) {
     }
     {
         Tensor y8 = make(be, DType::BF16, {m, 40}), y4 = make(be, DType::BF16, {m, 40});
-        Tensor yb = make(be, DType::BF16, {m, 30}), yf = make(be, DType::F32, {m, 30}), yo = make(be, DType::BF16, {m, 48});
+        Tensor yb = make(be, DType::BF16, {m, 30}), yf = make(be, DType::F32, {m, 30}),
+               yo = make(be, DType::BF16, {m, 48});
         be.linear_fp8(rows(in.x64), in.l8, y8);
         be.linear_fp4(rows(in.x64), in.l4, y4);
         be.linear_bf16(rows(in.x64), in.wb, yb);
@@ -119,7 +122,8 @@ Outputs run_all(CpuBackend& be, const Inputs& in, int64_t r0, int64_t r1) {
         out["norm_rope"] = {y, xr, xi};
     }
     {
-        Tensor pre = make(be, DType::F32, {m, 4}), post = make(be, DType::F32, {m, 4}), comb = make(be, DType::F32, {m, 4, 4});
+        Tensor pre = make(be, DType::F32, {m, 4}), post = make(be, DType::F32, {m, 4}),
+               comb = make(be, DType::F32, {m, 4, 4});
         be.hc_mixes(rows(in.X), in.fn, in.hc_scale, in.hc_base, 1e-20f, 1e-6f, 20, pre, post, comb);
         Tensor y = make(be, DType::BF16, {m, 32}), o = make(be, DType::BF16, {m, 4, 32});
         be.hc_pre(rows(in.X), rows(in.mix), y);
@@ -143,20 +147,22 @@ Outputs run_all(CpuBackend& be, const Inputs& in, int64_t r0, int64_t r1) {
         Tensor o = make(be, DType::BF16, {m, 3, 32});
         be.sparse_attn(rows(in.sq), in.win, in.cmp, in.sink, rows(in.aidx), 0.17f, o);
         Tensor pooled = make(be, DType::BF16, {m, 16});
-        be.compress_pool2(copy_rows(be, in.ckv, 2 * r0, 2 * r1), copy_rows(be, in.csc, 2 * r0, 2 * r1), pooled);
+        be.compress_pool2(copy_rows(be, in.ckv, 2 * r0, 2 * r1), copy_rows(be, in.csc, 2 * r0, 2 * r1),
+                          pooled);
         out["attention"] = {widx, o, pooled};
     }
     {
         Tensor X = rows(in.eX);
         be.engram_update(X, rows(in.ekv), in.eqw, in.ekw, 1e-20f);
         const int k = 4;
-        HeadStatsOut h{make(be, DType::F64, {m}), make(be, DType::F64, {m}), make(be, DType::F32, {m}),
-                       make(be, DType::I32, {m}),  make(be, DType::I32, {m, k}), make(be, DType::F32, {m, k})};
+        HeadStatsOut h{make(be, DType::F64, {m}), make(be, DType::F64, {m}),    make(be, DType::F32, {m}),
+                       make(be, DType::I32, {m}), make(be, DType::I32, {m, k}), make(be, DType::F32, {m, k})};
         be.head_stats(rows(in.hx32), in.head, rows(in.targets), k, h);
         out["engram_head"] = {X, h.lse, h.entropy, h.target_logit, h.rank, h.topk_ids, h.topk_logit};
     }
     {
-        Tensor y = make(be, DType::BF16, {m, 64}), ri = make(be, DType::I32, {m, 6}), rw = make(be, DType::F32, {m, 6});
+        Tensor y = make(be, DType::BF16, {m, 64}), ri = make(be, DType::I32, {m, 6}),
+               rw = make(be, DType::F32, {m, 6});
         be.moe(rows(in.x64), in.moe, MoeParams{}, y, ri, rw);
         out["moe"] = {y, ri, rw};
     }
@@ -199,7 +205,8 @@ TEST(CpuOps, EveryOpIsBatchInvariantAndThreadCountInvariant) {
     const Outputs b = run_all(many, in, 0, kRows);
     for (const auto& [name, ta] : a) {
         const std::vector<Tensor>& tb = b.at(name);
-        for (size_t i = 0; i < ta.size(); ++i) EXPECT_TRUE(same_bytes(ta[i], tb[i])) << name << " output " << i;
+        for (size_t i = 0; i < ta.size(); ++i)
+            EXPECT_TRUE(same_bytes(ta[i], tb[i])) << name << " output " << i;
     }
     for (int64_t r = 0; r < kRows; ++r) {
         const Outputs alone = run_all(many, in, r, r + 1);

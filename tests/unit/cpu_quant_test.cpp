@@ -13,7 +13,9 @@ using namespace ds4r::cputest;
 
 namespace {
 
-std::string quant_path(const std::string& name) { return test::data_dir() + "/tiny-a/quant/" + name + ".npy"; }
+std::string quant_path(const std::string& name) {
+    return test::data_dir() + "/tiny-a/quant/" + name + ".npy";
+}
 
 struct GoldenInput {
     NpyArray x;  // bf16 bits [48, 256]

@@ -58,9 +58,10 @@ TEST(CpuRope, TablesMatchTheGoldenTablesBitForBit) {
                 alt[size_t((p * rd / 2 + i) * 2 + 1)] = static_cast<float>(std::sin(static_cast<double>(a)));
             }
         const UlpHistogram rounded = compare(alt.data(), golden);
-        std::cout << "[ rope ulp ] " << c.file << " (" << golden.numel() << " values): ours 0 ulp " << ours.exact
-                  << ", 1 ulp " << ours.one << ", 2+ ulp " << ours.more << " | correctly rounded cos/sin: 0 ulp "
-                  << rounded.exact << ", 1 ulp " << rounded.one << ", 2+ ulp " << rounded.more << "\n";
+        std::cout << "[ rope ulp ] " << c.file << " (" << golden.numel() << " values): ours 0 ulp "
+                  << ours.exact << ", 1 ulp " << ours.one << ", 2+ ulp " << ours.more
+                  << " | correctly rounded cos/sin: 0 ulp " << rounded.exact << ", 1 ulp " << rounded.one
+                  << ", 2+ ulp " << rounded.more << "\n";
         RecordProperty(std::string(c.file) + "_ours_max_ulp", static_cast<int>(ours.max));
         RecordProperty(std::string(c.file) + "_correctly_rounded_1ulp", static_cast<int>(rounded.one));
         EXPECT_EQ(ours.max, 0);  // bit for bit (glibc cosf / sinf of the fp32 angle, as torch's CPU polar)
@@ -109,7 +110,8 @@ TEST(CpuRope, RotatesInterleavedPairsOfEachHeadsTailInFp32) {
                     }
                     const int64_t i = (d - (width - rd)) / 2;
                     const int64_t pair = col - (d - (width - rd)) % 2;
-                    const float a = bf16_to_f32(x.ptr<uint16_t>()[pair]), b = bf16_to_f32(x.ptr<uint16_t>()[pair + 1]);
+                    const float a = bf16_to_f32(x.ptr<uint16_t>()[pair]),
+                                b = bf16_to_f32(x.ptr<uint16_t>()[pair + 1]);
                     const float* cs = table.ptr<float>() + (pos.ptr<int32_t>()[r] * (rd / 2) + i) * 2;
                     const float c = cs[0], s = inverse ? -cs[1] : cs[1];
                     const float ac = a * c, bs = b * s, as = a * s, bc = b * c;
@@ -160,4 +162,18 @@ TEST(CpuRmsNorm, MatchesTheFormulaWithCudaMeanAndExactRsqrt) {
     Tensor zy = make(be, DType::BF16, {1, N});
     be.rms_norm(z, w, eps, zy);
     for (int64_t i = 0; i < N; ++i) EXPECT_EQ(bf16_to_f32(zy.ptr<uint16_t>()[i]), 0.0f);
+}
+
+TEST(CpuRmsNorm, MeanIsTheSumTimesTheFp32ReciprocalAsCudaTorchMean) {
+    // ATen's CUDA mean (ReduceMomentKernel.cu, MeanOps::project) multiplies the sum by
+    // float(1) / n. For n = 5120 (the model's D) that differs from a true division for some sums;
+    // for powers of two (all of tiny-a's norm widths) the two agree.
+    int differ = 0;
+    for (uint32_t b = 0x45000000u; b < 0x45000000u + 20000u; ++b) {
+        const float sum = bits_f32(b);
+        EXPECT_EQ(cpuref::mean_from_sum(sum, 5120), sum * (1.0f / 5120.0f));
+        EXPECT_EQ(cpuref::mean_from_sum(sum, 256), sum / 256.0f);
+        differ += cpuref::mean_from_sum(sum, 5120) != sum / 5120.0f;
+    }
+    EXPECT_GT(differ, 0);
 }

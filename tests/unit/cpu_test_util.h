@@ -70,7 +70,8 @@ inline Fp8Linear random_fp8_linear(CpuBackend& be, int64_t N, int64_t K, Rng& rn
     l.w = be.alloc(DType::F8_E4M3, {N, K});
     l.s = be.alloc(DType::F8_E8M0, {(N + 31) / 32, (K + 31) / 32});
     for (int64_t i = 0; i < N * K; ++i) l.w.ptr<uint8_t>()[i] = f32_to_e4m3(rng.normal(1.0f));
-    for (int64_t i = 0; i < l.s.numel(); ++i) l.s.ptr<uint8_t>()[i] = static_cast<uint8_t>(127 - 6 + rng.randint(-1, 1));
+    for (int64_t i = 0; i < l.s.numel(); ++i)
+        l.s.ptr<uint8_t>()[i] = static_cast<uint8_t>(127 - 6 + rng.randint(-1, 1));
     return l;
 }
 // Random fp4 linear [N, K]: random e2m1 codes, e8m0 scales around 2^-3.
@@ -79,7 +80,8 @@ inline Fp4Linear random_fp4_linear(CpuBackend& be, int64_t N, int64_t K, Rng& rn
     l.w = be.alloc(DType::I8, {N, K / 2});
     l.s = be.alloc(DType::F8_E8M0, {N, K / 32});
     for (int64_t i = 0; i < N * K / 2; ++i) l.w.ptr<uint8_t>()[i] = static_cast<uint8_t>(rng.randint(0, 255));
-    for (int64_t i = 0; i < l.s.numel(); ++i) l.s.ptr<uint8_t>()[i] = static_cast<uint8_t>(127 - 3 + rng.randint(-1, 1));
+    for (int64_t i = 0; i < l.s.numel(); ++i)
+        l.s.ptr<uint8_t>()[i] = static_cast<uint8_t>(127 - 3 + rng.randint(-1, 1));
     return l;
 }
 
@@ -92,7 +94,9 @@ inline Tensor copy_rows(CpuBackend& be, const Tensor& t, int64_t r0, int64_t r1)
     if (x.nbytes()) std::memcpy(x.data, src.data, x.nbytes());
     return x;
 }
-inline Tensor clone(CpuBackend& be, const Tensor& t) { return copy_rows(be, t, 0, t.shape.empty() ? 1 : t.dim(0)); }
+inline Tensor clone(CpuBackend& be, const Tensor& t) {
+    return copy_rows(be, t, 0, t.shape.empty() ? 1 : t.dim(0));
+}
 
 inline bool same_bytes(const Tensor& a, const Tensor& b) {
     return a.nbytes() == b.nbytes() && (a.nbytes() == 0 || std::memcmp(a.data, b.data, a.nbytes()) == 0);

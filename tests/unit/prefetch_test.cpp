@@ -292,7 +292,8 @@ TEST_F(PrefetchTest, OutOfOrderAcquireResynchronizes) {
         auto h = src->acquire(L);
         use_and_poison(*h, *ckpt_, L, exp_, true, rng);
     }
-    EXPECT_THROW(src->acquire(42), RuntimeError);
+    EXPECT_THROW(src->acquire(42), RuntimeError);   // not a layer
+    EXPECT_THROW(src->acquire(-1000000), RuntimeError);
     auto h = src->acquire(kHeadLayer);  // still usable after the refusal
     EXPECT_EQ(check_layer(*h, *ckpt_, kHeadLayer, exp_, true), 0);
 }
@@ -311,6 +312,31 @@ TEST_F(PrefetchTest, NonRepeatingScheduleEnds) {
     std::mt19937 rng(1);
     auto h = src->acquire(1);
     use_and_poison(*h, *ckpt_, 1, exp_, false, rng);
+}
+
+TEST_F(PrefetchTest, ReplacingTheScheduleDropsWhatWasPrefetched) {
+    test::FakeAsyncBackend be(13, 300);
+    PrefetchOptions o;
+    o.mode = PrefetchOptions::Mode::Upload;
+    o.staging_bytes = 8192;
+    o.staging_count = 2;
+    o.read_request_bytes = 4096;
+    auto src = make_prefetch_weight_source(be, *ckpt_, o);
+    src->set_schedule(one_pass(*ckpt_));
+    std::mt19937 rng(8);
+    auto h = src->acquire(0);  // layer 1 is loading into the other slot (slow fake queue)
+    be.guard_hold(ranges_of(*h, *ckpt_, 0));
+    src->set_schedule({4, 5});  // while layer 0 is still held
+    use_and_poison(*h, *ckpt_, 0, exp_, true, rng);
+    be.guard_release();
+    h.reset();
+    for (int L : {4, 5, 4}) {
+        auto g = src->acquire(L);
+        be.guard_hold(ranges_of(*g, *ckpt_, L));
+        use_and_poison(*g, *ckpt_, L, exp_, true, rng);
+        be.guard_release();
+    }
+    EXPECT_EQ(be.violations(), 0);
 }
 
 TEST_F(PrefetchTest, HoldingBothSlotsIsAnErrorNotAHang) {
@@ -332,6 +358,9 @@ TEST_F(PrefetchTest, AcquireNeedsASchedule) {
     EXPECT_THROW(src->acquire(0), RuntimeError);
     EXPECT_THROW(src->set_schedule({}), RuntimeError);
     EXPECT_THROW(src->set_schedule({0, 99}), RuntimeError);
+    src->set_schedule({0, 1});
+    EXPECT_THROW(src->acquire(3), RuntimeError);  // a layer the (repeating) schedule never reaches
+    EXPECT_NE(src->acquire(0), nullptr);
 }
 
 TEST_F(PrefetchTest, UnknownTensorNameIsACheckpointError) {

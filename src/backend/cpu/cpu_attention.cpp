@@ -21,8 +21,9 @@ void CpuBackend::compress_pool2(const Tensor& kv, const Tensor& sc, const Tensor
     check_dtype(op, "kv", kv, DType::F32);
     check_dtype(op, "sc", sc, DType::F32);
     check_dtype(op, "out", out, DType::BF16);
-    DS4R_CHECK(kv.ndim() == 2 && sc.shape == kv.shape, "cpu compress_pool2: kv %s and sc %s must be equal [rows, hd]",
-               shape_str(kv.shape).c_str(), shape_str(sc.shape).c_str());
+    DS4R_CHECK(kv.ndim() == 2 && sc.shape == kv.shape,
+               "cpu compress_pool2: kv %s and sc %s must be equal [rows, hd]", shape_str(kv.shape).c_str(),
+               shape_str(sc.shape).c_str());
     const int64_t rows = kv.dim(0), hd = kv.dim(1);
     check_data(op, "kv", kv);
     check_data(op, "sc", sc);
@@ -54,7 +55,8 @@ void CpuBackend::window_indices(const Tensor& qpos, int64_t window, const Tensor
     check_dtype("window_indices", "qpos", qpos, DType::I32);
     check_dtype("window_indices", "idx", idx, DType::I32);
     DS4R_CHECK(window > 0, "cpu window_indices: window = %lld must be positive", (long long)window);
-    DS4R_CHECK(idx.ndim() == 2, "cpu window_indices: idx must be [m, W], got %s", shape_str(idx.shape).c_str());
+    DS4R_CHECK(idx.ndim() == 2, "cpu window_indices: idx must be [m, W], got %s",
+               shape_str(idx.shape).c_str());
     const int64_t m = idx.dim(0), W = idx.dim(1);
     check_data("window_indices", "idx", idx);
     check_numel("window_indices", "qpos", qpos, m);
@@ -130,7 +132,8 @@ void CpuBackend::sparse_attn(const Tensor& q, const Tensor& win_kv, const Tensor
                 bool any = false;
                 for (int64_t i = 0; i < kTile; ++i) {
                     const int32_t j = i < nt ? ir[t0 + i] : -1;
-                    rows[i] = j < 0 ? nullptr : (j < s ? wkv + static_cast<int64_t>(j) * hd : ckv + (j - s) * hd);
+                    rows[i] =
+                        j < 0 ? nullptr : (j < s ? wkv + static_cast<int64_t>(j) * hd : ckv + (j - s) * hd);
                     any = any || rows[i] != nullptr;
                 }
                 if (!any) continue;
@@ -141,7 +144,8 @@ void CpuBackend::sparse_attn(const Tensor& q, const Tensor& win_kv, const Tensor
                         continue;
                     }
                     double dot = 0.0;
-                    for (int64_t d = 0; d < hd; ++d) dot += qd[static_cast<size_t>(d)] * bf16_to_f32(rows[i][d]);
+                    for (int64_t d = 0; d < hd; ++d)
+                        dot += qd[static_cast<size_t>(d)] * bf16_to_f32(rows[i][d]);
                     sc[i] = static_cast<float>(dot) * scale;
                     tile_max = std::max(tile_max, sc[i]);
                 }
@@ -157,10 +161,12 @@ void CpuBackend::sparse_attn(const Tensor& q, const Tensor& win_kv, const Tensor
                 for (int64_t i = 0; i < kTile; ++i) {
                     if (!rows[i]) continue;
                     const double pb = round_bf16(p[i]);  // probabilities rounded to bf16 before PV
-                    for (int64_t d = 0; d < hd; ++d) pv[static_cast<size_t>(d)] += pb * bf16_to_f32(rows[i][d]);
+                    for (int64_t d = 0; d < hd; ++d)
+                        pv[static_cast<size_t>(d)] += pb * bf16_to_f32(rows[i][d]);
                 }
                 for (int64_t d = 0; d < hd; ++d)
-                    acc[static_cast<size_t>(d)] = acc[static_cast<size_t>(d)] * alpha + static_cast<float>(pv[static_cast<size_t>(d)]);
+                    acc[static_cast<size_t>(d)] =
+                        acc[static_cast<size_t>(d)] * alpha + static_cast<float>(pv[static_cast<size_t>(d)]);
                 M = M_new;
             }
             sum += std::exp(sk[h] - M);

@@ -24,7 +24,8 @@ void check_dtype(const char* op, const char* name, const Tensor& t, DType want) 
 void check_data(const char* op, const char* name, const Tensor& t) {
     DS4R_CHECK(t.numel() == 0 || t.data != nullptr, "cpu %s: %s %s has no data", op, name,
                shape_str(t.shape).c_str());
-    for (int64_t d : t.shape) DS4R_CHECK(d >= 0, "cpu %s: %s has a negative dim %s", op, name, shape_str(t.shape).c_str());
+    for (int64_t d : t.shape)
+        DS4R_CHECK(d >= 0, "cpu %s: %s has a negative dim %s", op, name, shape_str(t.shape).c_str());
 }
 
 void check_shape(const char* op, const char* name, const Tensor& t, const Shape& want) {
@@ -42,8 +43,8 @@ int64_t rows_of(const char* op, const char* name, const Tensor& t, int64_t row_l
 
 void check_numel(const char* op, const char* name, const Tensor& t, int64_t want) {
     check_data(op, name, t);
-    DS4R_CHECK(t.numel() == want, "cpu %s: %s %s must have %lld elements", op, name, shape_str(t.shape).c_str(),
-               (long long)want);
+    DS4R_CHECK(t.numel() == want, "cpu %s: %s %s must have %lld elements", op, name,
+               shape_str(t.shape).c_str(), (long long)want);
 }
 
 }  // namespace cpu_detail
@@ -62,8 +63,9 @@ Tensor CpuBackend::alloc(DType t, const Shape& shape) {
     if (bytes == 0) return x;
     const size_t rounded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
-    if (!p) DS4R_THROW(RuntimeError, "cpu alloc: out of host memory for %s %s (%zu bytes)", dtype_name(t),
-                       shape_str(shape).c_str(), bytes);
+    if (!p)
+        DS4R_THROW(RuntimeError, "cpu alloc: out of host memory for %s %s (%zu bytes)", dtype_name(t),
+                   shape_str(shape).c_str(), bytes);
     x.hold = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
     x.data = p;
     return x;
@@ -88,7 +90,8 @@ void CpuBackend::download(void* dst, const Tensor& src, size_t src_offset, size_
     if (bytes) std::memcpy(dst, static_cast<const uint8_t*>(src.data) + src_offset, bytes);
 }
 
-void CpuBackend::copy(const Tensor& dst, size_t dst_offset, const Tensor& src, size_t src_offset, size_t bytes) {
+void CpuBackend::copy(const Tensor& dst, size_t dst_offset, const Tensor& src, size_t src_offset,
+                      size_t bytes) {
     check_range("copy (dst)", dst, dst_offset, bytes);
     check_range("copy (src)", src, src_offset, bytes);
     if (bytes)
@@ -136,8 +139,12 @@ void CpuBackend::parallel_for(int64_t n, double cost, const std::function<void(i
         if (e) std::rethrow_exception(e);
 }
 
-std::unique_ptr<CpuBackend> make_cpu_backend_threads(int threads) { return std::make_unique<CpuBackend>(threads); }
+std::unique_ptr<CpuBackend> make_cpu_backend_threads(int threads) {
+    return std::make_unique<CpuBackend>(threads);
+}
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(0); }
+std::unique_ptr<Backend> make_cpu_backend() {
+    return std::make_unique<CpuBackend>(0);
+}
 
 }  // namespace ds4r

@@ -56,7 +56,8 @@ public:
 
     // mHC (cpu_hc.cpp)
     void hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale, const Tensor& base, float norm_eps,
-                  float hc_eps, int iters, const Tensor& pre, const Tensor& post, const Tensor& comb) override;
+                  float hc_eps, int iters, const Tensor& pre, const Tensor& post,
+                  const Tensor& comb) override;
     void hc_pre(const Tensor& X, const Tensor& mix, const Tensor& y) override;
     void hc_post(const Tensor& x, const Tensor& R, const Tensor& post, const Tensor& comb,
                  const Tensor& out) override;

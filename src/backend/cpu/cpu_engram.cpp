@@ -11,7 +11,8 @@ namespace ds4r {
 
 using namespace cpu_detail;
 
-void CpuBackend::engram_update(const Tensor& X, const Tensor& kv, const Tensor& qw, const Tensor& kw, float eps) {
+void CpuBackend::engram_update(const Tensor& X, const Tensor& kv, const Tensor& qw, const Tensor& kw,
+                               float eps) {
     // X BF16 [M, hc, D] updated in place; kv BF16 [M, (hc + 1) * D] (key of copy k = columns
     // k*D.., value = the last D, shared by all copies); qw, kw BF16 [hc, D]. Per copy k, in fp32:
     //   wt = qw * kw (exact: bf16 x bf16);
@@ -55,7 +56,8 @@ void CpuBackend::engram_update(const Tensor& X, const Tensor& kv, const Tensor& 
                 const float dot = (static_cast<float>(s) * rstd) * inv_sqrt_d;
                 const float mag = std::sqrt(std::max(std::fabs(dot), clamp_value));
                 const float gate = cpuref::sigmoid_f32(std::copysign(mag, dot));
-                for (int64_t d = 0; d < D; ++d) h[d] = f32_to_bf16(bf16_to_f32(h[d]) + gate * bf16_to_f32(value[d]));
+                for (int64_t d = 0; d < D; ++d)
+                    h[d] = f32_to_bf16(bf16_to_f32(h[d]) + gate * bf16_to_f32(value[d]));
             }
         }
     });

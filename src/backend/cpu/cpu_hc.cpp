@@ -9,8 +9,9 @@ namespace ds4r {
 
 using namespace cpu_detail;
 
-void CpuBackend::hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale, const Tensor& base, float norm_eps,
-                          float hc_eps, int iters, const Tensor& pre, const Tensor& post, const Tensor& comb) {
+void CpuBackend::hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale, const Tensor& base,
+                          float norm_eps, float hc_eps, int iters, const Tensor& pre, const Tensor& post,
+                          const Tensor& comb) {
     // X BF16 [M, hc, D]; fn F32 [mix, hc*D]; scale F32 [3]; base F32 [mix]
     // -> pre F32 [M, hc], post F32 [M, hc], comb F32 [M, hc, hc].
     // z = fp32(X) flattened; r = rsqrt(mean(z^2) + norm_eps): ONE statistic over all copies, eps =
@@ -47,12 +48,13 @@ void CpuBackend::hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale
             for (int64_t i = 0; i < mix; ++i) {
                 const float* fi = F + i * hc * D;
                 double s = 0.0;
-                for (int64_t c = 0; c < hc * D; ++c) s += z[static_cast<size_t>(c)] * static_cast<double>(fi[c]);
+                for (int64_t c = 0; c < hc * D; ++c)
+                    s += z[static_cast<size_t>(c)] * static_cast<double>(fi[c]);
                 mixes[static_cast<size_t>(i)] = static_cast<float>(s) * rs;
             }
-            cpuref::hc_split_sinkhorn(mixes.data(), scale.ptr<float>(), base.ptr<float>(), static_cast<int>(hc),
-                                      iters, hc_eps, pre.ptr<float>() + r * hc, post.ptr<float>() + r * hc,
-                                      comb.ptr<float>() + r * hc * hc);
+            cpuref::hc_split_sinkhorn(mixes.data(), scale.ptr<float>(), base.ptr<float>(),
+                                      static_cast<int>(hc), iters, hc_eps, pre.ptr<float>() + r * hc,
+                                      post.ptr<float>() + r * hc, comb.ptr<float>() + r * hc * hc);
         }
     });
 }
@@ -75,13 +77,15 @@ void CpuBackend::hc_pre(const Tensor& X, const Tensor& mix, const Tensor& y) {
         for (int64_t r = r0; r < r1; ++r)
             for (int64_t d = 0; d < D; ++d) {
                 float acc = 0.0f;
-                for (int64_t k = 0; k < hc; ++k) acc += mp[r * hc + k] * bf16_to_f32(xp[(r * hc + k) * D + d]);
+                for (int64_t k = 0; k < hc; ++k)
+                    acc += mp[r * hc + k] * bf16_to_f32(xp[(r * hc + k) * D + d]);
                 yp[r * D + d] = f32_to_bf16(acc);
             }
     });
 }
 
-void CpuBackend::hc_post(const Tensor& x, const Tensor& R, const Tensor& post, const Tensor& comb, const Tensor& out) {
+void CpuBackend::hc_post(const Tensor& x, const Tensor& R, const Tensor& post, const Tensor& comb,
+                         const Tensor& out) {
     // out BF16 [M, hc, D]: out_k = bf16(post_k * x + S_k), S_k = sum_j comb[j][k] * R_j summed
     // sequentially from 0 (MODEL.md 4.5, 8.2: the output copy is comb's COLUMN). x BF16 [M, D];
     // R BF16 [M, hc, D] (may alias out); post F32 [M, hc]; comb F32 [M, hc, hc].
@@ -108,7 +112,8 @@ void CpuBackend::hc_post(const Tensor& x, const Tensor& R, const Tensor& post, c
         for (int64_t r = r0; r < r1; ++r) {
             const float* c = cp + r * hc * hc;
             for (int64_t d = 0; d < D; ++d) {
-                for (int64_t j = 0; j < hc; ++j) res[static_cast<size_t>(j)] = bf16_to_f32(rp[(r * hc + j) * D + d]);
+                for (int64_t j = 0; j < hc; ++j)
+                    res[static_cast<size_t>(j)] = bf16_to_f32(rp[(r * hc + j) * D + d]);
                 const float xv = bf16_to_f32(xp[r * D + d]);
                 for (int64_t k = 0; k < hc; ++k) {
                     float s = 0.0f;
@@ -116,7 +121,8 @@ void CpuBackend::hc_post(const Tensor& x, const Tensor& R, const Tensor& post, c
                     o[static_cast<size_t>(k)] = pp[r * hc + k] * xv + s;
                 }
                 // all reads of this d are done before the writes: out may alias R
-                for (int64_t k = 0; k < hc; ++k) op_[(r * hc + k) * D + d] = f32_to_bf16(o[static_cast<size_t>(k)]);
+                for (int64_t k = 0; k < hc; ++k)
+                    op_[(r * hc + k) * D + d] = f32_to_bf16(o[static_cast<size_t>(k)]);
             }
         }
     });

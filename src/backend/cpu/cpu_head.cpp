@@ -24,7 +24,8 @@ void CpuBackend::head_stats(const Tensor& x, const Tensor& head, const Tensor& t
     check_dtype(op, "x", x, DType::BF16);
     check_dtype(op, "head", head, DType::BF16);
     check_dtype(op, "targets", targets, DType::I32);
-    DS4R_CHECK(head.ndim() == 2, "cpu head_stats: head must be [V, D], got %s", shape_str(head.shape).c_str());
+    DS4R_CHECK(head.ndim() == 2, "cpu head_stats: head must be [V, D], got %s",
+               shape_str(head.shape).c_str());
     const int64_t V = head.dim(0), D = head.dim(1);
     check_data(op, "head", head);
     DS4R_CHECK(k >= 0 && k <= V, "cpu head_stats: k = %d outside [0, %lld]", k, (long long)V);
@@ -44,8 +45,8 @@ void CpuBackend::head_stats(const Tensor& x, const Tensor& head, const Tensor& t
     check_numel(op, "out.topk_logit", out.topk_logit, M * k);
     const int32_t* tp = targets.ptr<int32_t>();
     for (int64_t r = 0; r < M; ++r)
-        DS4R_CHECK(tp[r] < V, "cpu head_stats: targets[%lld] = %d is outside the vocabulary of %lld", (long long)r,
-                   tp[r], (long long)V);
+        DS4R_CHECK(tp[r] < V, "cpu head_stats: targets[%lld] = %d is outside the vocabulary of %lld",
+                   (long long)r, tp[r], (long long)V);
     const uint16_t* xp = x.ptr<uint16_t>();
     const uint16_t* hp = head.ptr<uint16_t>();
     std::vector<float> logits(static_cast<size_t>(V));
@@ -85,7 +86,9 @@ void CpuBackend::head_stats(const Tensor& x, const Tensor& head, const Tensor& t
         if (k > 0) {
             std::iota(order.begin(), order.end(), 0);
             // strict weak order: larger logit first, NaN last, equal logits by lower id
-            auto above_nan_aware = [](float a, float b) { return !std::isnan(a) && (std::isnan(b) || a > b); };
+            auto above_nan_aware = [](float a, float b) {
+                return !std::isnan(a) && (std::isnan(b) || a > b);
+            };
             std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
                 const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
                 if (above_nan_aware(la, lb)) return true;
@@ -94,7 +97,8 @@ void CpuBackend::head_stats(const Tensor& x, const Tensor& head, const Tensor& t
             });
             for (int i = 0; i < k; ++i) {
                 out.topk_ids.ptr<int32_t>()[r * k + i] = order[static_cast<size_t>(i)];
-                out.topk_logit.ptr<float>()[r * k + i] = logits[static_cast<size_t>(order[static_cast<size_t>(i)])];
+                out.topk_logit.ptr<float>()[r * k + i] =
+                    logits[static_cast<size_t>(order[static_cast<size_t>(i)])];
             }
         }
     }

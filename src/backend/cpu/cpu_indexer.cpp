@@ -24,8 +24,8 @@ void check_qpos(const char* op, const Tensor& qpos, int64_t m) {
 }
 }  // namespace
 
-void CpuBackend::index_scores(const Tensor& q, const Tensor& k, const Tensor& w, const Tensor& qpos, int ratio,
-                              const Tensor& score) {
+void CpuBackend::index_scores(const Tensor& q, const Tensor& k, const Tensor& w, const Tensor& qpos,
+                              int ratio, const Tensor& score) {
     // q BF16 [m, nh, ihd]; k BF16 [T, ihd]; w BF16 [m, nh]; qpos I32 [m] -> score BF16 [m, T]:
     //   S = bf16(q_h . k_j) (bf16 einsum: dot exact in double, rounded to fp32, then to bf16);
     //   relu in bf16; p = bf16(relu(S) * w_h) (the product of two bf16 is exact in fp32);
@@ -53,7 +53,8 @@ void CpuBackend::index_scores(const Tensor& q, const Tensor& k, const Tensor& w,
         std::vector<double> qd(static_cast<size_t>(nh * ihd));
         for (int64_t r = r0; r < r1; ++r) {
             const int64_t n_t = (static_cast<int64_t>(pp[r]) + 1) / ratio;
-            for (int64_t i = 0; i < nh * ihd; ++i) qd[static_cast<size_t>(i)] = bf16_to_f32(qp[r * nh * ihd + i]);
+            for (int64_t i = 0; i < nh * ihd; ++i)
+                qd[static_cast<size_t>(i)] = bf16_to_f32(qp[r * nh * ihd + i]);
             for (int64_t j = 0; j < T; ++j) {
                 if (j >= n_t) {  // causal mask (step 5); the masked value does not depend on the dot
                     sp[r * T + j] = kBf16NegInf;
@@ -85,18 +86,20 @@ void CpuBackend::candidate_blocks(const Tensor& score, const Tensor& qpos, int r
     // Pinning compares arange(nb) == last, so n_t = 0 (last = -1) pins NO block (not the last one).
     const char* op = "candidate_blocks";
     check_dtype(op, "score", score, DType::BF16);
-    DS4R_CHECK(mask.dtype == DType::I32, "cpu candidate_blocks: mask must be I32 (used as 32-bit words), got %s",
+    DS4R_CHECK(mask.dtype == DType::I32,
+               "cpu candidate_blocks: mask must be I32 (used as 32-bit words), got %s",
                dtype_name(mask.dtype));
     DS4R_CHECK(ratio >= 1 && block >= 1 && topk_blocks >= 0,
-               "cpu candidate_blocks: ratio %d, block %lld, topk_blocks %lld out of range", ratio, (long long)block,
-               (long long)topk_blocks);
-    DS4R_CHECK(score.ndim() == 2, "cpu candidate_blocks: score must be [m, T], got %s", shape_str(score.shape).c_str());
+               "cpu candidate_blocks: ratio %d, block %lld, topk_blocks %lld out of range", ratio,
+               (long long)block, (long long)topk_blocks);
+    DS4R_CHECK(score.ndim() == 2, "cpu candidate_blocks: score must be [m, T], got %s",
+               shape_str(score.shape).c_str());
     const int64_t m = score.dim(0), T = score.dim(1), nb = (T + block - 1) / block;
     check_data(op, "score", score);
     check_qpos(op, qpos, m);
     DS4R_CHECK(mask.ndim() == 2 && mask.dim(0) == m && mask.dim(1) >= (nb + 31) / 32,
-               "cpu candidate_blocks: mask must be [%lld, >= %lld], got %s", (long long)m, (long long)((nb + 31) / 32),
-               shape_str(mask.shape).c_str());
+               "cpu candidate_blocks: mask must be [%lld, >= %lld], got %s", (long long)m,
+               (long long)((nb + 31) / 32), shape_str(mask.shape).c_str());
     check_data(op, "mask", mask);
     const int64_t words = mask.dim(1);
     const uint16_t* sp = score.ptr<uint16_t>();
@@ -119,7 +122,8 @@ void CpuBackend::candidate_blocks(const Tensor& score, const Tensor& qpos, int r
             }
             const int64_t n_t = (static_cast<int64_t>(pp[r]) + 1) / ratio;
             const int64_t last = cpuref::floor_div(n_t - 1, block);
-            if (last >= 0 && last < nb) bs[static_cast<size_t>(last)] = std::numeric_limits<float>::infinity();
+            if (last >= 0 && last < nb)
+                bs[static_cast<size_t>(last)] = std::numeric_limits<float>::infinity();
             cpuref::select_topk_cuda_rule(bs.data(), nb, keep_n, scratch, picks.data());
             uint32_t* mr = mp + r * words;
             std::fill(mr, mr + words, 0u);
@@ -135,7 +139,8 @@ void CpuBackend::apply_candidate_mask(const Tensor& score, const Tensor& mask, i
     // score BF16 [m, T] <- -inf where the block bit of j (j / block) is not set in mask I32 [m, W].
     const char* op = "apply_candidate_mask";
     check_dtype(op, "score", score, DType::BF16);
-    DS4R_CHECK(mask.dtype == DType::I32, "cpu apply_candidate_mask: mask must be I32, got %s", dtype_name(mask.dtype));
+    DS4R_CHECK(mask.dtype == DType::I32, "cpu apply_candidate_mask: mask must be I32, got %s",
+               dtype_name(mask.dtype));
     DS4R_CHECK(block >= 1, "cpu apply_candidate_mask: block = %lld must be >= 1", (long long)block);
     DS4R_CHECK(score.ndim() == 2, "cpu apply_candidate_mask: score must be [m, T], got %s",
                shape_str(score.shape).c_str());
@@ -155,7 +160,8 @@ void CpuBackend::apply_candidate_mask(const Tensor& score, const Tensor& mask, i
         }
 }
 
-void CpuBackend::index_topk(const Tensor& score, const Tensor& qpos, int ratio, int64_t offset, const Tensor& idx) {
+void CpuBackend::index_topk(const Tensor& score, const Tensor& qpos, int ratio, int64_t offset,
+                            const Tensor& idx) {
     // score BF16 [m, T] -> idx I32 [m, K]: the K = idx.dim(1) positions chosen by CUDA torch.topk's
     // rule (values above the K-th, then ties in ascending position; masked -inf ties too), sorted
     // by position, mapped to j + offset if j < n_t = (qpos + 1) / ratio, else -1 (MODEL.md 4.6.2
@@ -165,8 +171,8 @@ void CpuBackend::index_topk(const Tensor& score, const Tensor& qpos, int ratio, 
     check_dtype(op, "idx", idx, DType::I32);
     DS4R_CHECK(ratio >= 1, "cpu index_topk: ratio = %d must be >= 1", ratio);
     DS4R_CHECK(score.ndim() == 2 && idx.ndim() == 2 && idx.dim(0) == score.dim(0),
-               "cpu index_topk: score [m, T] %s and idx [m, K] %s do not match", shape_str(score.shape).c_str(),
-               shape_str(idx.shape).c_str());
+               "cpu index_topk: score [m, T] %s and idx [m, K] %s do not match",
+               shape_str(score.shape).c_str(), shape_str(idx.shape).c_str());
     const int64_t m = score.dim(0), T = score.dim(1), K = idx.dim(1);
     DS4R_CHECK(K <= T, "cpu index_topk: K = %lld exceeds the %lld scores", (long long)K, (long long)T);
     DS4R_CHECK(offset >= 0 && offset + T <= std::numeric_limits<int32_t>::max(),

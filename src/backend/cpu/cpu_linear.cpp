@@ -23,13 +23,18 @@ namespace {
 
 constexpr int64_t kColChunk = 64;  // output columns per parallel work item
 
-inline float to_f32(float v) { return v; }
-inline float to_f32(uint16_t bf16) { return bf16_to_f32(bf16); }
+inline float to_f32(float v) {
+    return v;
+}
+inline float to_f32(uint16_t bf16) {
+    return bf16_to_f32(bf16);
+}
 
-// Activations quantized per 32 along K: unscaled e4m3 values and the per-block power-of-two scales.
+// Activations quantized per 32 along K: unscaled e4m3 values (as double) and the per-block
+// power-of-two scales.
 struct QuantizedRows {
-    std::vector<float> v;  // [M, K]
-    std::vector<float> s;  // [M, K / 32]
+    std::vector<double> v;  // [M, K]
+    std::vector<float> s;   // [M, K / 32]
 };
 
 QuantizedRows quantize_rows(const CpuBackend& be, const uint16_t* x, int64_t M, int64_t K) {
@@ -42,12 +47,55 @@ QuantizedRows quantize_rows(const CpuBackend& be, const uint16_t* x, int64_t M, 
         uint8_t q[32];
         for (int64_t r = r0; r < r1; ++r)
             for (int64_t b = 0; b < KB; ++b) {
-                a.s[static_cast<size_t>(r * KB + b)] = cpuref::fp8_quant_block(x + r * K + b * 32, 32, q, nullptr);
-                float* dst = a.v.data() + r * K + b * 32;
+                a.s[static_cast<size_t>(r * KB + b)] =
+                    cpuref::fp8_quant_block(x + r * K + b * 32, 32, q, nullptr);
+                double* dst = a.v.data() + r * K + b * 32;
                 for (int i = 0; i < 32; ++i) dst[i] = lut[q[i]];
             }
     });
     return a;
+}
+
+// Code -> value tables in double (e4m3: 256 entries; e2m1: 16) and e8m0 -> scale (256).
+struct Luts {
+    double e4m3[256];
+    double e2m1[16];
+    float e8m0[256];
+    Luts() {
+        for (int c = 0; c < 256; ++c) e4m3[c] = cpuref::e4m3_table()[c];
+        for (int c = 0; c < 16; ++c) e2m1[c] = cpuref::e2m1_table()[c];
+        for (int c = 0; c < 256; ++c) e8m0[c] = e8m0_to_f32(static_cast<uint8_t>(c));
+    }
+};
+const Luts& luts() {
+    static const Luts l;
+    return l;
+}
+
+// The exact dot product of one 32-element K block. Every e4m3 value is an integer multiple of
+// 2^-9 below 2^9 and every e2m1 value a multiple of 2^-1, so each product and every partial sum is
+// a multiple of 2^-18 below 2^23: all exactly representable in double. The summation order is
+// therefore irrelevant (four independent accumulators give the same bits as one chain).
+inline double block_dot_fp8(const double* a, const uint8_t* w, const double* lut) {
+    double p0 = 0.0, p1 = 0.0, p2 = 0.0, p3 = 0.0;
+    for (int k = 0; k < 32; k += 4) {
+        p0 += a[k] * lut[w[k]];
+        p1 += a[k + 1] * lut[w[k + 1]];
+        p2 += a[k + 2] * lut[w[k + 2]];
+        p3 += a[k + 3] * lut[w[k + 3]];
+    }
+    return (p0 + p1) + (p2 + p3);
+}
+// Same for 16 packed bytes of e2m1 codes (even k in the low nibble, MODEL.md 3.2).
+inline double block_dot_fp4(const double* a, const uint8_t* w, const double* lut) {
+    double p0 = 0.0, p1 = 0.0, p2 = 0.0, p3 = 0.0;
+    for (int b = 0; b < 16; b += 2) {
+        p0 += a[2 * b] * lut[w[b] & 15u];
+        p1 += a[2 * b + 1] * lut[w[b] >> 4];
+        p2 += a[2 * b + 2] * lut[w[b + 1] & 15u];
+        p3 += a[2 * b + 3] * lut[w[b + 1] >> 4];
+    }
+    return (p0 + p1) + (p2 + p3);
 }
 
 // Parallel loop over (row, chunk of output columns) work items.
@@ -72,7 +120,8 @@ void dense_gemm(const CpuBackend& be, const XT* x, const WT* w, int64_t M, int64
         for (int64_t n = n0; n < n1; ++n) {
             const WT* wr = w + n * K;
             double s = 0.0;
-            for (int64_t k = 0; k < K; ++k) s += xr[static_cast<size_t>(k)] * static_cast<double>(to_f32(wr[k]));
+            for (int64_t k = 0; k < K; ++k)
+                s += xr[static_cast<size_t>(k)] * static_cast<double>(to_f32(wr[k]));
             out(m, n, static_cast<float>(s));
         }
     });
@@ -94,22 +143,19 @@ void CpuBackend::fp8_linear_rows(const uint16_t* x, int64_t M, const Fp8Linear& 
     const int64_t N = w.w.dim(0), K = w.w.dim(1), KB = K / 32;
     DS4R_CHECK(K % 32 == 0, "cpu linear_fp8: K = %lld is not a multiple of 32", (long long)K);
     const QuantizedRows a = quantize_rows(*this, x, M, K);
-    std::vector<float> sw(static_cast<size_t>(((N + 31) / 32) * KB));
-    for (size_t i = 0; i < sw.size(); ++i) sw[i] = e8m0_to_f32(w.s.ptr<uint8_t>()[i]);
+    const Luts& L = luts();
     const uint8_t* W = w.w.ptr<uint8_t>();
-    const float* lut = cpuref::e4m3_table();
+    const uint8_t* S = w.s.ptr<uint8_t>();
     for_rows_and_col_chunks(*this, M, N, K, [&](int64_t m, int64_t n0, int64_t n1) {
-        const float* am = a.v.data() + m * K;
+        const double* am = a.v.data() + m * K;
         const float* sm = a.s.data() + m * KB;
         for (int64_t n = n0; n < n1; ++n) {
             const uint8_t* wn = W + n * K;
-            const float* swn = sw.data() + (n / 32) * KB;  // one weight scale per 32x32 tile
+            const uint8_t* swn = S + (n / 32) * KB;  // one weight scale per 32x32 tile
             float acc = 0.0f;
             for (int64_t kb = 0; kb < KB; ++kb) {
-                double p = 0.0;
-                for (int k = 0; k < 32; ++k)
-                    p += static_cast<double>(am[kb * 32 + k]) * static_cast<double>(lut[wn[kb * 32 + k]]);
-                acc += (static_cast<float>(p) * sm[kb]) * swn[kb];
+                const double p = block_dot_fp8(am + kb * 32, wn + kb * 32, L.e4m3);
+                acc += (static_cast<float>(p) * sm[kb]) * L.e8m0[swn[kb]];
             }
             y[m * N + n] = f32_to_bf16(acc);
         }
@@ -118,8 +164,8 @@ void CpuBackend::fp8_linear_rows(const uint16_t* x, int64_t M, const Fp8Linear& 
 
 void CpuBackend::fp4_linear_rows(const uint16_t* x, int64_t M, const Fp4Linear& w, uint16_t* y) const {
     const char* op = "linear_fp4";
-    DS4R_CHECK(w.w.dtype == DType::I8 || w.w.dtype == DType::U8, "cpu %s: w.w must be I8 (packed e2m1), got %s",
-               op, dtype_name(w.w.dtype));
+    DS4R_CHECK(w.w.dtype == DType::I8 || w.w.dtype == DType::U8,
+               "cpu %s: w.w must be I8 (packed e2m1), got %s", op, dtype_name(w.w.dtype));
     check_dtype(op, "w.s", w.s, DType::F8_E8M0);
     DS4R_CHECK(w.w.ndim() == 2, "cpu %s: w.w must be 2-d, got %s", op, shape_str(w.w.shape).c_str());
     const int64_t N = w.w.dim(0), K = 2 * w.w.dim(1), KB = K / 32;
@@ -127,23 +173,18 @@ void CpuBackend::fp4_linear_rows(const uint16_t* x, int64_t M, const Fp4Linear& 
     check_shape(op, "w.s", w.s, {N, KB});
     check_data(op, "w.w", w.w);
     const QuantizedRows a = quantize_rows(*this, x, M, K);
+    const Luts& L = luts();
     const uint8_t* W = w.w.ptr<uint8_t>();
     const uint8_t* S = w.s.ptr<uint8_t>();
-    const float* lut = cpuref::e2m1_table();
     for_rows_and_col_chunks(*this, M, N, K, [&](int64_t m, int64_t n0, int64_t n1) {
-        const float* am = a.v.data() + m * K;
+        const double* am = a.v.data() + m * K;
         const float* sm = a.s.data() + m * KB;
         for (int64_t n = n0; n < n1; ++n) {
-            const uint8_t* wn = W + n * (K / 2);  // even k in the low nibble (MODEL.md 3.2)
+            const uint8_t* wn = W + n * (K / 2);
             float acc = 0.0f;
             for (int64_t kb = 0; kb < KB; ++kb) {
-                double p = 0.0;
-                for (int b = 0; b < 16; ++b) {
-                    const uint8_t byte = wn[kb * 16 + b];
-                    p += static_cast<double>(am[kb * 32 + 2 * b]) * static_cast<double>(lut[byte & 15u]);
-                    p += static_cast<double>(am[kb * 32 + 2 * b + 1]) * static_cast<double>(lut[byte >> 4]);
-                }
-                acc += (static_cast<float>(p) * sm[kb]) * e8m0_to_f32(S[n * KB + kb]);
+                const double p = block_dot_fp4(am + kb * 32, wn + kb * 16, L.e2m1);
+                acc += (static_cast<float>(p) * sm[kb]) * L.e8m0[S[n * KB + kb]];
             }
             y[m * N + n] = f32_to_bf16(acc);
         }
@@ -187,10 +228,10 @@ void CpuBackend::linear_bf16(const Tensor& x, const Tensor& w, const Tensor& y) 
 
 void CpuBackend::linear_f32(const Tensor& x, const Tensor& w, const Tensor& y) {
     // f32(x BF16|F32 [M, K]) @ f32(W BF16|F32 [N, K])^T -> y F32 [M, N]: fp64 accumulation -> fp32
-    DS4R_CHECK(x.dtype == DType::BF16 || x.dtype == DType::F32, "cpu linear_f32: x must be BF16 or F32, got %s",
-               dtype_name(x.dtype));
-    DS4R_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F32, "cpu linear_f32: w must be BF16 or F32, got %s",
-               dtype_name(w.dtype));
+    DS4R_CHECK(x.dtype == DType::BF16 || x.dtype == DType::F32,
+               "cpu linear_f32: x must be BF16 or F32, got %s", dtype_name(x.dtype));
+    DS4R_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F32,
+               "cpu linear_f32: w must be BF16 or F32, got %s", dtype_name(w.dtype));
     check_dtype("linear_f32", "y", y, DType::F32);
     DS4R_CHECK(w.ndim() == 2, "cpu linear_f32: w must be 2-d, got %s", shape_str(w.shape).c_str());
     const int64_t N = w.dim(0), K = w.dim(1);
@@ -216,8 +257,9 @@ void CpuBackend::linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t groups
     check_fp8_weight(op, w);
     check_dtype(op, "o", o, DType::BF16);
     check_dtype(op, "y", y, DType::BF16);
-    DS4R_CHECK(groups > 0 && w.w.dim(0) % groups == 0, "cpu %s: %lld groups do not divide the %lld weight rows", op,
-               (long long)groups, (long long)w.w.dim(0));
+    DS4R_CHECK(groups > 0 && w.w.dim(0) % groups == 0,
+               "cpu %s: %lld groups do not divide the %lld weight rows", op, (long long)groups,
+               (long long)w.w.dim(0));
     const int64_t G = groups, R = w.w.dim(0) / groups, Kg = w.w.dim(1);
     const int64_t M = rows_of(op, "o", o, G * Kg);
     check_numel(op, "y", y, M * G * R);
@@ -239,7 +281,8 @@ void CpuBackend::linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t groups
             const uint16_t* om = op_ + m * G * Kg + g * Kg;
             const float* wr = wd.data() + c * Kg;
             double s = 0.0;
-            for (int64_t d = 0; d < Kg; ++d) s += static_cast<double>(bf16_to_f32(om[d])) * static_cast<double>(wr[d]);
+            for (int64_t d = 0; d < Kg; ++d)
+                s += static_cast<double>(bf16_to_f32(om[d])) * static_cast<double>(wr[d]);
             yp[m * G * R + c] = f32_to_bf16(static_cast<float>(s));
         }
     });

@@ -13,7 +13,9 @@ using namespace cpu_detail;
 
 namespace {
 
-bool given(const Tensor& t) { return t.data != nullptr && t.numel() > 0; }
+bool given(const Tensor& t) {
+    return t.data != nullptr && t.numel() > 0;
+}
 
 // SwiGLU middle (model.py Expert.forward): u = clamp(u, -limit, limit); g = min(g, limit) (the gate
 // is clamped from above only); a = silu(g) * u in fp32 (silu as one division); a = weight * a;
@@ -34,8 +36,9 @@ void check_fp4(const char* name, const Fp4Linear& l, int64_t N, int64_t K) {
                shape_str(l.w.shape).c_str());
 }
 void check_fp8(const char* name, const Fp8Linear& l, int64_t N, int64_t K) {
-    DS4R_CHECK(l.w.ndim() == 2 && l.w.dim(0) == N && l.w.dim(1) == K, "cpu moe: %s must be [%lld, %lld], got %s",
-               name, (long long)N, (long long)K, shape_str(l.w.shape).c_str());
+    DS4R_CHECK(l.w.ndim() == 2 && l.w.dim(0) == N && l.w.dim(1) == K,
+               "cpu moe: %s must be [%lld, %lld], got %s", name, (long long)N, (long long)K,
+               shape_str(l.w.shape).c_str());
 }
 
 }  // namespace
@@ -48,13 +51,14 @@ void CpuBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, c
     check_dtype(op, "y", y, DType::BF16);
     check_dtype(op, "gate_w", w.gate_w, DType::BF16);
     check_dtype(op, "gate_bias", w.gate_bias, DType::F32);
-    DS4R_CHECK(w.gate_w.ndim() == 2, "cpu moe: gate_w must be [E, D], got %s", shape_str(w.gate_w.shape).c_str());
+    DS4R_CHECK(w.gate_w.ndim() == 2, "cpu moe: gate_w must be [E, D], got %s",
+               shape_str(w.gate_w.shape).c_str());
     const int64_t E = w.gate_w.dim(0), D = w.gate_w.dim(1);
     const int k = p.topk;
     check_data(op, "gate_w", w.gate_w);
     check_numel(op, "gate_bias", w.gate_bias, E);
-    DS4R_CHECK(static_cast<int64_t>(w.experts.size()) == E, "cpu moe: %zu expert weight sets for %lld experts",
-               w.experts.size(), (long long)E);
+    DS4R_CHECK(static_cast<int64_t>(w.experts.size()) == E,
+               "cpu moe: %zu expert weight sets for %lld experts", w.experts.size(), (long long)E);
     DS4R_CHECK(k >= 1 && k <= E, "cpu moe: topk = %d outside [1, %lld]", k, (long long)E);
     DS4R_CHECK(p.gate_temp != 0.0f, "cpu moe: gate_temp must be non-zero");
     const int64_t M = rows_of(op, "x", x, D);
@@ -84,7 +88,8 @@ void CpuBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, c
     std::vector<float> wt(static_cast<size_t>(M * k));
     parallel_for(M, static_cast<double>(E * D), [&](int64_t r0, int64_t r1) {
         std::vector<double> xr(static_cast<size_t>(D));
-        std::vector<float> score(static_cast<size_t>(E)), biased(static_cast<size_t>(E)), wk(static_cast<size_t>(k));
+        std::vector<float> score(static_cast<size_t>(E)), biased(static_cast<size_t>(E)),
+            wk(static_cast<size_t>(k));
         for (int64_t r = r0; r < r1; ++r) {
             for (int64_t d = 0; d < D; ++d) xr[static_cast<size_t>(d)] = bf16_to_f32(xp[r * D + d]);
             for (int64_t e = 0; e < E; ++e) {
@@ -95,7 +100,8 @@ void CpuBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, c
                 biased[static_cast<size_t>(e)] = score[static_cast<size_t>(e)] + bias[e];
             }
             const std::vector<int64_t> top = cpuref::topk_sorted_desc_cuda_rule(biased.data(), E, k);
-            for (int i = 0; i < k; ++i) wk[static_cast<size_t>(i)] = score[static_cast<size_t>(top[static_cast<size_t>(i)])];
+            for (int i = 0; i < k; ++i)
+                wk[static_cast<size_t>(i)] = score[static_cast<size_t>(top[static_cast<size_t>(i)])];
             if (k > 1) {
                 const float denom = cpuref::topk_weight_sum(wk.data(), k) + 1e-20f;
                 for (auto& v : wk) v = v / denom;
@@ -145,7 +151,8 @@ void CpuBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, c
         for (int64_t i = 0; i < n; ++i)
             for (int64_t j = 0; j < Ie; ++j) {
                 const size_t q = static_cast<size_t>(i * Ie + j);
-                a[q] = swiglu(bf16_to_f32(g[q]), bf16_to_f32(u[q]), p.swiglu_limit, &we[static_cast<size_t>(i)]);
+                a[q] =
+                    swiglu(bf16_to_f32(g[q]), bf16_to_f32(u[q]), p.swiglu_limit, &we[static_cast<size_t>(i)]);
             }
         fp4_linear_rows(a.data(), n, ew.w2, out.data());
         for (int64_t i = 0; i < n; ++i) {
@@ -161,7 +168,8 @@ void CpuBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, c
     out.resize(static_cast<size_t>(M * D));
     fp8_linear_rows(xp, M, w.sw1, g.data());
     fp8_linear_rows(xp, M, w.sw3, u.data());
-    for (size_t q = 0; q < a.size(); ++q) a[q] = swiglu(bf16_to_f32(g[q]), bf16_to_f32(u[q]), p.swiglu_limit, nullptr);
+    for (size_t q = 0; q < a.size(); ++q)
+        a[q] = swiglu(bf16_to_f32(g[q]), bf16_to_f32(u[q]), p.swiglu_limit, nullptr);
     fp8_linear_rows(a.data(), M, w.sw2, out.data());
     uint16_t* yp = y.ptr<uint16_t>();
     for (int64_t i = 0; i < M * D; ++i)

@@ -31,7 +31,8 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const Ten
             uint16_t* yr = yp + r * N;
             const float var = cpuref::mean_from_sum(cpuref::sum_sq_bf16_f32(xr, N), N);
             const float rs = cpuref::rsqrt_f32(var + eps);
-            for (int64_t i = 0; i < N; ++i) yr[i] = f32_to_bf16(bf16_to_f32(wp[i]) * (bf16_to_f32(xr[i]) * rs));
+            for (int64_t i = 0; i < N; ++i)
+                yr[i] = f32_to_bf16(bf16_to_f32(wp[i]) * (bf16_to_f32(xr[i]) * rs));
         }
     });
 }
@@ -54,7 +55,8 @@ void CpuBackend::rope_table(double base, double factor, int64_t yarn_orig, doubl
     parallel_for(n_pos, static_cast<double>(half) * 40.0, [&](int64_t p0, int64_t p1) {
         for (int64_t p = p0; p < p1; ++p)
             for (int64_t i = 0; i < half; ++i)
-                cpuref::rope_cos_sin(p, f[static_cast<size_t>(i)], &t[(p * half + i) * 2], &t[(p * half + i) * 2 + 1]);
+                cpuref::rope_cos_sin(p, f[static_cast<size_t>(i)], &t[(p * half + i) * 2],
+                                     &t[(p * half + i) * 2 + 1]);
     });
 }
 
@@ -78,8 +80,9 @@ void CpuBackend::rope_inplace(const Tensor& x, int64_t heads, int64_t width, int
     const int64_t n_pos = table.dim(0), half = rd / 2;
     const int32_t* pp = pos.ptr<int32_t>();
     for (int64_t r = 0; r < M; ++r)
-        DS4R_CHECK(pp[r] >= 0 && pp[r] < n_pos, "cpu rope_inplace: pos[%lld] = %d outside the table's %lld rows",
-                   (long long)r, pp[r], (long long)n_pos);
+        DS4R_CHECK(pp[r] >= 0 && pp[r] < n_pos,
+                   "cpu rope_inplace: pos[%lld] = %d outside the table's %lld rows", (long long)r, pp[r],
+                   (long long)n_pos);
     uint16_t* xp = x.ptr<uint16_t>();
     const float* t = table.ptr<float>();
     parallel_for(M, static_cast<double>(heads * rd), [&](int64_t r0, int64_t r1) {

@@ -56,8 +56,8 @@ void CpuBackend::fp4_quant_inplace(const Tensor& x, Fp4Scale kind) {
     DS4R_CHECK(x.ndim() >= 1, "cpu fp4_quant_inplace: x must have a last dim");
     const int64_t K = x.dim(-1);
     const int64_t bs = cpuref::fp4_block_size(kind);
-    DS4R_CHECK(K % bs == 0, "cpu fp4_quant_inplace: K = %lld is not a multiple of the block %lld", (long long)K,
-               (long long)bs);
+    DS4R_CHECK(K % bs == 0, "cpu fp4_quant_inplace: K = %lld is not a multiple of the block %lld",
+               (long long)K, (long long)bs);
     const int64_t M = rows_of("fp4_quant_inplace", "x", x, K);
     uint16_t* xp = x.ptr<uint16_t>();
     const float* lut = cpuref::e2m1_table();

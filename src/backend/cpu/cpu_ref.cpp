@@ -22,7 +22,6 @@ std::array<float, 16> make_e2m1_table() {
     return t;
 }
 
-
 }  // namespace
 
 const float* e4m3_table() {
@@ -196,8 +195,8 @@ void rope_inv_freqs(double base, double factor, int64_t orig, double beta_fast, 
     for (int64_t i = 0; i < half; ++i) {
         // torch: base ** (arange(0, rd, 2, fp32) / rd), then 1.0 / that (a reciprocal).
         const float expo = static_cast<float>(2 * i) / static_cast<float>(rd);
-        const float p = static_cast<float>(std::pow(static_cast<double>(static_cast<float>(base)),
-                                                    static_cast<double>(expo)));
+        const float p = static_cast<float>(
+            std::pow(static_cast<double>(static_cast<float>(base)), static_cast<double>(expo)));
         f[i] = 1.0f / p;
     }
     if (orig <= 0) return;

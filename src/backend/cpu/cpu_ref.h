@@ -35,7 +35,9 @@ inline float ceil_pow2_scale(float amax, float max_inv) {
     return bits_f32(static_cast<uint32_t>(e + 127) << 23);
 }
 // e8m0 byte of a power-of-two scale (its biased exponent field).
-inline uint8_t e8m0_of_pow2(float s) { return static_cast<uint8_t>((f32_bits(s) >> 23) & 0xffu); }
+inline uint8_t e8m0_of_pow2(float s) {
+    return static_cast<uint8_t>((f32_bits(s) >> 23) & 0xffu);
+}
 
 // amax = max |x| of a block of bf16 values, in fp32 (exact; NaN-propagating like torch.amax).
 float block_amax_bf16(const uint16_t* x, int64_t n);
@@ -51,7 +53,9 @@ float fp4_block_scale(float amax, Fp4Scale kind, uint8_t* scale_byte);
 // returns the scale. v = clamp(x / s, -6, 6) with a true fp32 division, e2m1 ties to the even code.
 float fp4_quant_block(const uint16_t* x, int64_t n, Fp4Scale kind, uint8_t* codes, uint8_t* scale_byte);
 // Block size of a fp4 scale kind: 32 (E8M0_32) or 16 (E4M3_16).
-inline int64_t fp4_block_size(Fp4Scale kind) { return kind == Fp4Scale::E8M0_32 ? 32 : 16; }
+inline int64_t fp4_block_size(Fp4Scale kind) {
+    return kind == Fp4Scale::E8M0_32 ? 32 : 16;
+}
 
 // e4m3 / e2m1 code -> fp32 lookup tables (256 and 16 entries).
 const float* e4m3_table();
@@ -60,14 +64,25 @@ const float* e2m1_table();
 // ------------------------------------------------------------------ elementwise forms (MODEL.md 8.2)
 // torch.sigmoid on CUDA: 1 / (1 + exp(-x)), fp32 (std::exp here; CUDA uses libdevice expf, which is
 // built on ex2.approx and can differ in the last ulp).
-inline float sigmoid_f32(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float sigmoid_f32(float x) {
+    return 1.0f / (1.0f + std::exp(-x));
+}
 // F.softplus(beta=1, threshold=20): x if x > 20 else log1p(exp(x)).
-inline float softplus_f32(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+inline float softplus_f32(float x) {
+    return x > 20.0f ? x : std::log1p(std::exp(x));
+}
 // F.silu: g / (1 + exp(-g)) as ONE division (not g * sigmoid(g), which rounds twice).
-inline float silu_f32(float g) { return g / (1.0f + std::exp(-g)); }
+inline float silu_f32(float g) {
+    return g / (1.0f + std::exp(-g));
+}
 // Exactly rounded 1/sqrt(v) (computed in double, rounded once). CUDA's torch.rsqrt is the
-// approximate rsqrtf (MODEL.md 8.2); the CPU reference keeps the exactly rounded value.
-inline float rsqrt_f32(float v) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(v))); }
+// approximate rsqrtf (MODEL.md 8.2); the CPU reference keeps the exactly rounded value. This is
+// the one known source of the CPU backend's residual teacher-forced mismatch: in tiny-a seq 5
+// layer 3, token 1's ffn_norm r is 1 fp32 ulp below the GPU's, which flips an fp8 act-quant scale
+// inside the MoE (r + 1 ulp reproduces the dumped MoE output bit for bit).
+inline float rsqrt_f32(float v) {
+    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(v)));
+}
 // torch.mean on CUDA (ATen ReduceMomentKernel.cu, MeanOps::project): sum * factor with
 // factor = float(1) / n, i.e. a multiplication by the fp32 reciprocal, not a true division.
 inline float mean_from_sum(float sum, int64_t n) {
@@ -76,7 +91,9 @@ inline float mean_from_sum(float sum, int64_t n) {
 }
 // `tensor / python_scalar` on CUDA (ATen BinaryDivTrueKernel.cu): multiplication by the fp32
 // reciprocal 1.0f / float(b).
-inline float div_by_scalar_cuda(float a, double b) { return a * (1.0f / static_cast<float>(b)); }
+inline float div_by_scalar_cuda(float a, double b) {
+    return a * (1.0f / static_cast<float>(b));
+}
 
 // Sum of fp32 values accumulated exactly in double and rounded once to fp32 (our model of a GPU
 // reduction / MMA whose internal order is not reproduced).
@@ -142,8 +159,8 @@ void yarn_band(double base, int64_t orig, double beta_fast, double beta_slow, in
 // the fp32 angle) and NOT by CUDA's libdevice sinf / cosf; see cpu_rope_test. pow: glibc powf, the
 // correctly rounded value and the golden table agree; for the shipped bases (1e4, 1.6e5) and
 // rd = 16 / 64 every exact pow lies >= 0.02 ulp away from an fp32 rounding midpoint.
-void rope_inv_freqs(double base, double factor, int64_t orig, double beta_fast, double beta_slow,
-                    int64_t rd, float* f);
+void rope_inv_freqs(double base, double factor, int64_t orig, double beta_fast, double beta_slow, int64_t rd,
+                    float* f);
 // (cos, sin) of angle = fp32(pos) * f (torch.outer in fp32, then torch.polar): glibc cosf / sinf.
 inline void rope_cos_sin(int64_t pos, float f, float* c, float* s) {
     const float angle = static_cast<float>(pos) * f;

@@ -1,12 +1,13 @@
 // CudaBackend ops: RMSNorm, RoPE tables and application, mHC mixes / pre / post, the compressor's
 // ratio-2 pooling, the Engram update and the bf16 scalar multiply (MODEL.md 4.0, 4.5, 4.6.1, 4.8,
 // 5.5, 8). Shapes and dtypes are validated here; the kernels live in kernels/{norm_rope,hc,engram}.cu.
+#include "backend/cuda/cuda_ops_misc.h"
+
 #include <cmath>
 #include <cstdint>
 
 #include "backend/cpu/cpu_ref.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_ops_misc.h"
 #include "engram.cuh"
 #include "hc.cuh"
 #include "norm_rope.cuh"
@@ -16,13 +17,14 @@ namespace ds4r {
 namespace {
 
 void check_dtype(const char* op, const char* name, const Tensor& t, DType want) {
-    DS4R_CHECK(t.dtype == want, "cuda %s: %s must be %s, got %s %s", op, name, dtype_name(want), dtype_name(t.dtype),
-               shape_str(t.shape).c_str());
+    DS4R_CHECK(t.dtype == want, "cuda %s: %s must be %s, got %s %s", op, name, dtype_name(want),
+               dtype_name(t.dtype), shape_str(t.shape).c_str());
 }
 void check_data(const char* op, const char* name, const Tensor& t) {
     for (int64_t d : t.shape)
         DS4R_CHECK(d >= 0, "cuda %s: %s has a negative dim %s", op, name, shape_str(t.shape).c_str());
-    DS4R_CHECK(t.numel() == 0 || t.data != nullptr, "cuda %s: %s %s has no data", op, name, shape_str(t.shape).c_str());
+    DS4R_CHECK(t.numel() == 0 || t.data != nullptr, "cuda %s: %s %s has no data", op, name,
+               shape_str(t.shape).c_str());
 }
 void check_shape(const char* op, const char* name, const Tensor& t, const Shape& want) {
     DS4R_CHECK(t.shape == want, "cuda %s: %s must have shape %s, got %s", op, name, shape_str(want).c_str(),
@@ -31,8 +33,8 @@ void check_shape(const char* op, const char* name, const Tensor& t, const Shape&
 }
 void check_numel(const char* op, const char* name, const Tensor& t, int64_t want) {
     check_data(op, name, t);
-    DS4R_CHECK(t.numel() == want, "cuda %s: %s %s must have %lld elements", op, name, shape_str(t.shape).c_str(),
-               (long long)want);
+    DS4R_CHECK(t.numel() == want, "cuda %s: %s %s must have %lld elements", op, name,
+               shape_str(t.shape).c_str(), (long long)want);
 }
 // Rows of a tensor whose last dim is row_len.
 int64_t rows_of(const char* op, const char* name, const Tensor& t, int64_t row_len) {
@@ -43,24 +45,30 @@ int64_t rows_of(const char* op, const char* name, const Tensor& t, int64_t row_l
 }
 // In-place contracts: two tensors are either the same memory or disjoint (a partial overlap would
 // race in the kernels).
-void check_same_or_disjoint(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b) {
+void check_same_or_disjoint(const char* op, const char* a_name, const Tensor& a, const char* b_name,
+                            const Tensor& b) {
     if (a.nbytes() == 0 || b.nbytes() == 0 || a.data == b.data) return;
     const auto* pa = static_cast<const uint8_t*>(a.data);
     const auto* pb = static_cast<const uint8_t*>(b.data);
     DS4R_CHECK(pa + a.nbytes() <= pb || pb + b.nbytes() <= pa,
                "cuda %s: %s and %s partially overlap (allowed: identical or disjoint)", op, a_name, b_name);
 }
-void check_disjoint(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b) {
+void check_disjoint(const char* op, const char* a_name, const Tensor& a, const char* b_name,
+                    const Tensor& b) {
     if (a.nbytes() == 0 || b.nbytes() == 0) return;
     const auto* pa = static_cast<const uint8_t*>(a.data);
     const auto* pb = static_cast<const uint8_t*>(b.data);
-    DS4R_CHECK(pa + a.nbytes() <= pb || pb + b.nbytes() <= pa, "cuda %s: %s must not overlap %s", op, a_name, b_name);
+    DS4R_CHECK(pa + a.nbytes() <= pb || pb + b.nbytes() <= pa, "cuda %s: %s must not overlap %s", op, a_name,
+               b_name);
 }
 void check_grid(const char* op, int64_t blocks) {
-    DS4R_CHECK(blocks < (int64_t{1} << 31), "cuda %s: %lld thread blocks exceed the grid limit", op, (long long)blocks);
+    DS4R_CHECK(blocks < (int64_t{1} << 31), "cuda %s: %lld thread blocks exceed the grid limit", op,
+               (long long)blocks);
 }
 // torch.mean's factor on CUDA (cpuref::mean_from_sum): fp32(1) / fp32(n).
-float mean_factor(int64_t n) { return 1.0f / static_cast<float>(n); }
+float mean_factor(int64_t n) {
+    return 1.0f / static_cast<float>(n);
+}
 
 }  // namespace
 
@@ -80,7 +88,8 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const Te
     check_same_or_disjoint(op, "x", x, "y", y);
     check_grid(op, M);
     if (M == 0 || N == 0) return;
-    kern::launch_rms_norm(x.ptr<uint16_t>(), w.ptr<uint16_t>(), y.ptr<uint16_t>(), M, N, mean_factor(N), eps, stream());
+    kern::launch_rms_norm(x.ptr<uint16_t>(), w.ptr<uint16_t>(), y.ptr<uint16_t>(), M, N, mean_factor(N), eps,
+                          stream());
     DS4R_CUDA_LAUNCH_CHECK();
 }
 
@@ -118,8 +127,8 @@ Tensor rope_inv_freqs(CudaBackend& be, double base, double factor, int64_t yarn_
 
 }  // namespace
 
-void CudaBackend::rope_table(double base, double factor, int64_t yarn_orig, double beta_fast, double beta_slow,
-                             int64_t rd, const Tensor& table) {
+void CudaBackend::rope_table(double base, double factor, int64_t yarn_orig, double beta_fast,
+                             double beta_slow, int64_t rd, const Tensor& table) {
     // table F32 [n_pos, rd/2, 2]. The golden tables are torch's CPU evaluation of
     // precompute_freqs_cis (true fp32 divisions, correctly rounded pow, glibc cosf / sinf of the fp32
     // angle), reproduced here on the GPU; kernels/libm_sincosf.cuh says why not CUDA's functions.
@@ -129,11 +138,12 @@ void CudaBackend::rope_table(double base, double factor, int64_t yarn_orig, doub
     DS4R_CUDA_LAUNCH_CHECK();
 }
 
-void cuda_rope_table_libdevice(CudaBackend& be, double base, double factor, int64_t yarn_orig, double beta_fast,
-                               double beta_slow, int64_t rd, const Tensor& table) {
+void cuda_rope_table_libdevice(CudaBackend& be, double base, double factor, int64_t yarn_orig,
+                               double beta_fast, double beta_slow, int64_t rd, const Tensor& table) {
     const Tensor inv_freq = rope_inv_freqs(be, base, factor, yarn_orig, beta_fast, beta_slow, rd, table);
     if (table.dim(0) == 0) return;
-    kern::launch_rope_table_libdevice(inv_freq.ptr<float>(), table.dim(0), rd / 2, table.ptr<float>(), be.stream());
+    kern::launch_rope_table_libdevice(inv_freq.ptr<float>(), table.dim(0), rd / 2, table.ptr<float>(),
+                                      be.stream());
     DS4R_CUDA_LAUNCH_CHECK();
 }
 
@@ -163,8 +173,9 @@ void CudaBackend::rope_inplace(const Tensor& x, int64_t heads, int64_t width, in
 
 // ---------------------------------------------------------------------------- mHC
 
-void CudaBackend::hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale, const Tensor& base, float norm_eps,
-                           float hc_eps, int iters, const Tensor& pre, const Tensor& post, const Tensor& comb) {
+void CudaBackend::hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale, const Tensor& base,
+                           float norm_eps, float hc_eps, int iters, const Tensor& pre, const Tensor& post,
+                           const Tensor& comb) {
     // X BF16 [M, hc, D]; fn F32 [mix, hc*D]; scale F32 [3]; base F32 [mix] -> pre, post F32 [M, hc],
     // comb F32 [M, hc, hc] (MODEL.md 4.5, 5.5). The kernel is built for hc = 4 (mix = 24).
     const char* op = "hc_mixes";
@@ -178,8 +189,8 @@ void CudaBackend::hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scal
     DS4R_CHECK(X.ndim() == 3, "cuda hc_mixes: X must be [M, hc, D], got %s", shape_str(X.shape).c_str());
     check_data(op, "X", X);
     const int64_t M = X.dim(0), hc = X.dim(1), D = X.dim(2);
-    DS4R_CHECK(hc == kern::kHcMult, "cuda hc_mixes: hc = %lld, the kernel supports hc = %d only", (long long)hc,
-               kern::kHcMult);
+    DS4R_CHECK(hc == kern::kHcMult, "cuda hc_mixes: hc = %lld, the kernel supports hc = %d only",
+               (long long)hc, kern::kHcMult);
     DS4R_CHECK(iters >= 1, "cuda hc_mixes: iters = %d must be >= 1", iters);
     const int64_t mix = kern::kHcMix;
     check_shape(op, "fn", fn, {mix, hc * D});
@@ -214,7 +225,8 @@ void CudaBackend::hc_pre(const Tensor& X, const Tensor& mix, const Tensor& y) {
     DS4R_CUDA_LAUNCH_CHECK();
 }
 
-void CudaBackend::hc_post(const Tensor& x, const Tensor& R, const Tensor& post, const Tensor& comb, const Tensor& out) {
+void CudaBackend::hc_post(const Tensor& x, const Tensor& R, const Tensor& post, const Tensor& comb,
+                          const Tensor& out) {
     // out BF16 [M, hc, D]: out_k = bf16(post_k * x + S_k), S_k = ((c0k*R0 + c1k*R1) + c2k*R2) + c3k*R3;
     // x BF16 [M, D]; R BF16 [M, hc, D] (may alias out); post F32 [M, hc]; comb F32 [M, hc, hc].
     const char* op = "hc_post";
@@ -247,8 +259,9 @@ void CudaBackend::compress_pool2(const Tensor& kv, const Tensor& sc, const Tenso
     check_dtype(op, "kv", kv, DType::F32);
     check_dtype(op, "sc", sc, DType::F32);
     check_dtype(op, "out", out, DType::BF16);
-    DS4R_CHECK(kv.ndim() == 2 && sc.shape == kv.shape, "cuda compress_pool2: kv %s and sc %s must be equal [rows, hd]",
-               shape_str(kv.shape).c_str(), shape_str(sc.shape).c_str());
+    DS4R_CHECK(kv.ndim() == 2 && sc.shape == kv.shape,
+               "cuda compress_pool2: kv %s and sc %s must be equal [rows, hd]", shape_str(kv.shape).c_str(),
+               shape_str(sc.shape).c_str());
     check_data(op, "kv", kv);
     check_data(op, "sc", sc);
     const int64_t rows = kv.dim(0), hd = kv.dim(1);
@@ -262,7 +275,8 @@ void CudaBackend::compress_pool2(const Tensor& kv, const Tensor& sc, const Tenso
 
 // ---------------------------------------------------------------------------- Engram
 
-void CudaBackend::engram_update(const Tensor& X, const Tensor& kv, const Tensor& qw, const Tensor& kw, float eps) {
+void CudaBackend::engram_update(const Tensor& X, const Tensor& kv, const Tensor& qw, const Tensor& kw,
+                                float eps) {
     // X BF16 [M, hc, D] in place; kv BF16 [M, (hc + 1) * D] (keys of copy k at columns k*D.., the
     // shared value last); qw, kw BF16 [hc, D] (MODEL.md 4.8 steps 2-5).
     const char* op = "engram_update";
@@ -280,8 +294,8 @@ void CudaBackend::engram_update(const Tensor& X, const Tensor& kv, const Tensor&
     check_grid(op, M * hc);
     if (M == 0 || hc == 0 || D == 0) return;
     const float inv_sqrt_d = static_cast<float>(std::pow(static_cast<double>(D), -0.5));  // self.dim ** -0.5
-    kern::launch_engram_update(X.ptr<uint16_t>(), kv.ptr<uint16_t>(), qw.ptr<uint16_t>(), kw.ptr<uint16_t>(), M, hc,
-                               D, mean_factor(D), inv_sqrt_d, eps, stream());
+    kern::launch_engram_update(X.ptr<uint16_t>(), kv.ptr<uint16_t>(), qw.ptr<uint16_t>(), kw.ptr<uint16_t>(),
+                               M, hc, D, mean_factor(D), inv_sqrt_d, eps, stream());
     DS4R_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# ThreadSanitizer run of the prefetching weight source's tests (reader thread, completion thread,
+# the fake asynchronous copy queue, slot recycling, stop mid-prefetch). CPU only: configures
+# build-tsan with -DDS4R_SANITIZE=thread -DDS4R_CUDA=OFF, builds ds4r_unit_tests and runs the
+# prefetch / DirectReader tests through CTest; any TSan report fails the run (exit code != 0).
+#
+#   scripts/tsan_prefetch.sh            # JOBS=2 by default; BUILD_DIR=... to build elsewhere
+#   REPEAT=5 scripts/tsan_prefetch.sh   # run the tests several times (races are timing dependent)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${BUILD_DIR:-$root/build-tsan}"
+jobs="${JOBS:-2}"
+repeat="${REPEAT:-3}"
+
+cmake -S "$root" -B "$build" -DDS4R_SANITIZE=thread -DDS4R_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build "$build" -j"$jobs" --target ds4r_unit_tests
+
+# halt_on_error: the first race fails the test; second_deadlock_stack: full lock-order reports.
+export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 ${TSAN_OPTIONS:-}"
+
+start=$(date +%s)
+ctest --test-dir "$build" -R 'Prefetch|DirectReader' --output-on-failure --repeat until-fail:"$repeat"
+echo "tsan_prefetch: passed in $(( $(date +%s) - start )) s (build dir $build)"
