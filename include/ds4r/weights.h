@@ -89,7 +89,7 @@ std::unique_ptr<WeightSource> make_sync_weight_source(Backend& be, const Checkpo
 // Contract (threads, order, lifetime):
 //  - The constructor, set_schedule(), acquire(), stats() and the destructor are called from ONE
 //    thread: the compute thread, the one that issues backend work. The backend outlives the source
-//    and every handle it returned.
+//    and every handle it returned (the Checkpoint need not: the source keeps what it needs).
 //  - set_schedule() must precede the first acquire(). The order repeats (PrefetchOptions::
 //    repeat_schedule): after its last entry the source goes on with its first, so one pass's order
 //    (0..n_layers-1, kHeadLayer) serves every pass; a list of several passes works too. Calling it
@@ -107,9 +107,10 @@ std::unique_ptr<WeightSource> make_sync_weight_source(Backend& be, const Checkpo
 //    while L+1 computes. Holding the handles of both slots while acquiring a third layer would never
 //    finish: acquire() throws RuntimeError instead.
 //  - Errors of the reader / copy threads (I/O error, truncated shard, copy-queue error) are rethrown
-//    by the next acquire() that needs the failed layer (or any later one), with the kind of the
-//    original error (a truncated shard is a CheckpointError naming the file and the layer). After an
-//    error every further acquire() throws.
+//    by the first acquire() that needs the failed layer, with the kind of the original error (a
+//    truncated shard is a CheckpointError naming the file and the layer); layers loaded before the
+//    failure are still delivered. From then on every acquire() of that layer or a later one, and
+//    set_schedule(), throw; a copy-queue error fails every further acquire().
 //  - The destructor stops the threads at the next read boundary (reads are issued in pieces of at
 //    most read_request_bytes), waits for the copies already issued and joins the threads. Handles
 //    may outlive the source: their views stay valid until they are destroyed.
@@ -119,7 +120,8 @@ struct PrefetchOptions {
     // Auto: Direct when Backend::host_memory() is true, Upload otherwise. Upload on a host-memory
     // backend exercises the asynchronous path (tests).
     Mode mode = Mode::Auto;
-    size_t staging_bytes = size_t{128} << 20;      // one staging buffer (rounded up to 4 KiB)
+    size_t staging_bytes = size_t{128} << 20;      // one staging buffer (rounded up to 4 KiB); direct
+                                                   // mode: the largest read into a slot
     int staging_count = 4;                         // ring length, 2..32
     size_t read_request_bytes = size_t{64} << 20;  // largest single read call (stop latency)
     bool direct_io = true;                         // false: buffered pread only

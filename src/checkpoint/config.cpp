@@ -2,6 +2,8 @@
 #include "ds4r/config.h"
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -43,12 +45,15 @@ public:
     int64_t i64(const char* key) const {
         const json& v = at(key);
         if (v.is_number_integer()) return v.get<int64_t>();
+        if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+            throw CheckpointError(strfmt("%s: key '%s%s' is too large", path_.c_str(), prefix_.c_str(), key));
         if (v.is_number_float()) {
-            double d = v.get<double>();
-            if (d == static_cast<double>(static_cast<int64_t>(d))) return static_cast<int64_t>(d);
+            const double d = v.get<double>();
+            // Range check before the cast: converting an out-of-range double is undefined behaviour.
+            if (d >= -9.2e18 && d <= 9.2e18 && d == std::floor(d)) return static_cast<int64_t>(d);
         }
-        throw CheckpointError(strfmt("%s: key '%s%s' must be an integer, found %s", path_.c_str(),
-                                     prefix_.c_str(), key, v.dump().substr(0, 60).c_str()));
+        throw CheckpointError(strfmt("%s: key '%s%s' must be an integer (within int64), found %s", path_.c_str(),
+                                     prefix_.c_str(), key, describe(v).c_str()));
     }
     int64_t i64(const char* key, int64_t dflt) const { return has(key) ? i64(key) : dflt; }
 
@@ -56,7 +61,7 @@ public:
         const json& v = at(key);
         if (!v.is_number())
             throw CheckpointError(strfmt("%s: key '%s%s' must be a number, found %s", path_.c_str(),
-                                         prefix_.c_str(), key, v.dump().substr(0, 60).c_str()));
+                                         prefix_.c_str(), key, describe(v).c_str()));
         return v.get<double>();
     }
     double f64(const char* key, double dflt) const { return has(key) ? f64(key) : dflt; }
@@ -91,14 +96,23 @@ public:
         for (const auto& e : v) {
             if (!e.is_number_integer())
                 throw CheckpointError(strfmt("%s: key '%s%s' must hold integers, found %s",
-                                             path_.c_str(), prefix_.c_str(), key,
-                                             e.dump().substr(0, 60).c_str()));
+                                             path_.c_str(), prefix_.c_str(), key, describe(e).c_str()));
+            if (e.is_number_unsigned() && e.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX))
+                throw CheckpointError(strfmt("%s: key '%s%s' holds a value too large", path_.c_str(),
+                                             prefix_.c_str(), key));
             out.push_back(static_cast<T>(e.get<int64_t>()));
         }
         return out;
     }
 
     const json& obj() const { return obj_; }
+
+    // A short, bounded description of an untrusted value (no recursive dump()).
+    static std::string describe(const json& v) {
+        if (v.is_number() || v.is_boolean()) return v.dump();
+        if (v.is_string()) return "a string";
+        return std::string("a JSON ") + v.type_name();
+    }
 
 private:
     const json& obj_;
@@ -230,7 +244,12 @@ void parse_flat(const json& root, const std::string& path, ModelConfig& c) {
     c.rope_factor = r.f64("rope_factor");
     c.beta_fast = r.f64("beta_fast", 32);
     c.beta_slow = r.f64("beta_slow", 1);
-    c.max_position_embeddings = c.original_seq_len * static_cast<int64_t>(c.rope_factor);
+    {
+        const double mpe = static_cast<double>(c.original_seq_len) * c.rope_factor;  // YaRN-extended context
+        if (!(mpe >= 0 && mpe <= 1e12))
+            throw CheckpointError(strfmt("%s: original_seq_len * rope_factor out of range", path.c_str()));
+        c.max_position_embeddings = static_cast<int64_t>(mpe);
+    }
     c.compress_ratios = r.ints<int>("compress_ratios");
     c.kv_source_layers = r.ints<int>("kv_source_layers");
     c.index_source_layers = r.ints<int>("index_source_layers");
@@ -260,6 +279,18 @@ void check_config(const ModelConfig& c, const std::string& path) {
         if (!ok) throw CheckpointError(strfmt("%s: invalid config: %s", path.c_str(), what));
     };
     need(c.vocab_size > 0 && c.vocab_size < (1LL << 31), "vocab_size must be in [1, 2^31)");
+    // Upper bounds keep every size product of the binding far from int64 overflow.
+    for (int64_t d : {c.dim, c.moe_inter_dim, c.head_dim, c.q_lora_rank, c.o_lora_rank, c.index_head_dim,
+                      c.engram_head_dim, c.window_size, c.index_topk})
+        need(d <= (1LL << 20), "a dimension (dim, moe_inter_dim, head_dim, q/o_lora_rank, index/engram head dims, "
+                               "window, index_topk) exceeds 2^20");
+    for (int64_t d : {c.n_heads, c.n_routed_experts, c.index_n_heads, c.o_groups, c.engram_n_heads,
+                      c.n_activated_experts, c.hc_sinkhorn_iters, c.candidate_topk_blocks, c.candidate_block_size})
+        need(d <= 65536, "a count (heads, experts, groups, Sinkhorn iterations, candidate blocks) exceeds 65536");
+    for (int64_t r : c.engram_num_embeddings)
+        need(r > 0 && r < (1LL << 40), "engram_num_embeddings entries must be in [1, 2^40)");
+    need(c.engram_max_ngram_size <= 8 && c.hc_mult <= 8 && c.n_layers <= 1024, "hc_mult / n-gram size out of range");
+    need(c.n_heads * c.head_dim <= (1LL << 24), "n_heads * head_dim exceeds 2^24");
     need(c.dim > 0 && c.dim % 32 == 0, "dim must be a positive multiple of 32");
     need(c.moe_inter_dim > 0 && c.moe_inter_dim % 32 == 0, "moe_inter_dim must be a positive multiple of 32");
     need(c.n_layers > 0 && c.n_layers <= 1024, "n_layers must be in [1, 1024]");
@@ -312,8 +343,13 @@ void check_config(const ModelConfig& c, const std::string& path) {
 ModelConfig parse_model_config(std::string_view json_text, const std::string& path) {
     json root;
     try {
-        root = json::parse(json_text.begin(), json_text.end());
-    } catch (const json::parse_error& e) {
+        // config.json is a shallow object: refuse absurd nesting (a hostile file could exhaust the stack).
+        json::parser_callback_t depth_guard = [&path](int depth, json::parse_event_t, json&) {
+            if (depth > 64) throw CheckpointError(strfmt("%s: JSON nested deeper than 64 levels", path.c_str()));
+            return true;
+        };
+        root = json::parse(json_text.begin(), json_text.end(), depth_guard);
+    } catch (const json::exception& e) {
         throw CheckpointError(strfmt("%s: not valid JSON (%s)", path.c_str(), e.what()));
     }
     if (!root.is_object())

@@ -177,6 +177,7 @@ private:
     std::deque<PendingFence> pending_;
     bool completion_stop_ = false;
     std::exception_ptr error_;
+    uint64_t error_pos_ = 0;  // schedule position of the failed load: earlier ones are still delivered
     WeightSourceStats stats_;
 
     std::atomic<bool> stop_{false};
@@ -365,7 +366,14 @@ std::shared_ptr<ResidentLayer> PrefetchWeightSource::acquire(int layer) {
             released = released || s.state == SlotState::Released;
         }
         if (found) break;
-        if (error_) std::rethrow_exception(error_);
+        if (error_) {
+            // A layer loaded before the failure was fully issued and still completes; anything else
+            // will never arrive (the reader has stopped).
+            bool coming = false;
+            for (const Slot& s : core_->slots)
+                coming = coming || (s.state == SlotState::Loading && s.pos == acquire_pos_);
+            if (!coming || acquire_pos_ >= error_pos_) std::rethrow_exception(error_);
+        }
         if (released) {  // a handle was destroyed on another thread while we waited
             recycle_released(lk);
             continue;
@@ -546,7 +554,10 @@ void PrefetchWeightSource::prefetch_loop() {
                                   strfmt("weights: loading the %s (schedule position %llu)",
                                          layer_label(plan->layer).c_str(), (unsigned long long)pos));
             std::lock_guard<std::mutex> lk(core_->mu);
-            if (!error_) error_ = e;
+            if (!error_) {
+                error_ = e;
+                error_pos_ = pos;
+            }
             core_->cv.notify_all();
             return;
         }
@@ -574,8 +585,10 @@ void PrefetchWeightSource::completion_loop() {
         staging_[p.staging].busy = false;
         Slot& s = core_->slots[p.slot];
         if (err) {
-            if (!error_)
+            if (!error_) {  // a failed copy queue is fatal: every further acquire() throws
                 error_ = with_context(err, strfmt("weights: waiting for the upload of the %s", layer_label(p.layer).c_str()));
+                error_pos_ = 0;
+            }
         } else {
             // The queue runs copies in order: a buffer's busy time starts when it was issued or when the
             // previous one completed, whichever is later.

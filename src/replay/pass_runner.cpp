@@ -49,6 +49,11 @@ PassRunner::PassRunner(Backend& be, const Checkpoint& ckpt, WeightSource& weight
     DS4R_CHECK(opt_.max_batch_tokens >= 2, "max_batch_tokens must be >= 2");
     if (!cfg_.engram_layer_ids.empty())
         DS4R_CHECK(engram_ != nullptr, "the model has Engram layers but no Engram resources were loaded");
+    // One pass acquires layers 0..n-1, then the head; a prefetching source repeats this order.
+    std::vector<int> order;
+    for (int L = 0; L < cfg_.n_layers; ++L) order.push_back(L);
+    order.push_back(kHeadLayer);
+    weights_.set_schedule(order);
 }
 
 PassRunner::~PassRunner() = default;

@@ -1,6 +1,7 @@
 #include "cuda_test_util.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -130,6 +131,11 @@ void expect_bitwise_equal(const Pair& p, const std::string& what) {
 }
 
 void expect_bf16_close(const Pair& p, double max_ulps, double min_equal, const std::string& what) {
+    expect_bf16_close(p, max_ulps, min_equal, what, 0.0);
+}
+
+void expect_bf16_close(const Pair& p, double max_ulps, double min_equal, const std::string& what,
+                       double magnitude_floor) {
     auto a = to_host(cpu(), p.c), b = to_host(*cuda(), p.g);
     ASSERT_EQ(a.size(), b.size()) << what;
     const size_t n = a.size() / 2;
@@ -149,7 +155,7 @@ void expect_bf16_close(const Pair& p, double max_ulps, double min_equal, const s
             ulps = INFINITY;
         } else {
             // distance in bf16 ulps of the larger magnitude
-            float m = std::max(std::fabs(fx), std::fabs(fy));
+            float m = std::max({std::fabs(fx), std::fabs(fy), static_cast<float>(magnitude_floor)});
             int e;
             std::frexp(m, &e);
             double ulp = std::ldexp(1.0, e - 8);

@@ -50,6 +50,11 @@ std::vector<uint8_t> to_host(Backend& be, const Tensor& t);
 void expect_bitwise_equal(const Pair& p, const std::string& what);
 // bf16 outputs: every element within max_ulps bf16 ulps, and at least min_equal of them bitwise equal.
 void expect_bf16_close(const Pair& p, double max_ulps, double min_equal, const std::string& what);
+// The same, with ulps taken of max(|cpu|, |cuda|, magnitude_floor): for results formed by cancellation
+// (a*c - b*s, h + g*v) whose operands are ~magnitude_floor, where fused vs separate rounding of the
+// operands legitimately moves a tiny result by many of its own ulps.
+void expect_bf16_close(const Pair& p, double max_ulps, double min_equal, const std::string& what,
+                       double magnitude_floor);
 // fp32 / fp64 outputs: |a - b| <= abs_tol + rel_tol * |b|.
 void expect_f32_close(const Pair& p, double rel_tol, double abs_tol, const std::string& what);
 void expect_f64_close(const Pair& p, double rel_tol, double abs_tol, const std::string& what);

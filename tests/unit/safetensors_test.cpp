@@ -113,6 +113,16 @@ TEST(SafetensorsHeader, UnknownTensorFieldsAreSkipped) {
     EXPECT_EQ(h.tensors[0].nbytes, 2u);
 }
 
+TEST(SafetensorsHeader, DeepNestingNeitherRecursesNorFails) {
+    // The SAX reader skips a 200k-deep unknown value without recursion; the index parser refuses it.
+    const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+    auto h = parse(st_file(R"({"a":{"x":)" + deep + R"(,"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1));
+    EXPECT_EQ(h.tensors.size(), 1u);
+    expect_header_error(R"({"a":)" + deep + "}", 0, {"header entry 'a' must be an object, found an array"});
+    expect_error([&] { parse_safetensors_index(R"({"weight_map":{},"m":)" + deep + "}", "i.json"); },
+                 {"nested deeper than 32 levels"});
+}
+
 TEST(SafetensorsHeader, EmptyHeaderObjectIsAnEmptyFile) {
     auto h = parse(st_file("{}", 0));
     EXPECT_TRUE(h.tensors.empty());

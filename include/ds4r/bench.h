@@ -1,0 +1,40 @@
+// `ds4replay bench` (DESIGN.md section 8, issue "performance"): streaming and kernel benchmarks on a
+// checkpoint with the real shapes (make-tiny --preset full-width). Benchmarks print a table and write
+// CSV; they assert nothing.
+//
+// Workloads (synthetic random token ids, fixed seed):
+//   a   4 sequences x 512 tokens
+//   b   80 x 1,800 tokens (scaled down with --b-sequences / --b-tokens when host memory bounds it)
+//   c   one 32,768-token sequence
+//   kernels  fp8 / fp4 dequant-GEMMs on the model's layer shapes vs cuBLAS bf16 on pre-dequantized
+//            weights of the same shapes, and cuBLAS's measured bf16 rate at 8192^3 (CUDA only)
+// Per layer: bytes and seconds read from disk, uploaded, computed, the stall, the overlap ratio
+// wall / max(read, upload, compute); per workload: tokens/s, seconds per layer projected to 40
+// layers, GEMM TFLOP/s and fraction of the measured bf16 rate, GPU memory high-water, host bytes
+// per token.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace ds4r {
+
+struct BenchOptions {
+    std::string model_dir;
+    std::string workloads = "kernels,a,b,c";  // comma-separated subset
+    std::string csv;                          // CSV output path (optional)
+    std::string backend = "auto";
+    int device = 0;
+    int64_t max_batch_tokens = 0;  // 0: sized from free memory, as `score`
+    bool prefetch = true;          // false: the synchronous weight source (no overlap), for comparison
+    int64_t b_sequences = 80, b_tokens = 1800;
+    int64_t c_tokens = 32768;
+    int64_t kernel_rows = 8192;    // M of the kernel benchmarks
+    int iters = 10;
+    uint64_t seed = 1;
+};
+
+int run_bench(const BenchOptions& opt, std::FILE* out);
+
+}  // namespace ds4r

@@ -1,0 +1,254 @@
+#include "ds4r/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "ds4r/checkpoint.h"
+#include "ds4r/log.h"
+#include "ds4r/replay.h"
+#include "ds4r/score.h"
+#ifdef DS4R_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_bench.h"
+#endif
+
+namespace ds4r {
+
+namespace {
+
+double now_s() {
+    using namespace std::chrono;
+    return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+struct Csv {
+    std::ofstream f;
+    explicit Csv(const std::string& path) {
+        if (!path.empty()) {
+            f.open(path);
+            if (!f) throw RuntimeError("bench: cannot write " + path);
+            f << "section,name,layer,tokens,m,n,k,value,unit,extra\n";
+        }
+    }
+    void row(const std::string& section, const std::string& name, int layer, int64_t tokens, int64_t m, int64_t n,
+             int64_t k, double value, const std::string& unit, const std::string& extra = "") {
+        if (!f.is_open()) return;
+        f << section << ',' << name << ',' << layer << ',' << tokens << ',' << m << ',' << n << ',' << k << ','
+          << strfmt("%.6g", value) << ',' << unit << ',' << extra << '\n';
+    }
+};
+
+// GEMM FLOPs per token of one layer (all linears + attention core with `slots` attended per query).
+double layer_flops_per_token(const ModelConfig& c, const LayerRole& r, double slots) {
+    const double D = static_cast<double>(c.dim), H = static_cast<double>(c.n_heads), hd = static_cast<double>(c.head_dim);
+    const double I = static_cast<double>(c.moe_inter_dim);
+    double p = 0;  // multiply-adds
+    p += c.q_lora_rank * D + H * hd * c.q_lora_rank + hd * D;           // wq_a, wq_b, wkv
+    p += H * hd * c.o_lora_rank + D * c.o_groups * c.o_lora_rank;        // wo_a (grouped), wo_b
+    p += (c.n_activated_experts + c.n_shared_experts) * 3.0 * I * D;     // routed + shared experts
+    p += c.n_routed_experts * D + 2.0 * c.mix_hc() * c.hc_dim();         // router, mHC mixes
+    if (r.index_source) p += c.index_n_heads * c.index_head_dim * c.q_lora_rank + c.index_n_heads * D;
+    if (r.kv_source) p += (r.ratio == 2 ? 2.0 : 1.0) * hd * D + (r.owns_index_keys ? c.index_head_dim * hd / r.ratio : 0);
+    p += H * slots * hd * 2.0;                                           // QK and PV
+    if (r.engram) p += D * (c.hc_mult + 1) * c.engram_hash_cols() * c.engram_head_dim;
+    return 2.0 * p;
+}
+
+struct Workload {
+    std::string name;
+    int64_t sequences, tokens;
+};
+
+std::vector<std::vector<int32_t>> make_sequences(const Workload& w, int64_t vocab, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<std::vector<int32_t>> s(static_cast<size_t>(w.sequences));
+    for (auto& q : s) {
+        q.resize(static_cast<size_t>(w.tokens));
+        for (auto& t : q) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+    }
+    return s;
+}
+
+#ifdef DS4R_HAVE_CUDA
+void bench_kernels(CudaBackend& cb, const ModelConfig& c, const BenchOptions& opt, Csv& csv, std::FILE* out,
+                   double* bf16_peak) {
+    const int it = opt.iters;
+    const double peak = bench_cublas_bf16_tflops(cb, 8192, 8192, 8192, it);
+    *bf16_peak = peak;
+    std::fprintf(out, "\nkernels (M = %lld rows): cuBLAS bf16 8192^3 measured %.1f TFLOP/s\n", (long long)opt.kernel_rows, peak);
+    csv.row("kernels", "cublas_bf16_8192", -1, 0, 8192, 8192, 8192, peak, "TFLOP/s");
+    std::fprintf(out, "  %-22s %6s %6s %6s %10s %10s %8s %8s\n", "shape", "M", "N", "K", "ours TF/s", "cuBLAS", "ratio",
+                 "of peak");
+    struct Shape {
+        const char* name;
+        int64_t m, n, k;
+        int kind;  // 0 fp8, 1 fp4, 2 bf16
+    };
+    const int64_t M = opt.kernel_rows;
+    const int64_t per_expert = std::max<int64_t>(16, M * c.n_activated_experts / std::max<int64_t>(1, c.n_routed_experts));
+    const Shape shapes[] = {
+        {"attn.wq_a fp8", M, c.q_lora_rank, c.dim, 0},
+        {"attn.wq_b fp8", M, c.n_heads * c.head_dim, c.q_lora_rank, 0},
+        {"attn.wkv fp8", M, c.head_dim, c.dim, 0},
+        {"attn.wo_a bf16 (1 group)", M, c.o_lora_rank, c.n_heads * c.head_dim / c.o_groups, 2},
+        {"attn.wo_b fp8", M, c.dim, c.o_groups * c.o_lora_rank, 0},
+        {"shared w1/w3 fp8", M, c.moe_inter_dim, c.dim, 0},
+        {"shared w2 fp8", M, c.dim, c.moe_inter_dim, 0},
+        {"expert w1/w3 fp4 (dense M)", M, c.moe_inter_dim, c.dim, 1},
+        {"expert w2 fp4 (dense M)", M, c.dim, c.moe_inter_dim, 1},
+        {"expert w1/w3 fp4 (per-expert M)", per_expert, c.moe_inter_dim, c.dim, 1},
+        {"expert w2 fp4 (per-expert M)", per_expert, c.dim, c.moe_inter_dim, 1},
+    };
+    for (const Shape& s : shapes) {
+        double ours = s.kind == 0   ? bench_linear_fp8_tflops(cb, s.m, s.n, s.k, it)
+                      : s.kind == 1 ? bench_linear_fp4_tflops(cb, s.m, s.n, s.k, it)
+                                    : bench_linear_bf16_tflops(cb, s.m, s.n, s.k, it);
+        double ref = bench_cublas_bf16_tflops(cb, s.m, s.n, s.k, it);
+        std::fprintf(out, "  %-32s %6lld %6lld %6lld %10.1f %10.1f %7.0f%% %7.0f%%\n", s.name, (long long)s.m,
+                     (long long)s.n, (long long)s.k, ours, ref, 100 * ours / ref, 100 * ours / peak);
+        csv.row("kernels", s.name, -1, 0, s.m, s.n, s.k, ours, "TFLOP/s", strfmt("cublas=%.3f", ref));
+    }
+}
+#endif
+
+void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* eng, const Workload& w,
+                    const BenchOptions& opt, double bf16_peak, Csv& csv, std::FILE* out) {
+    const ModelConfig& c = ck.config();
+    auto seqs = make_sequences(w, c.vocab_size, opt.seed);
+    const int64_t total = w.sequences * w.tokens;
+    std::unique_ptr<WeightSource> ws =
+        opt.prefetch ? make_prefetch_weight_source(be, ck) : make_sync_weight_source(be, ck);
+    ReplayOptions ro;
+    const int64_t per_row = (14 + c.hc_mult) * c.dim * 4 + c.n_heads * c.head_dim * 8;
+    ro.max_batch_tokens = opt.max_batch_tokens > 0
+                              ? opt.max_batch_tokens
+                              : std::clamp<int64_t>(static_cast<int64_t>(be.free_memory() / 4) / per_row, 64, 8192);
+#ifdef DS4R_HAVE_CUDA
+    auto* cb = dynamic_cast<CudaBackend*>(&be);
+    if (cb) cb->reset_high_water();
+#endif
+    PassRunner runner(be, ck, *ws, eng, ro);
+    std::vector<LayerTiming> timings;
+    const double t0 = now_s();
+    runner.run(seqs, nullptr, [&](const LayerTiming& t) { timings.push_back(t); });
+    const double wall = now_s() - t0;
+    const WeightSourceStats st = ws->stats();
+    std::fprintf(out, "\nworkload %s: %lld x %lld tokens (%lld), chunks of %lld rows, %s weights\n", w.name.c_str(),
+                 (long long)w.sequences, (long long)w.tokens, (long long)total, (long long)ro.max_batch_tokens,
+                 opt.prefetch ? "prefetched" : "synchronous");
+    std::fprintf(out, "  %-6s %9s %8s %8s %8s %8s %8s %7s %9s %7s\n", "layer", "GB", "read s", "upload s", "compute s",
+                 "stall s", "wall s", "overlap", "TFLOP/s", "of bf16");
+    double sum_wall = 0, sum_bound = 0, sum_compute = 0, sum_flops = 0;
+    int n_layers = 0;
+    const double slots = std::min<double>(static_cast<double>(c.window_size), static_cast<double>(w.tokens)) +
+                         std::min<double>(static_cast<double>(c.index_topk), static_cast<double>(w.tokens));
+    for (size_t i = 0; i < timings.size(); ++i) {
+        const LayerTiming& t = timings[i];
+        const LayerLoadRecord* rec = i < st.layers.size() ? &st.layers[i] : nullptr;
+        const double read_s = rec ? rec->read_s : 0, up_s = rec ? rec->upload_s : 0;
+        const double gb = rec ? static_cast<double>(rec->bytes) / 1e9 : 0;
+        const double lwall = t.wait_s + t.compute_s;
+        const double bound = std::max({read_s, up_s, t.compute_s});
+        double flops = 0;
+        if (t.layer >= 0)
+            flops = layer_flops_per_token(c, ck.roles()[static_cast<size_t>(t.layer)], slots) * static_cast<double>(total);
+        else
+            flops = 2.0 * static_cast<double>(c.vocab_size) * static_cast<double>(c.dim) * static_cast<double>(total);
+        const double tf = t.compute_s > 0 ? flops / t.compute_s / 1e12 : 0;
+        std::fprintf(out, "  %-6s %9.2f %8.2f %8.2f %8.2f %8.2f %8.2f %6.2fx %9.1f %6.0f%%\n",
+                     t.layer < 0 ? "head" : std::to_string(t.layer).c_str(), gb, read_s, up_s, t.compute_s, t.wait_s, lwall,
+                     bound > 0 ? lwall / bound : 0.0, tf, bf16_peak > 0 ? 100 * tf / bf16_peak : 0.0);
+        const std::string name = t.layer < 0 ? "head" : "layer";
+        csv.row("workload_" + w.name, name + "_read_s", t.layer, total, 0, 0, 0, read_s, "s", strfmt("bytes=%.0f", gb * 1e9));
+        csv.row("workload_" + w.name, name + "_upload_s", t.layer, total, 0, 0, 0, up_s, "s");
+        csv.row("workload_" + w.name, name + "_compute_s", t.layer, total, 0, 0, 0, t.compute_s, "s");
+        csv.row("workload_" + w.name, name + "_stall_s", t.layer, total, 0, 0, 0, t.wait_s, "s");
+        csv.row("workload_" + w.name, name + "_tflops", t.layer, total, 0, 0, 0, tf, "TFLOP/s");
+        if (t.layer >= 0) {
+            sum_wall += lwall;
+            sum_bound += bound;
+            sum_compute += t.compute_s;
+            sum_flops += flops;
+            ++n_layers;
+        }
+    }
+    const double tps = static_cast<double>(total) / wall;
+    const double per_layer = n_layers ? sum_wall / n_layers : 0;
+    const double head_s = timings.empty() ? 0 : timings.back().wait_s + timings.back().compute_s;
+    const double projected = per_layer * 40 + head_s;
+    const double host_per_token = static_cast<double>(c.hc_mult * c.dim * 2 + c.hc_mult * 4 +
+                                                      static_cast<int64_t>(c.engram_layer_ids.size()) * c.engram_hash_cols() * 8);
+    std::fprintf(out, "  total %.2f s, %.0f tokens/s; %.2f s per layer (overlap wall/max(read,upload,compute) %.2f); "
+                 "layer GEMM work %.1f TFLOP/s (%.0f%% of measured bf16)\n",
+                 wall, tps, per_layer, sum_bound > 0 ? sum_wall / sum_bound : 0, sum_compute > 0 ? sum_flops / sum_compute / 1e12 : 0,
+                 bf16_peak > 0 && sum_compute > 0 ? 100 * sum_flops / sum_compute / 1e12 / bf16_peak : 0.0);
+    std::fprintf(out, "  projected to 40 layers: %.1f s per pass, %.0f tokens/s\n", projected,
+                 projected > 0 ? static_cast<double>(total) / projected : 0.0);
+    double gpu_hw = 0;
+#ifdef DS4R_HAVE_CUDA
+    if (cb) gpu_hw = static_cast<double>(cb->high_water());
+#endif
+    std::fprintf(out, "  GPU memory high-water %.2f GB (weights slots %.2f GB); host state %.1f KB/token + %.2f GB pinned staging\n",
+                 gpu_hw / 1e9, static_cast<double>(st.device_bytes) / 1e9, host_per_token / 1024,
+                 static_cast<double>(st.host_bytes) / 1e9);
+    csv.row("workload_" + w.name, "tokens_per_s", -1, total, 0, 0, 0, tps, "tokens/s");
+    csv.row("workload_" + w.name, "s_per_layer", -1, total, 0, 0, 0, per_layer, "s");
+    csv.row("workload_" + w.name, "overlap", -1, total, 0, 0, 0, sum_bound > 0 ? sum_wall / sum_bound : 0, "ratio");
+    csv.row("workload_" + w.name, "projected_40_layers_s", -1, total, 0, 0, 0, projected, "s");
+    csv.row("workload_" + w.name, "gpu_high_water", -1, total, 0, 0, 0, gpu_hw, "bytes");
+    csv.row("workload_" + w.name, "host_bytes_per_token", -1, total, 0, 0, 0, host_per_token, "bytes");
+}
+
+}  // namespace
+
+int run_bench(const BenchOptions& opt, std::FILE* out) {
+    Checkpoint ck = Checkpoint::open(opt.model_dir);
+    const ModelConfig& c = ck.config();
+    auto be = select_backend(opt.backend, opt.device);
+    std::fprintf(out, "ds4replay bench: %s, %lld layers, dim %lld, %lld experts; backend %s\n", opt.model_dir.c_str(),
+                 (long long)c.n_layers, (long long)c.dim, (long long)c.n_routed_experts, be->name().c_str());
+    Csv csv(opt.csv);
+    std::vector<std::string> wl;
+    {
+        std::stringstream ss(opt.workloads);
+        std::string x;
+        while (std::getline(ss, x, ','))
+            if (!x.empty()) wl.push_back(x);
+    }
+    double bf16_peak = 0;
+    for (const auto& w : wl) {
+        if (w == "kernels") {
+#ifdef DS4R_HAVE_CUDA
+            if (auto* cb = dynamic_cast<CudaBackend*>(be.get())) {
+                bench_kernels(*cb, c, opt, csv, out, &bf16_peak);
+                continue;
+            }
+#endif
+            std::fprintf(out, "\nkernels: skipped (needs the CUDA backend)\n");
+        }
+    }
+    auto eng = load_engram_resources(ck);
+    for (const auto& w : wl) {
+        Workload wk;
+        if (w == "a")
+            wk = {"a", 4, 512};
+        else if (w == "b")
+            wk = {"b", opt.b_sequences, opt.b_tokens};
+        else if (w == "c")
+            wk = {"c", 1, opt.c_tokens};
+        else if (w == "kernels")
+            continue;
+        else
+            throw InputError("bench: unknown workload '" + w + "' (kernels, a, b, c)");
+        bench_workload(*be, ck, eng.get(), wk, opt, bf16_peak, csv, out);
+        std::fflush(out);
+    }
+    return 0;
+}
+
+}  // namespace ds4r
