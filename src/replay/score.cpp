@@ -150,7 +150,8 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     log_info(strfmt("chunks of <= %lld rows, passes of <= %lld tokens", (long long)ro.max_batch_tokens,
                     (long long)pass_tokens));
 
-    auto weights = make_sync_weight_source(*be, ckpt);
+    // Layer L+1 is read (and uploaded) while layer L computes.
+    auto weights = make_prefetch_weight_source(*be, ckpt);
     PassRunner runner(*be, ckpt, *weights, engram.get(), ro);
     ResultWriter out(opt.output);
     std::unique_ptr<HiddenNpyWriter> hidden;
