@@ -98,6 +98,14 @@ public:
     // A new asynchronous copy channel (see CopyQueue). Default: synchronous memcpy (host memory).
     virtual std::unique_ptr<CopyQueue> make_copy_queue();
 
+    // Profiling (opt-in with DS4R_PROFILE=1, used by `ds4replay bench`): the backend time of named,
+    // non-nested regions of the forward, summed per name. No effect on results; no-ops by default.
+    virtual void range_push(const char* name);
+    virtual void range_pop();
+    // Seconds per region name since the last reset (synchronizes the backend).
+    virtual std::vector<std::pair<std::string, double>> profile_totals();
+    virtual void profile_reset();
+
     // ---------------------------------------------------------------- quantization (MODEL.md 5.1, 5.2)
     // x BF16 [M, K] -> q F8_E4M3 [M, K], s F8_E8M0 [M, K/32]. Bit exact (amax floor 1e-4,
     // ue8m0 scale rounded up, clamp +-448, RNE saturating).
@@ -207,6 +215,21 @@ public:
     virtual void head_stats(const Tensor& x, const Tensor& head, const Tensor& targets, int k,
                             const HeadStatsOut& out) = 0;
 };
+
+// RAII profiling region: ProfileRange r(be, "attn.sparse");
+class ProfileRange {
+public:
+    ProfileRange(Backend& be, const char* name) : be_(be) { be_.range_push(name); }
+    ~ProfileRange() { be_.range_pop(); }
+    ProfileRange(const ProfileRange&) = delete;
+    ProfileRange& operator=(const ProfileRange&) = delete;
+
+private:
+    Backend& be_;
+};
+
+// True when DS4R_PROFILE=1 is set (read once).
+bool profiling_enabled();
 
 std::unique_ptr<Backend> make_cpu_backend();
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -107,6 +108,9 @@ private:
         ChunkRows rows;
     };
     void plan_chunks();
+    // Gathers Engram rows of Engram layer #ei for every row of the pass, in the background (MODEL.md
+    // 4.8 step 1): BF16 [total_rows, cols * ehd]. Started one Engram layer ahead.
+    void start_engram_gather(int ei);
     void upload_chunk(const Chunk& ch, const Tensor& X, const Tensor& P);
     void download_chunk(const Chunk& ch, const Tensor& X, const Tensor& P);
 
@@ -125,6 +129,8 @@ private:
     std::shared_ptr<void> premix_;  // F32 [total_rows, hc]
     std::vector<int64_t> hashes_;   // I64 [total_rows, n_engram_layers, cols]
     std::vector<Chunk> chunks_;
+    std::future<std::vector<uint16_t>> engram_rows_;  // the gather in flight
+    int engram_rows_layer_ = -1;                      // its Engram layer index (-1: none)
 };
 
 }  // namespace ds4r

@@ -1,5 +1,9 @@
 // Default implementations of the few Backend members that have one (host memory only).
 #include <algorithm>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <string>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -64,5 +68,59 @@ private:
 }  // namespace
 
 std::unique_ptr<CopyQueue> Backend::make_copy_queue() { return std::make_unique<SyncCopyQueue>(*this); }
+
+bool profiling_enabled() {
+    static const bool on = [] {
+        const char* e = std::getenv("DS4R_PROFILE");
+        return e && *e && std::string(e) != "0";
+    }();
+    return on;
+}
+
+// Host-clock profiling for synchronous backends (the CPU): region time = wall time between push/pop.
+namespace {
+struct HostProfile {
+    std::mutex mu;
+    std::vector<std::pair<const char*, std::chrono::steady_clock::time_point>> stack;
+    std::map<std::string, double> totals;
+};
+HostProfile& host_profile(const Backend* be) {
+    static std::mutex mu;
+    static std::map<const Backend*, std::unique_ptr<HostProfile>> all;
+    std::lock_guard<std::mutex> lk(mu);
+    auto& p = all[be];
+    if (!p) p = std::make_unique<HostProfile>();
+    return *p;
+}
+}  // namespace
+
+void Backend::range_push(const char* name) {
+    if (!profiling_enabled()) return;
+    auto& p = host_profile(this);
+    std::lock_guard<std::mutex> lk(p.mu);
+    p.stack.emplace_back(name, std::chrono::steady_clock::now());
+}
+
+void Backend::range_pop() {
+    if (!profiling_enabled()) return;
+    auto& p = host_profile(this);
+    std::lock_guard<std::mutex> lk(p.mu);
+    if (p.stack.empty()) return;
+    auto [name, t0] = p.stack.back();
+    p.stack.pop_back();
+    p.totals[name] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<std::pair<std::string, double>> Backend::profile_totals() {
+    auto& p = host_profile(this);
+    std::lock_guard<std::mutex> lk(p.mu);
+    return {p.totals.begin(), p.totals.end()};
+}
+
+void Backend::profile_reset() {
+    auto& p = host_profile(this);
+    std::lock_guard<std::mutex> lk(p.mu);
+    p.totals.clear();
+}
 
 }  // namespace ds4r

@@ -29,6 +29,26 @@ Tensor empty_tensor(DType t, Shape s) {
     return x;
 }
 
+// Sequential profiling phases of a sweep: ph("name") closes the previous region and opens the next.
+class Phase {
+public:
+    explicit Phase(Backend& be) : be_(be) {}
+    ~Phase() { close(); }
+    void operator()(const char* name) {
+        close();
+        be_.range_push(name);
+        open_ = true;
+    }
+    void close() {
+        if (open_) be_.range_pop();
+        open_ = false;
+    }
+
+private:
+    Backend& be_;
+    bool open_ = false;
+};
+
 const Tensor& rope_table_for(const PassContext& ctx, const LayerRole& role) {
     // Window-only layers use the plain table, every other layer and every indexer the YaRN one (4.0).
     return role.ratio == 0 ? ctx.rope_plain : ctx.rope_yarn;
@@ -107,6 +127,8 @@ void begin_layer(PassContext& ctx, const LayerRole& role) {
 void engram_chunk(PassContext& ctx, const LayerWeights& w, const Tensor& X, const Tensor& e) {
     const ModelConfig& c = ctx.cfg;
     const int64_t M = X.dim(0);
+    Phase ph(ctx.be);
+    ph("engram");
     Tensor kv = ctx.be.alloc(DType::BF16, {M, (c.hc_mult + 1) * c.dim});
     ctx.be.linear_fp8(e, w.eng_wkv, kv);
     ctx.be.engram_update(X, kv, w.eng_q, w.eng_k, static_cast<float>(c.norm_eps));
@@ -120,6 +142,8 @@ void kv_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, co
     const float eps = static_cast<float>(c.norm_eps);
     const Tensor& table = rope_table_for(ctx, role);
 
+    Phase ph(be);
+    ph("kv.window");
     // x = attn_norm(hc_pre(X, P_in)) (4.5 steps 3-4).
     Tensor x = be.alloc(DType::BF16, {M, D});
     be.hc_pre(X, P, x);
@@ -138,6 +162,7 @@ void kv_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, co
     if (!role.kv_source) return;
 
     // (c) compressor (4.6.1): latents of the groups whose tokens lie in this chunk.
+    ph("kv.compressor");
     const int ratio = role.ratio;
     struct Piece {
         int seq;
@@ -206,6 +231,8 @@ void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, 
     const float eps = static_cast<float>(c.norm_eps);
     const Tensor& table = rope_table_for(ctx, role);
 
+    Phase ph(be);
+    ph("attn.q_proj");
     Tensor x = be.alloc(DType::BF16, {M, D});
     be.hc_pre(X, P, x);
     be.rms_norm(x, w.attn_norm, eps, x);
@@ -220,6 +247,7 @@ void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, 
 
     // Indexer (4.6.2): queries and head weights for all rows, scores / top-k per sequence.
     if (role.index_source) {
+        ph("indexer.q");
         Tensor qi = be.alloc(DType::BF16, {M, nih * ihd});
         be.linear_fp8(qr, w.idx_wq_b, qi);
         be.rope_inplace(qi, nih, ihd, rd, rows.pos, ctx.rope_yarn, false);
@@ -235,9 +263,11 @@ void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, 
             const int64_t T = si.cmp_rows, m = sg.t1 - sg.t0;
             if (T == 0 || si.topk_width == 0) continue;  // nothing compressed yet: empty top-k
             Tensor pos = rows.pos.rows(sg.row, sg.row + m);
+            ph("indexer.scores");
             Tensor score = be.alloc(DType::BF16, {m, T});
             be.index_scores(qi.rows(sg.row, sg.row + m).reshape({m, nih, ihd}), ctx.index_k.rows(si.row0, si.row0 + T),
                             hw.rows(sg.row, sg.row + m), pos, role.ratio, score);
+            ph("indexer.topk");
             if (role.candidate_source)
                 be.candidate_blocks(score, pos, role.ratio, c.candidate_block_size, c.candidate_topk_blocks,
                                     ctx.seq_cand(sg.seq).rows(sg.t0, sg.t1));
@@ -248,6 +278,7 @@ void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, 
     }
 
     // (c, d) sparse attention over [window KV ; compressed KV], per sequence.
+    ph("attn.sparse");
     Tensor o = be.alloc(DType::BF16, {M, H * hd});
     const float scale = static_cast<float>(std::pow(static_cast<double>(hd), -0.5));  // head_dim ** -0.5
     for (const Segment& sg : rows.segs) {
@@ -264,6 +295,7 @@ void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, 
                        w.attn_sink, idx, scale, o.rows(sg.row, sg.row + m).reshape({m, H, hd}));
     }
     // (e) de-rotate, (f) grouped wo_a then wo_b.
+    ph("attn.out_proj");
     be.rope_inplace(o, H, hd, rd, rows.pos, table, true);
     Tensor o2 = be.alloc(DType::BF16, {M, c.o_groups * c.o_lora_rank});
     be.linear_wo_a(o, w.wo_a, c.o_groups, o2);
@@ -272,6 +304,7 @@ void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, 
     if (taps && !taps->attn_out.empty()) be.copy(taps->attn_out, 0, y, 0, y.nbytes());
 
     // mHC around attention (4.5 steps 2, 6), then around the FFN with the attention-side pre-mix (step 7).
+    ph("mhc");
     const float hc_eps = static_cast<float>(c.hc_eps);
     const int iters = static_cast<int>(c.hc_sinkhorn_iters);
     Tensor a_pre = be.alloc(DType::F32, {M, hc}), a_post = be.alloc(DType::F32, {M, hc});
@@ -284,6 +317,7 @@ void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, 
     Tensor x2 = be.alloc(DType::BF16, {M, D});
     be.hc_pre(X, a_pre, x2);  // the attention-side pre-mix feeds the FFN (single-pass mHC)
     be.rms_norm(x2, w.ffn_norm, eps, x2);
+    ph("moe");
     Tensor y2 = be.alloc(DType::BF16, {M, D});
     MoeParams mp;
     mp.topk = static_cast<int>(c.n_activated_experts);
@@ -293,6 +327,7 @@ void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, 
     Tensor no_idx = empty_tensor(DType::I32, {M, 0}), no_w = empty_tensor(DType::F32, {M, 0});
     be.moe(x2, w.moe, mp, y2, taps ? taps->route_idx : no_idx, taps ? taps->route_w : no_w);
     if (taps && !taps->moe_out.empty()) be.copy(taps->moe_out, 0, y2, 0, y2.nbytes());
+    ph("mhc");
     be.hc_post(y2, X, f_post, f_comb, X);
     be.copy(P, 0, f_pre, 0, f_pre.nbytes());  // f_pre is the next block's attention pre-mix
 }
@@ -301,6 +336,8 @@ void head_chunk(PassContext& ctx, const GlobalWeights& g, const Tensor& X, const
                 int k, const Tensor& collapsed, const HeadStatsOut& out) {
     Backend& be = ctx.be;
     const int64_t M = X.dim(0);
+    Phase ph(be);
+    ph("head");
     // Final collapse with the pre-mix the last block returned (4.9), then the final norm and the head.
     be.hc_pre(X, P, collapsed);
     Tensor xn = be.alloc(DType::BF16, {M, ctx.cfg.dim});

@@ -133,6 +133,7 @@ void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* en
     if (cb) cb->reset_high_water();
 #endif
     PassRunner runner(be, ck, *ws, eng, ro);
+    be.profile_reset();
     std::vector<LayerTiming> timings;
     const double t0 = now_s();
     runner.run(seqs, nullptr, [&](const LayerTiming& t) { timings.push_back(t); });
@@ -196,6 +197,17 @@ void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* en
     std::fprintf(out, "  GPU memory high-water %.2f GB (weights slots %.2f GB); host state %.1f KB/token + %.2f GB pinned staging\n",
                  gpu_hw / 1e9, static_cast<double>(st.device_bytes) / 1e9, host_per_token / 1024,
                  static_cast<double>(st.host_bytes) / 1e9);
+    if (profiling_enabled()) {
+        auto prof = be.profile_totals();
+        std::sort(prof.begin(), prof.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+        double sum = 0;
+        for (auto& [n, v] : prof) sum += v;
+        std::fprintf(out, "  profile (backend time per region, all layers + head; DS4R_PROFILE=1): total %.2f s\n", sum);
+        for (auto& [n, v] : prof) {
+            std::fprintf(out, "    %-22s %8.3f s %5.1f%%\n", n.c_str(), v, sum > 0 ? 100 * v / sum : 0.0);
+            csv.row("profile_" + w.name, n, -1, total, 0, 0, 0, v, "s");
+        }
+    }
     csv.row("workload_" + w.name, "tokens_per_s", -1, total, 0, 0, 0, tps, "tokens/s");
     csv.row("workload_" + w.name, "s_per_layer", -1, total, 0, 0, 0, per_layer, "s");
     csv.row("workload_" + w.name, "overlap", -1, total, 0, 0, 0, sum_bound > 0 ? sum_wall / sum_bound : 0, "ratio");

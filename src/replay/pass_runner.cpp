@@ -2,6 +2,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <thread>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -56,7 +57,9 @@ PassRunner::PassRunner(Backend& be, const Checkpoint& ckpt, WeightSource& weight
     weights_.set_schedule(order);
 }
 
-PassRunner::~PassRunner() = default;
+PassRunner::~PassRunner() {
+    if (engram_rows_.valid()) engram_rows_.wait();  // never leave a gather thread behind
+}
 
 uint16_t* PassRunner::stream(int seq) {
     return static_cast<uint16_t*>(stream_.get()) + row0_.at(static_cast<size_t>(seq)) * cfg_.hc_mult * cfg_.dim;
@@ -67,6 +70,10 @@ float* PassRunner::premix(int seq) {
 int64_t PassRunner::seq_len(int seq) const { return static_cast<int64_t>(tokens_.at(static_cast<size_t>(seq)).size()); }
 
 void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs) {
+    // A gather of the previous pass still running reads hashes_: finish it before they change.
+    if (engram_rows_.valid()) engram_rows_.wait();
+    engram_rows_ = {};
+    engram_rows_layer_ = -1;
     tokens_ = seqs;
     row0_.clear();
     total_rows_ = 0;
@@ -108,8 +115,40 @@ void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs) {
             std::vector<int64_t> h = engram_hash_ids(seqs[i], engram_->map, engram_->layout, cfg_);
             std::copy(h.begin(), h.end(), hashes_.begin() + row0_[i] * ne * cols);
         }
+        // The first table's rows are gathered while the layers before it run.
+        start_engram_gather(0);
     }
     plan_chunks();
+}
+
+void PassRunner::start_engram_gather(int ei) {
+    if (engram_rows_.valid()) engram_rows_.wait();  // never two gathers (memory: one table's rows)
+    engram_rows_layer_ = ei;
+    const EngramTable* table = engram_->tables.at(static_cast<size_t>(ei)).get();
+    const int64_t ne = static_cast<int64_t>(cfg_.engram_layer_ids.size()), cols = cfg_.engram_hash_cols();
+    const int64_t ehd = cfg_.engram_head_dim, rows = total_rows_;
+    const std::vector<int64_t>* hashes = &hashes_;
+    engram_rows_ = std::async(std::launch::async, [=]() {
+        std::vector<uint16_t> out(static_cast<size_t>(rows * cols * ehd));
+        // Row gathers are independent random reads of the table shard: spread them over threads so
+        // the page faults / reads overlap (queue depth), each thread writing its own rows.
+        const int64_t nt = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 16);
+        const int64_t per = (rows + nt - 1) / nt;
+        std::vector<std::future<void>> parts;
+        for (int64_t t = 0; t < nt; ++t) {
+            const int64_t r0 = t * per, r1 = std::min(rows, r0 + per);
+            if (r0 >= r1) break;
+            parts.push_back(std::async(std::launch::async, [=, &out]() {
+                std::vector<int64_t> ids(static_cast<size_t>((r1 - r0) * cols));
+                for (int64_t r = r0; r < r1; ++r)
+                    for (int64_t c = 0; c < cols; ++c)
+                        ids[static_cast<size_t>((r - r0) * cols + c)] = (*hashes)[static_cast<size_t>((r * ne + ei) * cols + c)];
+                table->gather_bf16(ids.data(), ids.size(), out.data() + r0 * cols * ehd);
+            }));
+        }
+        for (auto& p : parts) p.get();  // rethrows a gather error
+        return out;
+    });
 }
 
 void PassRunner::plan_chunks() {
@@ -150,12 +189,14 @@ void PassRunner::plan_chunks() {
 }
 
 void PassRunner::upload_chunk(const Chunk& ch, const Tensor& X, const Tensor& P) {
+    ProfileRange pr(be_, "io.chunk_upload");
     const int64_t hc = cfg_.hc_mult, D = cfg_.dim, M = ch.r1 - ch.r0;
     be_.upload(X, 0, static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D, static_cast<size_t>(M * hc * D) * 2);
     be_.upload(P, 0, static_cast<float*>(premix_.get()) + ch.r0 * hc, static_cast<size_t>(M * hc) * 4);
 }
 
 void PassRunner::download_chunk(const Chunk& ch, const Tensor& X, const Tensor& P) {
+    ProfileRange pr(be_, "io.chunk_download");
     const int64_t hc = cfg_.hc_mult, D = cfg_.dim, M = ch.r1 - ch.r0;
     be_.download(static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D, X, 0, static_cast<size_t>(M * hc * D) * 2);
     be_.download(static_cast<float*>(premix_.get()) + ch.r0 * hc, P, 0, static_cast<size_t>(M * hc) * 4);
@@ -164,21 +205,18 @@ void PassRunner::download_chunk(const Chunk& ch, const Tensor& X, const Tensor& 
 void PassRunner::run_engram(const LayerWeights& w) {
     if (!w.role.engram) return;
     const int ei = cfg_.engram_index(w.layer);
-    const int64_t hc = cfg_.hc_mult, D = cfg_.dim, ne = static_cast<int64_t>(cfg_.engram_layer_ids.size());
-    const int64_t cols = cfg_.engram_hash_cols(), ehd = cfg_.engram_head_dim;
-    const EngramTable& table = *engram_->tables.at(static_cast<size_t>(ei));
-    std::vector<int64_t> ids;
+    const int64_t hc = cfg_.hc_mult, D = cfg_.dim, cols = cfg_.engram_hash_cols(), ehd = cfg_.engram_head_dim;
+    if (engram_rows_layer_ != ei || !engram_rows_.valid()) start_engram_gather(ei);
     std::vector<uint16_t> rows;
+    {
+        ProfileRange pr(be_, "engram.gather_wait");
+        rows = engram_rows_.get();  // rethrows a gather error (e.g. an unreadable table shard)
+    }
+    engram_rows_layer_ = -1;
     for (Chunk& ch : chunks_) {
         const int64_t M = ch.r1 - ch.r0;
-        ids.resize(static_cast<size_t>(M * cols));
-        for (int64_t r = 0; r < M; ++r)
-            for (int64_t c = 0; c < cols; ++c)
-                ids[static_cast<size_t>(r * cols + c)] = hashes_[static_cast<size_t>(((ch.r0 + r) * ne + ei) * cols + c)];
-        rows.resize(static_cast<size_t>(M * cols * ehd));
-        table.gather_bf16(ids.data(), ids.size(), rows.data());
         Tensor e = be_.alloc(DType::BF16, {M, cols * ehd});
-        be_.upload(e, 0, rows.data(), rows.size() * 2);
+        be_.upload(e, 0, rows.data() + ch.r0 * cols * ehd, static_cast<size_t>(M * cols * ehd) * 2);
         Tensor X = be_.alloc(DType::BF16, {M, hc, D});
         Tensor P = be_.alloc(DType::F32, {M, hc});
         upload_chunk(ch, X, P);
@@ -186,6 +224,9 @@ void PassRunner::run_engram(const LayerWeights& w) {
         be_.download(static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D, X, 0, static_cast<size_t>(M * hc * D) * 2);
     }
     be_.synchronize();
+    rows = {};
+    // The next table's rows are gathered while the layers up to it run.
+    if (ei + 1 < static_cast<int>(cfg_.engram_layer_ids.size())) start_engram_gather(ei + 1);
 }
 
 void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {

@@ -228,7 +228,9 @@ void check_teacher_forced_report(const TeacherForcedReport& rep, const std::stri
         route_tot += l.len;
         topk_eq += l.topk_rows_equal;
         topk_tot += l.topk_rows;
-        if (l.engram) EXPECT_LE(l.engram_rel_l2, 1e-3) << "seq " << l.seq << " layer " << l.layer << " Engram";
+        if (l.engram) {
+            EXPECT_LE(l.engram_rel_l2, 1e-3) << "seq " << l.seq << " layer " << l.layer << " Engram";
+        }
         // Relative L2 <= 1e-3 on every layer whose top-k selection equals the reference's.
         if (!l.topk_all_equal()) continue;
         ++checked;
@@ -239,7 +241,9 @@ void check_teacher_forced_report(const TeacherForcedReport& rep, const std::stri
     std::printf("layers with equal top-k: %d, of which %d above rel L2 1e-3\n", checked, over);
     EXPECT_LE(over, std::max(1, checked / 40)) << "more layers above 1e-3 than ulp-noise scale flips explain";
     EXPECT_GE(static_cast<double>(route_same) / route_tot, 0.99) << "routing sets equal for < 99% of tokens";
-    if (topk_tot) EXPECT_GE(static_cast<double>(topk_eq) / topk_tot, 0.90) << "top-k rows equal for < 90%";
+    if (topk_tot) {
+        EXPECT_GE(static_cast<double>(topk_eq) / topk_tot, 0.90) << "top-k rows equal for < 90%";
+    }
     for (const auto& h : rep.heads) EXPECT_LE(h.max_abs_logprob_diff, 1e-3) << "head, seq " << h.seq;
     std::printf("aggregate: routing sets equal %d/%d, top-k rows equal %d/%d\n", route_same, route_tot, topk_eq, topk_tot);
 }

@@ -184,6 +184,50 @@ std::shared_ptr<void> CudaBackend::alloc_host(size_t bytes) {
 
 std::unique_ptr<CopyQueue> CudaBackend::make_copy_queue() { return std::make_unique<CudaCopyQueue>(*this); }
 
+void CudaBackend::range_push(const char* name) {
+    if (!profiling_enabled()) return;
+    Range r{name, nullptr, nullptr};
+    DS4R_CUDA_CHECK(cudaEventCreate(&r.start));
+    DS4R_CUDA_CHECK(cudaEventCreate(&r.stop));
+    DS4R_CUDA_CHECK(cudaEventRecord(r.start, stream_));
+    open_ranges_.push_back(r);
+}
+
+void CudaBackend::range_pop() {
+    if (!profiling_enabled() || open_ranges_.empty()) return;
+    Range r = open_ranges_.back();
+    open_ranges_.pop_back();
+    DS4R_CUDA_CHECK(cudaEventRecord(r.stop, stream_));
+    closed_ranges_.push_back(r);
+    if (closed_ranges_.size() > 4096) profile_totals();  // fold, keeping the event count bounded
+}
+
+std::vector<std::pair<std::string, double>> CudaBackend::profile_totals() {
+    if (!closed_ranges_.empty()) {
+        DS4R_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        for (const Range& r : closed_ranges_) {
+            float ms = 0;
+            DS4R_CUDA_CHECK(cudaEventElapsedTime(&ms, r.start, r.stop));
+            bool found = false;
+            for (auto& [n, v] : profile_)
+                if (n == r.name) {
+                    v += ms * 1e-3;
+                    found = true;
+                }
+            if (!found) profile_.emplace_back(r.name, ms * 1e-3);
+            cudaEventDestroy(r.start);
+            cudaEventDestroy(r.stop);
+        }
+        closed_ranges_.clear();
+    }
+    return profile_;
+}
+
+void CudaBackend::profile_reset() {
+    profile_totals();
+    profile_.clear();
+}
+
 cublasHandle_t CudaBackend::cublas() {
     if (!cublas_) {
         DS4R_CUBLAS_CHECK(cublasCreate(&cublas_));

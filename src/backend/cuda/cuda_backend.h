@@ -10,6 +10,7 @@
 #include <atomic>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "ds4r/backend.h"
 #include "ds4r/error.h"
@@ -55,6 +56,11 @@ public:
     size_t free_memory() const override;
     std::shared_ptr<void> alloc_host(size_t bytes) override;
     std::unique_ptr<CopyQueue> make_copy_queue() override;
+    // Profiling with CUDA events on the compute stream (DS4R_PROFILE=1).
+    void range_push(const char* name) override;
+    void range_pop() override;
+    std::vector<std::pair<std::string, double>> profile_totals() override;
+    void profile_reset() override;
 
     // ---- ops (cuda_ops_linear.cpp) ----
     void act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s) override;
@@ -111,6 +117,12 @@ private:
     cublasHandle_t cublas_ = nullptr;
     size_t budget_;
     std::atomic<size_t> in_use_{0}, high_water_{0};
+    struct Range {
+        const char* name;
+        cudaEvent_t start, stop;
+    };
+    std::vector<Range> open_ranges_, closed_ranges_;
+    std::vector<std::pair<std::string, double>> profile_;  // name -> seconds (folded from closed_ranges_)
 };
 
 // "cuda:0 (NVIDIA H200, sm_90, 139.8 GiB)"; nullptr + *why when no usable device.
