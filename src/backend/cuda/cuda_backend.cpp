@@ -36,50 +36,63 @@ public:
         DS4R_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     }
     ~CudaCopyQueue() override {
+        cudaSetDevice(be_.device());
         cudaStreamSynchronize(stream_);
-        for (auto& e : events_) cudaEventDestroy(e.second);
+        events_.clear();
         cudaStreamDestroy(stream_);
     }
+    // The queue is used from the prefetcher's threads: every call selects the backend's device
+    // (the CUDA current device is per host thread).
     void copy(const Tensor& dst, size_t off, const void* src, size_t bytes) override {
         DS4R_CHECK(off + bytes <= dst.nbytes(), "copy queue: %zu bytes at %zu past a %zu-byte tensor", bytes, off,
                    dst.nbytes());
+        DS4R_CUDA_CHECK(cudaSetDevice(be_.device()));
         DS4R_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + off, src, bytes, cudaMemcpyHostToDevice, stream_));
     }
     uint64_t fence() override {
-        cudaEvent_t ev;
-        DS4R_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-        DS4R_CUDA_CHECK(cudaEventRecord(ev, stream_));
+        DS4R_CUDA_CHECK(cudaSetDevice(be_.device()));
+        auto ev = std::make_shared<Event>();
+        DS4R_CUDA_CHECK(cudaEventCreateWithFlags(&ev->e, cudaEventDisableTiming));
+        DS4R_CUDA_CHECK(cudaEventRecord(ev->e, stream_));
         std::lock_guard<std::mutex> lk(mu_);
         events_.emplace_back(++next_, ev);
-        // Keep the recent ones only: fences are waited on in order.
-        while (events_.size() > 64) {
-            cudaEventDestroy(events_.front().second);
-            events_.pop_front();
-        }
+        // Keep the recent ones only: fences are waited on in order. An event being waited on by
+        // another thread stays alive through its shared_ptr.
+        while (events_.size() > 64) events_.pop_front();
         return next_;
     }
     void host_wait(uint64_t f) override {
-        cudaEvent_t ev = find(f);
-        if (ev) DS4R_CUDA_CHECK(cudaEventSynchronize(ev));
+        auto ev = find(f);
+        if (!ev) return;
+        DS4R_CUDA_CHECK(cudaSetDevice(be_.device()));
+        DS4R_CUDA_CHECK(cudaEventSynchronize(ev->e));
     }
     void compute_wait(uint64_t f) override {
-        cudaEvent_t ev = find(f);
-        if (ev) DS4R_CUDA_CHECK(cudaStreamWaitEvent(be_.stream(), ev, 0));
+        auto ev = find(f);
+        if (!ev) return;
+        DS4R_CUDA_CHECK(cudaSetDevice(be_.device()));
+        DS4R_CUDA_CHECK(cudaStreamWaitEvent(be_.stream(), ev->e, 0));
     }
 
 private:
-    cudaEvent_t find(uint64_t f) {
+    struct Event {
+        cudaEvent_t e = nullptr;
+        ~Event() {
+            if (e) cudaEventDestroy(e);
+        }
+    };
+    std::shared_ptr<Event> find(uint64_t f) {
         std::lock_guard<std::mutex> lk(mu_);
         for (auto& e : events_)
             if (e.first == f) return e.second;
-        DS4R_CHECK(f <= next_ && (events_.empty() || f < events_.front().first),
-                   "copy queue: unknown fence %llu", (unsigned long long)f);
+        DS4R_CHECK(f <= next_ && (events_.empty() || f < events_.front().first), "copy queue: unknown fence %llu",
+                   (unsigned long long)f);
         return nullptr;  // older than the kept window: long complete (waited in order)
     }
     CudaBackend& be_;
     cudaStream_t stream_ = nullptr;
     std::mutex mu_;
-    std::deque<std::pair<uint64_t, cudaEvent_t>> events_;
+    std::deque<std::pair<uint64_t, std::shared_ptr<Event>>> events_;
     uint64_t next_ = 0;
 };
 
