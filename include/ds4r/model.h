@@ -1,14 +1,14 @@
 // The V4.1 block, written once against the Backend interface (MODEL.md section 4).
 //
 // A pass pushes many sequences through one layer at a time. Rows of the pass are (sequence,
-// position) pairs; they are processed in chunks of at most --max-batch-tokens rows, in three sweeps
-// per layer:
-//   engram_chunk  (Engram layers only)  the stream X is updated in place before the block (4.4 step 1);
-//   kv_chunk      window KV of every row, and at KV sources the compressed KV + index keys (4.6 b, c);
+// position) pairs; they are processed in chunks of at most --max-batch-tokens rows, in pass order:
+//   engram_chunk  (Engram layers only, a sweep of its own) X is updated in place before the block (4.4 step 1);
+//   kv_chunk      window KV of the chunk's rows, and at KV sources the compressed KV + index keys (4.6 b, c);
 //   main_chunk    queries, indexer, sparse attention, output, mHC and MoE: X <- block(X), P <- f_pre.
-// kv_chunk runs over every chunk before main_chunk starts, so that a query chunk can attend to any
-// earlier row of its sequence. Per-sequence data that attention reads (window KV of this layer, the
-// cross-layer shared slots of MODEL.md 5.6) lives in backend "arenas" for the whole pass.
+// kv_chunk then main_chunk run for one chunk before the next: attention at position t reads only
+// data of positions <= t of its own sequence (causal), all produced by this or an earlier chunk.
+// Per-sequence data that attention reads (window KV of this layer, the cross-layer shared slots of
+// MODEL.md 5.6) lives in backend "arenas" for the whole pass.
 // Every row's result depends only on that row's sequence: never on the chunking or on the other
 // sequences of the pass (batch invariance, DESIGN.md section 4).
 #pragma once

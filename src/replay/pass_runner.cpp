@@ -232,7 +232,18 @@ void PassRunner::run_engram(const LayerWeights& w) {
 void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {
     const int64_t hc = cfg_.hc_mult, D = cfg_.dim, k = cfg_.n_activated_experts;
     begin_layer(ctx_, w.role);
-    for (Chunk& ch : chunks_) {  // sweep 1: window KV, compressed KV, index keys
+    if (host_taps) {
+        host_taps->attn_out.assign(static_cast<size_t>(total_rows_ * D), 0);
+        host_taps->moe_out.assign(static_cast<size_t>(total_rows_ * D), 0);
+        host_taps->route_idx.assign(static_cast<size_t>(total_rows_ * k), 0);
+        host_taps->route_w.assign(static_cast<size_t>(total_rows_ * k), 0);
+    }
+    // One sweep over the chunks in pass order. Everything a query at position t reads was produced
+    // from positions <= t of its own sequence: window KV of t-127..t, compressed groups j < (t+1)/ratio
+    // (a group's tokens end at or before t, and chunk boundaries inside a sequence are even), index
+    // keys and candidate blocks of those groups. Rows of later positions in the arenas are never read
+    // (masked / not indexed). So each chunk's KV part can run right before its attention part.
+    for (Chunk& ch : chunks_) {
         if (ch.rows.pos.data == nullptr && ch.rows.rows > 0) {
             ch.rows.pos = be_.alloc(DType::I32, {ch.rows.rows});
             be_.upload(ch.rows.pos, 0, ch.rows.host_pos.data(), ch.rows.host_pos.size() * 4);
@@ -242,18 +253,6 @@ void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {
         Tensor P = be_.alloc(DType::F32, {M, hc});
         upload_chunk(ch, X, P);
         kv_chunk(ctx_, w, ch.rows, X, P);
-    }
-    if (host_taps) {
-        host_taps->attn_out.assign(static_cast<size_t>(total_rows_ * D), 0);
-        host_taps->moe_out.assign(static_cast<size_t>(total_rows_ * D), 0);
-        host_taps->route_idx.assign(static_cast<size_t>(total_rows_ * k), 0);
-        host_taps->route_w.assign(static_cast<size_t>(total_rows_ * k), 0);
-    }
-    for (Chunk& ch : chunks_) {  // sweep 2: the rest of the block
-        const int64_t M = ch.r1 - ch.r0;
-        Tensor X = be_.alloc(DType::BF16, {M, hc, D});
-        Tensor P = be_.alloc(DType::F32, {M, hc});
-        upload_chunk(ch, X, P);
         LayerTaps taps;
         if (host_taps) {
             taps.attn_out = be_.alloc(DType::BF16, {M, D});
