@@ -181,14 +181,31 @@ void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* en
     const double tps = static_cast<double>(total) / wall;
     const double per_layer = n_layers ? sum_wall / n_layers : 0;
     const double head_s = timings.empty() ? 0 : timings.back().wait_s + timings.back().compute_s;
-    const double projected = per_layer * 40 + head_s;
+    // Projection to the released 40 layers by role (MODEL.md 2.4): 2 window-only layers (one with
+    // Engram), 8 layers that run an indexer (4 KV + index sources, 4 reindex), 30 consumers, and
+    // Engram once more at layer 14. With the default 4-layer full-width checkpoint (window,
+    // window + Engram, KV + index source, consumer) each term is measured; otherwise the mean.
+    double projected = per_layer * 40 + head_s;
+    std::string how = "mean layer x 40";
+    auto lw = [&](int L) {
+        for (const auto& t : timings)
+            if (t.layer == L) return t.wait_s + t.compute_s;
+        return 0.0;
+    };
+    const auto& roles = ck.roles();
+    if (roles.size() >= 4 && roles[0].ratio == 0 && !roles[0].engram && roles[1].engram && roles[2].index_source &&
+        roles[3].ratio > 0 && !roles[3].index_source) {
+        const double engram_extra = std::max(0.0, lw(1) - lw(0));
+        projected = lw(0) + lw(1) + 8 * lw(2) + 30 * lw(3) + engram_extra + head_s;
+        how = "by role: L0 + L1 + 8 x L2 + 30 x L3 + Engram(L1 - L0) + head";
+    }
     const double host_per_token = static_cast<double>(c.hc_mult * c.dim * 2 + c.hc_mult * 4 +
                                                       static_cast<int64_t>(c.engram_layer_ids.size()) * c.engram_hash_cols() * 8);
     std::fprintf(out, "  total %.2f s, %.0f tokens/s; %.2f s per layer (overlap wall/max(read,upload,compute) %.2f); "
                  "layer GEMM work %.1f TFLOP/s (%.0f%% of measured bf16)\n",
                  wall, tps, per_layer, sum_bound > 0 ? sum_wall / sum_bound : 0, sum_compute > 0 ? sum_flops / sum_compute / 1e12 : 0,
                  bf16_peak > 0 && sum_compute > 0 ? 100 * sum_flops / sum_compute / 1e12 / bf16_peak : 0.0);
-    std::fprintf(out, "  projected to 40 layers: %.1f s per pass, %.0f tokens/s\n", projected,
+    std::fprintf(out, "  projected to 40 layers (%s): %.1f s per pass, %.0f tokens/s\n", how.c_str(), projected,
                  projected > 0 ? static_cast<double>(total) / projected : 0.0);
     double gpu_hw = 0;
 #ifdef DS4R_HAVE_CUDA
