@@ -1,5 +1,11 @@
 // Tensor-core GEMM kernels: plain / grouped-by-z problems and the routed experts' grouped GEMM, all
 // built on gemm_tile (gemm_tile.cuh). Launch wrappers validate what the kernels assume.
+//
+// Tile shapes: 256 x 128 (8 warps) when a problem has more than 128 rows, else 128 x 128 (4 warps,
+// two CTAs per SM); the experts' grouped GEMM uses 128 x 128 (the routing plan's 128-row tiles). The
+// choice depends on M but no result does: every output element's instruction sequence is the same in
+// both (gemm_tile.cuh NUMERICS; tests/cuda/cuda_gemm_paths_test.cpp checks it bitwise against the
+// reference kernels of gemm_oracle.cu).
 #include "gemm.cuh"
 #include "gemm_tile.cuh"
 
@@ -10,9 +16,27 @@ namespace {
 using gemm::AKind;
 using gemm::BKind;
 using gemm::Cfg;
-using gemm::kBM;
-using gemm::kBN;
 using gemm::TileJob;
+
+// Shared memory (bytes): Bf16Big 98304, Fp8Big 79904, Fp4Big 70656 (one CTA of 8 warps per SM);
+// Bf16Small 49152, Fp8Small 42112, Fp4Small 43008 (two CTAs of 4 warps per SM, also on sm_86's
+// 100 KB). Registers: <= 255 per thread (1 x 256 or 2 x 128 threads per SM).
+template <bool kF32>
+using Bf16Big = Cfg<AKind::BF16, BKind::BF16, kF32, 256, 128, 4>;
+template <bool kF32>
+using Bf16Small = Cfg<AKind::BF16, BKind::BF16, kF32, 128, 128, 3>;
+using Fp8Big = Cfg<AKind::E4M3, BKind::E4M3, false, 256, 128, 5>;
+using Fp8Small = Cfg<AKind::E4M3, BKind::E4M3, false, 128, 128, 3>;
+using Fp4Big = Cfg<AKind::E4M3, BKind::E2M1, false, 256, 128, 5>;
+using Fp4Small = Cfg<AKind::E4M3, BKind::E2M1, false, 128, 128, 4>;
+static_assert(Bf16Small<false>::kSmemBytes <= 49 * 1024 && Fp8Small::kSmemBytes <= 49 * 1024 &&
+                  Fp4Small::kSmemBytes <= 49 * 1024,
+              "two 128 x 128 CTAs per SM on sm_86 (100 KB of shared memory, 1 KB reserved per CTA)");
+using Fp4Grouped = Fp4Small;
+static_assert(Fp4Grouped::kBM == 128, "the MoE routing plan (moe.cuh) lists 128-row tiles");
+
+constexpr int kSmallM = 128;  // problems with at most this many rows use the 128 x 128 tiles
+constexpr int kGroupM = 8;    // tile raster: 8 M tiles sweep the N tiles together (L2 reuse of B)
 
 // One problem (or `groups` same-shape problems along grid.z). Pitches / strides in bytes.
 struct GemmParams {
@@ -27,12 +51,25 @@ struct GemmParams {
     uint8_t* c;  // C [M, N]
     int64_t c_pitch, c_zstride;
     int M, N, K;
+    int tiles_m, tiles_n;
 };
 
 template <class C>
-__global__ void __launch_bounds__(gemm::kThreads) gemm_kernel(const __grid_constant__ GemmParams p) {
+constexpr int min_blocks() {
+    return C::kThreads <= 128 ? 2 : 1;
+}
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, min_blocks<C>()) gemm_kernel(const __grid_constant__ GemmParams p) {
     extern __shared__ __align__(128) uint8_t smem[];
-    const int n0 = blockIdx.x * kBN, m0 = blockIdx.y * kBM;
+    // grouped raster: consecutive blocks walk kGroupM M tiles, then the next N tile
+    const int pid = static_cast<int>(blockIdx.x);
+    const int per_group = kGroupM * p.tiles_n;
+    const int first_m = (pid / per_group) * kGroupM;
+    const int size_m = min(p.tiles_m - first_m, kGroupM);
+    const int in_group = pid % per_group;
+    const int m0 = (first_m + in_group % size_m) * C::kBM;
+    const int n0 = (in_group / size_m) * C::kBN;
     const int64_t z = blockIdx.z;
     TileJob j;
     j.a = p.a + z * p.a_zstride + static_cast<int64_t>(m0) * p.a_pitch;
@@ -47,8 +84,8 @@ __global__ void __launch_bounds__(gemm::kThreads) gemm_kernel(const __grid_const
     j.n0 = n0;
     j.c = p.c + z * p.c_zstride + static_cast<int64_t>(m0) * p.c_pitch + static_cast<int64_t>(n0) * (C::kOutF32 ? 4 : 2);
     j.c_pitch = p.c_pitch;
-    j.m_valid = min(kBM, p.M - m0);
-    j.n_valid = min(kBN, p.N - n0);
+    j.m_valid = min(C::kBM, p.M - m0);
+    j.n_valid = min(C::kBN, p.N - n0);
     j.k = p.K;
     gemm::gemm_tile<C>(j, smem);
 }
@@ -71,9 +108,8 @@ struct GroupedParams {
     uint8_t* y[2];
 };
 
-using Fp4Cfg = Cfg<AKind::E4M3, BKind::E2M1, false>;
-
-__global__ void __launch_bounds__(gemm::kThreads) grouped_fp4_kernel(const __grid_constant__ GroupedParams p) {
+__global__ void __launch_bounds__(Fp4Grouped::kThreads, min_blocks<Fp4Grouped>())
+    grouped_fp4_kernel(const __grid_constant__ GroupedParams p) {
     extern __shared__ __align__(128) uint8_t smem[];
     const int64_t t = static_cast<int64_t>(p.tile_begin[p.e_begin]) + blockIdx.y;
     if (t >= p.tile_begin[p.e_end]) return;  // the grid is an upper bound on the tile count
@@ -81,7 +117,7 @@ __global__ void __launch_bounds__(gemm::kThreads) grouped_fp4_kernel(const __gri
     const int start = p.tile_start[t];
     const int end = p.expert_end[e];
     const int z = blockIdx.z;
-    const int n0 = blockIdx.x * kBN;
+    const int n0 = blockIdx.x * Fp4Grouped::kBN;
     TileJob j;
     if (p.a_rows) {
         j.a = p.q;
@@ -101,34 +137,52 @@ __global__ void __launch_bounds__(gemm::kThreads) grouped_fp4_kernel(const __gri
     j.n0 = n0;
     j.c = p.y[z] + static_cast<int64_t>(start) * p.c_pitch + static_cast<int64_t>(n0) * 2;
     j.c_pitch = p.c_pitch;
-    j.m_valid = min(kBM, end - start);
-    j.n_valid = min(kBN, p.N - n0);
+    j.m_valid = min(Fp4Grouped::kBM, end - start);
+    j.n_valid = min(Fp4Grouped::kBN, p.N - n0);
     j.k = p.K;
-    gemm::gemm_tile<Fp4Cfg>(j, smem);
+    gemm::gemm_tile<Fp4Grouped>(j, smem);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Kernel attributes, set once per kernel (thread-safe static initialization): the dynamic shared
+// memory beyond 48 KB, and the largest shared-memory carveout (the kernels bypass L1 for their
+// operands; sm_86 fits two 128 x 128 CTAs only in its 100 KB configuration).
+template <class C, class Kernel>
+cudaError_t set_kernel_attributes(Kernel kernel) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         static_cast<int>(cudaSharedmemCarveoutMaxShared));
+    if (e == cudaSuccess && C::kSmemBytes > 48 * 1024)
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+    return e;
+}
+
+// (One kernel per (C, Params) pair: gemm_kernel<C> / grouped_fp4_kernel, so the static is per kernel.)
 template <class C, class Kernel, class Params>
 cudaError_t launch_tiles(Kernel kernel, const Params& p, dim3 grid, cudaStream_t stream) {
-    constexpr int smem = C::kSmemBytes;
-    if (smem > 48 * 1024) {
-        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        if (e != cudaSuccess) return e;
-    }
-    kernel<<<grid, gemm::kThreads, smem, stream>>>(p);
+    static const cudaError_t attributes = set_kernel_attributes<C>(kernel);
+    if (attributes != cudaSuccess) return attributes;
+    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
     return cudaGetLastError();
 }
 
 template <class C>
-cudaError_t launch_plain(const GemmParams& p, int64_t M, int64_t N, int64_t groups, cudaStream_t stream) {
+cudaError_t launch_plain(GemmParams p, int64_t M, int64_t N, int64_t groups, cudaStream_t stream) {
     if (M == 0 || N == 0 || groups == 0) return cudaSuccess;
-    const int64_t gx = (N + kBN - 1) / kBN, gy = (M + kBM - 1) / kBM;
-    if (gx > 0x7fffffffLL || gy > 65535 || groups > 65535 || M > 0x7fffffffLL || N > 0x7fffffffLL)
+    const int64_t gn = (N + C::kBN - 1) / C::kBN, gm = (M + C::kBM - 1) / C::kBM;
+    if (gn * gm > 0x7fffffffLL || groups > 65535 || M > 0x7fffffffLL || N > 0x7fffffffLL)
         return cudaErrorInvalidValue;
-    return launch_tiles<C>(gemm_kernel<C>, p, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy),
-                                                   static_cast<unsigned>(groups)),
+    p.tiles_m = static_cast<int>(gm);
+    p.tiles_n = static_cast<int>(gn);
+    return launch_tiles<C>(gemm_kernel<C>, p, dim3(static_cast<unsigned>(gm * gn), 1, static_cast<unsigned>(groups)),
                            stream);
+}
+
+// The tile shape for M rows (see the file comment).
+template <class Big, class Small>
+cudaError_t launch_by_rows(const GemmParams& p, int64_t M, int64_t N, int64_t groups, cudaStream_t stream) {
+    if (M > kSmallM) return launch_plain<Big>(p, M, N, groups, stream);
+    return launch_plain<Small>(p, M, N, groups, stream);
 }
 
 }  // namespace
@@ -157,8 +211,8 @@ cudaError_t launch_gemm_bf16(const uint16_t* x, int64_t lda, int64_t x_goff, con
     p.M = static_cast<int>(M);
     p.N = static_cast<int>(N);
     p.K = static_cast<int>(K);
-    if (y_f32) return launch_plain<Cfg<AKind::BF16, BKind::BF16, true>>(p, M, N, groups, stream);
-    return launch_plain<Cfg<AKind::BF16, BKind::BF16, false>>(p, M, N, groups, stream);
+    if (y_f32) return launch_by_rows<Bf16Big<true>, Bf16Small<true>>(p, M, N, groups, stream);
+    return launch_by_rows<Bf16Big<false>, Bf16Small<false>>(p, M, N, groups, stream);
 }
 
 namespace {
@@ -181,7 +235,8 @@ cudaError_t launch_scaled(const uint8_t* q, const uint8_t* sa, const uint8_t* w,
     p.M = static_cast<int>(M);
     p.N = static_cast<int>(N);
     p.K = static_cast<int>(K);
-    return launch_plain<Cfg<AKind::E4M3, kB, false>>(p, M, N, 1, stream);
+    if constexpr (kB == BKind::E4M3) return launch_by_rows<Fp8Big, Fp8Small>(p, M, N, 1, stream);
+    return launch_by_rows<Fp4Big, Fp4Small>(p, M, N, 1, stream);
 }
 }  // namespace
 
@@ -200,6 +255,7 @@ cudaError_t launch_grouped_gemm_fp4(const GroupedFp4Gemm& g, cudaStream_t stream
         !aligned16(g.q) || g.n_experts < 0)
         return cudaErrorInvalidValue;
     if (g.n_experts == 0 || g.max_tiles <= 0 || g.N == 0) return cudaSuccess;
+    constexpr int kBM = Fp4Grouped::kBM, kBN = Fp4Grouped::kBN;
     const int64_t gx = (g.N + kBN - 1) / kBN;
     const int64_t rows_tiles = (g.max_rows_per_expert + kBM - 1) / kBM;
     for (int e0 = 0; e0 < g.n_experts; e0 += kMaxGroupedExperts) {
@@ -234,7 +290,7 @@ cudaError_t launch_grouped_gemm_fp4(const GroupedFp4Gemm& g, cudaStream_t stream
         const int64_t gy = g.max_tiles < batch_bound ? g.max_tiles : batch_bound;
         if (gy <= 0) continue;
         if (gy > 65535 || gx > 0x7fffffffLL) return cudaErrorInvalidValue;
-        const cudaError_t err = launch_tiles<Fp4Cfg>(
+        const cudaError_t err = launch_tiles<Fp4Grouped>(
             grouped_fp4_kernel, p,
             dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(g.n_proj)), stream);
         if (err != cudaSuccess) return err;
@@ -242,8 +298,8 @@ cudaError_t launch_grouped_gemm_fp4(const GroupedFp4Gemm& g, cudaStream_t stream
     return cudaSuccess;
 }
 
-int gemm_smem_bytes_bf16() { return Cfg<AKind::BF16, BKind::BF16, false>::kSmemBytes; }
-int gemm_smem_bytes_fp8() { return Cfg<AKind::E4M3, BKind::E4M3, false>::kSmemBytes; }
-int gemm_smem_bytes_fp4() { return Fp4Cfg::kSmemBytes; }
+int gemm_smem_bytes_bf16() { return Bf16Big<false>::kSmemBytes; }
+int gemm_smem_bytes_fp8() { return Fp8Big::kSmemBytes; }
+int gemm_smem_bytes_fp4() { return Fp4Big::kSmemBytes; }
 
 }  // namespace ds4r::kern

@@ -1,7 +1,8 @@
-// Launch wrappers of the GEMM kernels (kernels/gemm.cu, kernels/gemm_simt.cu). Plain declarations:
-// included by g++-compiled backend code. All matrices are row major; A [M, K] are activations, W
-// [N, K] weights (K contiguous), C = A . W^T [M, N]. Pitches are in ELEMENTS of the named type.
-// Every kernel uses fixed tiles and a fixed per-element reduction order: results do not depend on M.
+// Launch wrappers of the GEMM kernels (kernels/gemm.cu, gemm_simt.cu, gemm_oracle.cu, gemm_peak.cu).
+// Plain declarations: included by g++-compiled backend code. All matrices are row major; A [M, K] are
+// activations, W [N, K] weights (K contiguous), C = A . W^T [M, N]. Pitches are in ELEMENTS of the
+// named type. Every kernel fixes each output element's reduction order (instruction sequence); tile
+// shapes may depend on M, results never do (kernels/gemm_tile.cuh NUMERICS).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,7 +30,8 @@ cudaError_t launch_gemm_simt(const void* x, bool x_f32, int64_t lda, int64_t x_g
                              int64_t N, int64_t K, int64_t groups, cudaStream_t stream);
 
 // Block-scaled GEMMs (MODEL.md 5.3), out bf16 y [M, N] (pitch ldc):
-// q e4m3 [M, K] activation codes (pitch K) with sa e8m0 [M, K / 32] (act quant, GemmNanMarker bytes);
+// q e4m3 [M, K] activation codes (pitch K) in Fp8CodeOrder::GemmFragment with sa e8m0 [M, K / 32]
+// (launch_act_quant_fp8 with GemmNanMarker scale bytes, quant.cuh);
 // fp8: w e4m3 [N, K] with sw e8m0 [ceil(N / 32), K / 32]; fp4: w packed e2m1 [N, K / 2] with sw e8m0
 // [N, K / 32]. K % 32 == 0; q, w 16-byte aligned.
 cudaError_t launch_gemm_fp8(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw, uint16_t* y,
@@ -45,7 +47,7 @@ cudaError_t launch_gemm_fp4(const uint8_t* q, const uint8_t* sa, const uint8_t* 
 // tile_expert[t]; the tiles of expert e are [tile_begin[e], tile_begin[e + 1]).
 constexpr int kMaxGroupedExperts = 512;
 struct GroupedFp4Gemm {
-    const uint8_t* q;          // e4m3 activation codes [rows, K]
+    const uint8_t* q;          // e4m3 activation codes [rows, K] (Fp8CodeOrder::GemmFragment)
     const uint8_t* sa;         // e8m0 [rows, K / 32] (GemmNanMarker bytes)
     const int32_t* a_rows;     // [pairs]: activation row of each pair, or null (row = pair position)
     const int32_t* tile_expert;  // [max_tiles]
@@ -67,5 +69,23 @@ cudaError_t launch_grouped_gemm_fp4(const GroupedFp4Gemm& g, cudaStream_t stream
 int gemm_smem_bytes_bf16();
 int gemm_smem_bytes_fp8();
 int gemm_smem_bytes_fp4();
+
+// Reference kernels for the tests (kernels/gemm_oracle.cu): the exact per-element instruction
+// sequences the kernels above must reproduce bit for bit, one 16 x 8 block per warp from global
+// memory. Same arguments as their fast twins, except that q holds Fp8CodeOrder::Canonical codes.
+cudaError_t launch_gemm_bf16_oracle(const uint16_t* x, int64_t lda, int64_t x_goff, const uint16_t* w, int64_t ldw,
+                                    int64_t w_goff, void* y, bool y_f32, int64_t ldc, int64_t y_goff, int64_t M,
+                                    int64_t N, int64_t K, int64_t groups, cudaStream_t stream);
+cudaError_t launch_gemm_fp8_oracle(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw, uint16_t* y,
+                                   int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
+cudaError_t launch_gemm_fp4_oracle(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw, uint16_t* y,
+                                   int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
+
+// mma.sync peak microbenchmark (kernels/gemm_peak.cu): `blocks` blocks of mma_peak_threads_per_block()
+// threads, each warp issuing iters x 16 independent m16n8k16 bf16 -> fp32 MMAs from registers;
+// out f32 [blocks * threads] receives a checksum. mma_peak_flops_per_launch = 2 * 16 * 8 * 16 * MMAs.
+int mma_peak_threads_per_block();
+double mma_peak_flops_per_launch(int blocks, int iters);
+cudaError_t launch_mma_peak(int blocks, int iters, float* out, cudaStream_t stream);
 
 }  // namespace ds4r::kern

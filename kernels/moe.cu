@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kRouteThreads)
 // ------------------------------------------------------------------ SwiGLU + act quant
 constexpr int kQuantThreads = 256;
 
-// One thread per 8 consecutive elements; 4 lanes per quantization block of 32.
+// One thread per 8 codes (8 elements of one 32-block, in the GEMM fragment order); 4 lanes per block.
 template <bool kVec>
 __global__ void __launch_bounds__(kQuantThreads)
     swiglu_quant_kernel(const uint16_t* __restrict__ g, const uint16_t* __restrict__ u, const float* __restrict__ weight,
@@ -185,8 +185,9 @@ __global__ void __launch_bounds__(kQuantThreads)
     float v[8];
     if (active) {
         float gv[8], uv[8];
-        load_bf16x8<kVec>(g + gi * 8, gv);
-        load_bf16x8<kVec>(u + gi * 8, uv);
+        // the codes go to the down projection's GEMM: Fp8CodeOrder::GemmFragment (quant.cuh)
+        load_bf16x8_gemm_fragment<kVec>(g, gi, gv);
+        load_bf16x8_gemm_fragment<kVec>(u, gi, uv);
         const float wrow = weight ? weight[gi * 8 / I] : 1.0f;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {

@@ -34,8 +34,9 @@ cudaError_t launch_moe_routing(const int32_t* idx, const float* w, int64_t M, in
 
 // SwiGLU of the expert hidden rows + act quant for the down projection (MODEL.md 4.7, 5.1):
 // g, u bf16 [P, I]; a = silu(min(g, limit)) * clamp(u, -limit, limit) in fp32, then a = weight[p] * a
-// when weight (f32 [P]) is non-null; bf16(a) quantized per 32 -> q e4m3 [P, I], s e8m0 [P, I / 32]
-// (GemmNanMarker scale bytes). I % 32 == 0.
+// when weight (f32 [P]) is non-null; bf16(a) quantized per 32 -> q e4m3 [P, I], s e8m0 [P, I / 32], the
+// block-scaled GEMM's A operand (quant.cuh: GemmNanMarker scale bytes, Fp8CodeOrder::GemmFragment
+// codes). I % 32 == 0.
 cudaError_t launch_swiglu_quant(const uint16_t* g, const uint16_t* u, const float* weight, float limit, int64_t P,
                                 int64_t I, uint8_t* q, uint8_t* s, cudaStream_t stream);
 

@@ -12,6 +12,7 @@ namespace {
 enum class QuantMode : int {
     Fp8Codes,         // q + scale bytes (reference bytes)
     Fp8CodesGemm,     // q + scale bytes (NaN/inf blocks -> 0xFF, see Fp8ScaleBytes)
+    Fp8CodesGemmFrag, // as Fp8CodesGemm, codes in Fp8CodeOrder::GemmFragment
     Fp8Inplace,       // bf16 round trip
     Fp4E8m0Inplace,   // blocks of 32, power-of-two scales
     Fp4E4m3Inplace,   // blocks of 16, e4m3 scales
@@ -28,7 +29,10 @@ __global__ void __launch_bounds__(kThreads) quant_kernel(uint16_t* __restrict__ 
     const bool active = g < n_groups;  // inactive lanes still take part in the shuffles
     float v[8];
     if (active) {
-        load_bf16x8<kVec>(x + g * 8, v);
+        if constexpr (kMode == QuantMode::Fp8CodesGemmFrag)
+            load_bf16x8_gemm_fragment<kVec>(x, g, v);  // amax and scale do not depend on the order
+        else
+            load_bf16x8<kVec>(x + g * 8, v);
     } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = 0.0f;
@@ -36,7 +40,8 @@ __global__ void __launch_bounds__(kThreads) quant_kernel(uint16_t* __restrict__ 
     const float amax = group_amax<kLanes>(v);
     if (!active) return;
 
-    if constexpr (kMode == QuantMode::Fp8Codes || kMode == QuantMode::Fp8CodesGemm) {
+    if constexpr (kMode == QuantMode::Fp8Codes || kMode == QuantMode::Fp8CodesGemm ||
+                  kMode == QuantMode::Fp8CodesGemmFrag) {
         const float sc = fp8_block_scale(amax);
         uint8_t b[8];
 #pragma unroll
@@ -44,7 +49,7 @@ __global__ void __launch_bounds__(kThreads) quant_kernel(uint16_t* __restrict__ 
         store_u8x8<kVec>(q + g * 8, b);
         if ((g & 3) == 0) {
             uint8_t byte = e8m0_of_pow2(sc);
-            if (kMode == QuantMode::Fp8CodesGemm && !(amax <= __int_as_float(0x7f7fffff))) byte = 0xff;  // NaN or inf
+            if (kMode != QuantMode::Fp8Codes && !(amax <= __int_as_float(0x7f7fffff))) byte = 0xff;  // NaN or inf
             s[g >> 2] = byte;
         }
     } else if constexpr (kMode == QuantMode::Fp8Inplace) {
@@ -100,10 +105,14 @@ cudaError_t launch_dequant_fp8_bf16(const uint8_t* w, const uint8_t* s, int64_t 
 }
 
 cudaError_t launch_act_quant_fp8(const uint16_t* x, uint8_t* q, uint8_t* s, int64_t rows, int64_t K,
-                                 Fp8ScaleBytes scale_bytes, cudaStream_t stream) {
+                                 Fp8ScaleBytes scale_bytes, Fp8CodeOrder order, cudaStream_t stream) {
     if (K % 32 != 0) return cudaErrorInvalidValue;
     // The kernel does not write x in these modes.
     uint16_t* xm = const_cast<uint16_t*>(x);
+    if (order == Fp8CodeOrder::GemmFragment) {
+        if (scale_bytes != Fp8ScaleBytes::GemmNanMarker) return cudaErrorInvalidValue;
+        return launch<QuantMode::Fp8CodesGemmFrag>(xm, q, s, rows, K, stream);
+    }
     return scale_bytes == Fp8ScaleBytes::Reference ? launch<QuantMode::Fp8Codes>(xm, q, s, rows, K, stream)
                                                    : launch<QuantMode::Fp8CodesGemm>(xm, q, s, rows, K, stream);
 }

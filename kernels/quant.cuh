@@ -14,13 +14,24 @@ enum class Fp8ScaleBytes : int {
     Reference = 0,
     // GEMM operand: such a block gets 0xFF (NaN), so the block-scaled GEMM turns the row's output
     // into NaN exactly where the reference (whose e4m3 NaN code 0x7f makes the block sum NaN) does.
-    // The GEMMs widen e4m3 with a bit trick that maps the NaN code to a finite value.
+    // (The GEMMs' widening may map the NaN code to a finite value, kernels/gemm_tile.cuh.)
     GemmNanMarker = 1,
 };
 
-// x BF16 [rows, K] -> q F8_E4M3 [rows, K], s F8_E8M0 [rows, K / 32]; K % 32 == 0.
+// Where act_quant_fp8 puts each code inside its row. The codes themselves never change.
+enum class Fp8CodeOrder : int {
+    // q[r, k] is the code of x[r, k] (the act_quant op, MODEL.md 5.1).
+    Canonical = 0,
+    // The block-scaled GEMMs' A operand (kernels/gemm_tile.cuh): inside each 16-element half of a
+    // 32-block, byte p holds element k = (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)[p],
+    // so that the 4 bytes at offset 4t are lane t's mma.sync fragment codes (k = 2t, 2t+1, 2t+8,
+    // 2t+9) and one ldmatrix serves both k16 halves. Only with GemmNanMarker.
+    GemmFragment = 1,
+};
+
+// x BF16 [rows, K] -> q F8_E4M3 [rows, K] (in `order`), s F8_E8M0 [rows, K / 32]; K % 32 == 0.
 cudaError_t launch_act_quant_fp8(const uint16_t* x, uint8_t* q, uint8_t* s, int64_t rows, int64_t K,
-                                 Fp8ScaleBytes scale_bytes, cudaStream_t stream);
+                                 Fp8ScaleBytes scale_bytes, Fp8CodeOrder order, cudaStream_t stream);
 // x BF16 [rows, K] in place: x <- bf16(e4m3(x / s) * s) per block of 32; K % 32 == 0.
 cudaError_t launch_act_quant_fp8_inplace(uint16_t* x, int64_t rows, int64_t K, cudaStream_t stream);
 // x BF16 [rows, K] in place: fp4 e2m1 round trip per block; block16_e4m3 = false: blocks of 32 with

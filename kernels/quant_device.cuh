@@ -81,6 +81,34 @@ __device__ __forceinline__ void load_bf16x8(const uint16_t* p, float v[8]) {
         for (int i = 0; i < 8; ++i) v[i] = bf16_bits_to_f32(p[i]);
     }
 }
+// The 8 inputs whose codes thread `gi` (8 codes at q + 8 gi) writes in Fp8CodeOrder::GemmFragment
+// (quant.cuh), in output order, from a row-major bf16 array p (element 0 = the row block's start).
+// Thread j = gi % 4 of a 32-block covers half h = j / 2, quarter u = j % 2: codes of k = 4u, 4u+1,
+// 8+4u, 9+4u, 4u+2, 4u+3, 10+4u, 11+4u of the half. kVec: p 8-byte aligned (two 8-byte loads).
+template <bool kVec>
+__device__ __forceinline__ void load_bf16x8_gemm_fragment(const uint16_t* p, int64_t gi, float v[8]) {
+    const int j = static_cast<int>(gi & 3);
+    const uint16_t* lo = p + (gi >> 2) * 32 + 16 * (j >> 1) + 4 * (j & 1);  // k = 4u .. 4u+3
+    const uint16_t* hi = lo + 8;                                           // k = 8+4u .. 11+4u
+    uint32_t w[4];
+    if (kVec) {
+        const uint2 a = *reinterpret_cast<const uint2*>(lo);
+        const uint2 b = *reinterpret_cast<const uint2*>(hi);
+        w[0] = a.x, w[1] = a.y, w[2] = b.x, w[3] = b.y;
+    } else {
+        w[0] = lo[0] | (static_cast<uint32_t>(lo[1]) << 16);
+        w[1] = lo[2] | (static_cast<uint32_t>(lo[3]) << 16);
+        w[2] = hi[0] | (static_cast<uint32_t>(hi[1]) << 16);
+        w[3] = hi[2] | (static_cast<uint32_t>(hi[3]) << 16);
+    }
+    // output order: lo[0], lo[1], hi[0], hi[1], lo[2], lo[3], hi[2], hi[3]
+    const uint32_t o[4] = {w[0], w[2], w[1], w[3]};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = __uint_as_float(o[i] << 16);
+        v[2 * i + 1] = __uint_as_float(o[i] & 0xffff0000u);
+    }
+}
 template <bool kVec>
 __device__ __forceinline__ void store_bf16x8(uint16_t* p, const uint16_t h[8]) {
     if (kVec) {

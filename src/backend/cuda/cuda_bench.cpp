@@ -1,12 +1,15 @@
 // GEMM micro-benchmarks (see cuda_bench.h).
 #include "backend/cuda/cuda_bench.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "ds4r/numeric.h"
+#include "gemm.cuh"
+#include "quant.cuh"
 
 namespace ds4r {
 
@@ -93,6 +96,139 @@ double bench_linear_bf16_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K
     Tensor w = random_bf16(be, N, K, 0.1f, 8);
     Tensor y = be.alloc(DType::BF16, {M, N});
     return time_tflops(be, M, N, K, iters, [&] { be.linear_bf16(x, w, y); });
+}
+
+namespace {
+
+// Quantized activations [M, K] as the block-scaled GEMMs take them.
+struct QuantActs {
+    Tensor q, s;
+};
+QuantActs quant_acts(CudaBackend& be, int64_t M, int64_t K, uint64_t seed) {
+    DS4R_CHECK(K % 32 == 0, "bench: K = %lld is not a multiple of 32", (long long)K);
+    Tensor x = random_bf16(be, M, K, 4.0f, seed);
+    QuantActs a{be.alloc(DType::F8_E4M3, {M, K}), be.alloc(DType::F8_E8M0, {M, K / 32})};
+    DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), M, K,
+                                               kern::Fp8ScaleBytes::GemmNanMarker, kern::Fp8CodeOrder::GemmFragment,
+                                               be.stream()));
+    return a;
+}
+
+Tensor upload_i32(CudaBackend& be, const std::vector<int32_t>& v) {
+    Tensor t = be.alloc(DType::I32, {static_cast<int64_t>(v.size())});
+    be.upload(t, 0, v.data(), v.size() * sizeof(int32_t));
+    return t;
+}
+
+}  // namespace
+
+double bench_gemm_fp8_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters) {
+    const QuantActs a = quant_acts(be, M, K, 11);
+    Fp8Linear w{random_bytes(be, DType::F8_E4M3, {N, K}, 12, e4m3_code),
+                random_bytes(be, DType::F8_E8M0, {(N + 31) / 32, (K + 31) / 32}, 13, scale_byte)};
+    Tensor y = be.alloc(DType::BF16, {M, N});
+    return time_tflops(be, M, N, K, iters, [&] {
+        DS4R_CUDA_CHECK(kern::launch_gemm_fp8(a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.w.ptr<uint8_t>(),
+                                              w.s.ptr<uint8_t>(), y.ptr<uint16_t>(), N, M, N, K, be.stream()));
+    });
+}
+
+double bench_gemm_fp4_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters) {
+    const QuantActs a = quant_acts(be, M, K, 14);
+    Fp4Linear w{random_bytes(be, DType::I8, {N, K / 2}, 15, [](uint64_t v) { return static_cast<uint8_t>(v >> 24); }),
+                random_bytes(be, DType::F8_E8M0, {N, K / 32}, 16, scale_byte)};
+    Tensor y = be.alloc(DType::BF16, {M, N});
+    return time_tflops(be, M, N, K, iters, [&] {
+        DS4R_CUDA_CHECK(kern::launch_gemm_fp4(a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.w.ptr<uint8_t>(),
+                                              w.s.ptr<uint8_t>(), y.ptr<uint16_t>(), N, M, N, K, be.stream()));
+    });
+}
+
+double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_expert, int64_t N, int64_t K,
+                                int n_proj, int iters) {
+    DS4R_CHECK(experts > 0 && rows_per_expert > 0 && (n_proj == 1 || n_proj == 2) && K % 32 == 0 &&
+                   experts * rows_per_expert < (int64_t{1} << 30),
+               "bench: bad grouped GEMM arguments (%d experts x %lld rows, N=%lld K=%lld, %d projections)", experts,
+               (long long)rows_per_expert, (long long)N, (long long)K, n_proj);
+    const int64_t P = experts * rows_per_expert;
+    const QuantActs a = quant_acts(be, P, K, 17);
+    // the routing plan of `experts` equal groups (expert e owns pair positions [e R, (e + 1) R)),
+    // 128-row tiles; activation rows gathered through an (identity) row list as for w1 / w3
+    std::vector<int32_t> tile_expert, tile_start, tile_begin, expert_end, rows(static_cast<size_t>(P));
+    for (int e = 0; e < experts; ++e) {
+        tile_begin.push_back(static_cast<int32_t>(tile_expert.size()));
+        for (int64_t r = 0; r < rows_per_expert; r += 128) {
+            tile_expert.push_back(e);
+            tile_start.push_back(static_cast<int32_t>(e * rows_per_expert + r));
+        }
+        expert_end.push_back(static_cast<int32_t>((e + 1) * rows_per_expert));
+    }
+    tile_begin.push_back(static_cast<int32_t>(tile_expert.size()));
+    for (int64_t p = 0; p < P; ++p) rows[static_cast<size_t>(p)] = static_cast<int32_t>(p);
+    const Tensor d_te = upload_i32(be, tile_expert), d_ts = upload_i32(be, tile_start);
+    const Tensor d_tb = upload_i32(be, tile_begin), d_ee = upload_i32(be, expert_end), d_rows = upload_i32(be, rows);
+    // every expert its own weight buffers (realistic memory traffic), filled by device copies of one
+    // random set (generating GBs of random bytes on the host would dominate the benchmark's time)
+    const Tensor w_src = random_bytes(be, DType::I8, {N, K / 2}, 18, [](uint64_t v) { return static_cast<uint8_t>(v >> 24); });
+    const Tensor s_src = random_bytes(be, DType::F8_E8M0, {N, K / 32}, 19, scale_byte);
+    std::vector<Tensor> wts, scs, ys;
+    std::vector<const uint8_t*> wp[2], sp[2];
+    for (int z = 0; z < n_proj; ++z) {
+        for (int e = 0; e < experts; ++e) {
+            wts.push_back(be.alloc(DType::I8, {N, K / 2}));
+            scs.push_back(be.alloc(DType::F8_E8M0, {N, K / 32}));
+            be.copy(wts.back(), 0, w_src, 0, w_src.nbytes());
+            be.copy(scs.back(), 0, s_src, 0, s_src.nbytes());
+            wp[z].push_back(wts.back().ptr<uint8_t>());
+            sp[z].push_back(scs.back().ptr<uint8_t>());
+        }
+        ys.push_back(be.alloc(DType::BF16, {P, N}));
+    }
+    kern::GroupedFp4Gemm g{};
+    g.q = a.q.ptr<uint8_t>();
+    g.sa = a.s.ptr<uint8_t>();
+    g.a_rows = d_rows.ptr<int32_t>();
+    g.tile_expert = d_te.ptr<int32_t>();
+    g.tile_start = d_ts.ptr<int32_t>();
+    g.tile_begin = d_tb.ptr<int32_t>();
+    g.expert_end = d_ee.ptr<int32_t>();
+    g.max_tiles = static_cast<int64_t>(tile_expert.size());
+    g.max_rows_per_expert = rows_per_expert;
+    g.n_experts = experts;
+    g.n_proj = n_proj;
+    g.N = N;
+    g.K = K;
+    for (int z = 0; z < n_proj; ++z) {
+        g.w[z] = wp[z].data();
+        g.s[z] = sp[z].data();
+        g.y[z] = ys[static_cast<size_t>(z)].ptr<uint16_t>();
+    }
+    return time_tflops(be, P, N * n_proj, K, iters,
+                       [&] { DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4(g, be.stream())); });
+}
+
+double bench_mma_sync_peak_tflops(CudaBackend& be) {
+    const int blocks = 2 * std::max(1, be.props().multiProcessorCount);
+    Tensor out = be.alloc(DType::F32, {static_cast<int64_t>(blocks) * kern::mma_peak_threads_per_block()});
+    DS4R_CUDA_CHECK(kern::launch_mma_peak(blocks, 1000, out.ptr<float>(), be.stream()));  // warm-up
+    cudaEvent_t a, b;
+    DS4R_CUDA_CHECK(cudaEventCreate(&a));
+    DS4R_CUDA_CHECK(cudaEventCreate(&b));
+    // 100k iterations: ~1.4e13 FLOP on an H200 (~25 ms), ~8.6e12 on an RTX 3090 (~0.12 s)
+    const int iters = 100000;
+    double best = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+        DS4R_CUDA_CHECK(cudaEventRecord(a, be.stream()));
+        DS4R_CUDA_CHECK(kern::launch_mma_peak(blocks, iters, out.ptr<float>(), be.stream()));
+        DS4R_CUDA_CHECK(cudaEventRecord(b, be.stream()));
+        DS4R_CUDA_CHECK(cudaEventSynchronize(b));
+        float ms = 0;
+        DS4R_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+        if (ms > 0) best = std::max(best, kern::mma_peak_flops_per_launch(blocks, iters) / (ms * 1e-3) / 1e12);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return best;
 }
 
 double bench_cublas_bf16_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters) {

@@ -20,4 +20,20 @@ double bench_linear_bf16_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K
 // mode for the measurement (bf16 inputs involve no TF32); the handle's pedantic mode is restored after.
 double bench_cublas_bf16_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters);
 
+// The block-scaled GEMM alone (activations already quantized; linear_fp8 / linear_fp4 minus their
+// act quant): q e4m3 [M, K] . W [N, K]^T -> bf16.
+double bench_gemm_fp8_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters);
+double bench_gemm_fp4_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters);
+// The routed experts' grouped fp4 GEMM as the MoE launches it (activations already quantized):
+// `experts` experts with distinct weights [N, K / 2], `rows_per_expert` pairs each, `n_proj`
+// projections (2: w1 + w3 on the same gathered activation rows, 1: w2). FLOPs: 2 * experts *
+// rows_per_expert * N * K * n_proj.
+double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_expert, int64_t N, int64_t K,
+                                int n_proj, int iters);
+// The instruction-level ceiling of the portable tensor-core path on this GPU: back-to-back
+// independent mma.sync.m16n8k16 bf16 -> fp32 from registers on every SM (kernels/gemm_peak.cu), in
+// TFLOP/s. Our GEMMs use exactly this instruction (fp16 operands in the block-scaled ones, the same
+// rate on sm_80 .. sm_90): ours / this = the fraction of the portable path's ceiling.
+double bench_mma_sync_peak_tflops(CudaBackend& be);
+
 }  // namespace ds4r

@@ -4,10 +4,13 @@
 //
 // Numerics (the CPU backend is the oracle):
 // - act_quant_fp8 / act_quant_fp8_inplace / fp4_quant_inplace: bit exact.
-// - linear_fp8 / linear_fp4: act quant (bit exact), then the block-scaled tensor-core GEMM of
-//   MODEL.md 5.3: per 32-wide K block a fresh fp32 MMA partial P, acc = acc + (P * sa) * sw in K
-//   order, bf16 at the end. The CPU rounds the exact block sum once, the MMA rounds its two k16
-//   halves: rarely an ulp of fp32 in P, so outputs match to 1 bf16 ulp, almost all bitwise.
+// - linear_fp8 / linear_fp4: act quant (bit exact; the codes in the GEMM's fragment order), then
+//   the block-scaled tensor-core GEMM of MODEL.md 5.3: per 32-wide K block a fresh fp32 MMA partial
+//   P, acc = acc + (P * sa) * sw in K order (computed as one fma where that is the same number,
+//   kernels/gemm_tile.cuh), bf16 at the end. The CPU rounds the exact block sum once, the MMA rounds
+//   its two k16 halves: rarely an ulp of fp32 in P, so outputs match to 1 bf16 ulp, almost all
+//   bitwise. tests/cuda/cuda_gemm_paths_test.cpp holds the GPU kernels to their reference kernels
+//   bit for bit.
 // - linear_bf16 / linear_wo_a / linear_f32: fp32 accumulation (tensor cores for bf16 x bf16, whose
 //   products are exact in fp32; FFMA otherwise). No TF32.
 #include "backend/cuda/cuda_backend.h"
@@ -37,7 +40,8 @@ void CudaBackend::act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& 
     check_disjoint(op, "x", x, "s", s);
     check_disjoint(op, "q", q, "s", s);
     DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), q.ptr<uint8_t>(), s.ptr<uint8_t>(), M, K,
-                                               kern::Fp8ScaleBytes::Reference, stream()));
+                                               kern::Fp8ScaleBytes::Reference, kern::Fp8CodeOrder::Canonical,
+                                               stream()));
 }
 
 void CudaBackend::act_quant_fp8_inplace(const Tensor& x) {
@@ -81,7 +85,8 @@ void CudaBackend::linear_fp8(const Tensor& x, const Fp8Linear& w, const Tensor& 
     Tensor q = alloc(DType::F8_E4M3, {M, K});
     Tensor s = alloc(DType::F8_E8M0, {M, K / 32});
     DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), q.ptr<uint8_t>(), s.ptr<uint8_t>(), M, K,
-                                               kern::Fp8ScaleBytes::GemmNanMarker, stream()));
+                                               kern::Fp8ScaleBytes::GemmNanMarker,
+                                               kern::Fp8CodeOrder::GemmFragment, stream()));
     DS4R_CUDA_CHECK(kern::launch_gemm_fp8(q.ptr<uint8_t>(), s.ptr<uint8_t>(), w.w.ptr<uint8_t>(), w.s.ptr<uint8_t>(),
                                           y.ptr<uint16_t>(), N, M, N, K, stream()));
 }
@@ -100,7 +105,8 @@ void CudaBackend::linear_fp4(const Tensor& x, const Fp4Linear& w, const Tensor& 
     Tensor q = alloc(DType::F8_E4M3, {M, K});
     Tensor s = alloc(DType::F8_E8M0, {M, K / 32});
     DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), q.ptr<uint8_t>(), s.ptr<uint8_t>(), M, K,
-                                               kern::Fp8ScaleBytes::GemmNanMarker, stream()));
+                                               kern::Fp8ScaleBytes::GemmNanMarker,
+                                               kern::Fp8CodeOrder::GemmFragment, stream()));
     DS4R_CUDA_CHECK(kern::launch_gemm_fp4(q.ptr<uint8_t>(), s.ptr<uint8_t>(), w.w.ptr<uint8_t>(), w.s.ptr<uint8_t>(),
                                           y.ptr<uint16_t>(), N, M, N, K, stream()));
 }

@@ -53,7 +53,8 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
     Tensor qx = be.alloc(DType::F8_E4M3, {Mc, D});
     Tensor sx = be.alloc(DType::F8_E8M0, {Mc, D / 32});
     DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), qx.ptr<uint8_t>(), sx.ptr<uint8_t>(), Mc, D,
-                                               kern::Fp8ScaleBytes::GemmNanMarker, st));
+                                               kern::Fp8ScaleBytes::GemmNanMarker,
+                                               kern::Fp8CodeOrder::GemmFragment, st));
 
     // 2. router
     {
