@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# ThreadSanitizer run of the prefetching weight source's tests (reader thread, completion thread,
-# the fake asynchronous copy queue, slot recycling, stop mid-prefetch). CPU only: configures
-# build-tsan with -DDS4R_SANITIZE=thread -DDS4R_CUDA=OFF, builds ds4r_unit_tests and runs the
-# prefetch / DirectReader tests through CTest; any TSan report fails the run (exit code != 0).
+# ThreadSanitizer run of the prefetching weight source's tests (the pool of reader threads with several
+# requests in flight, the completion thread, the fake asynchronous copy queue, slot recycling, schedule
+# churn, a failed request stopping the other readers, stop mid-read, DirectReader used by several
+# threads). CPU only: configures build-tsan with -DDS4R_SANITIZE=thread -DDS4R_CUDA=OFF, builds
+# ds4r_unit_tests and runs the prefetch / DirectReader tests through CTest; any TSan report fails the
+# run (exit code != 0).
 #
 #   scripts/tsan_prefetch.sh            # JOBS=2 by default; BUILD_DIR=... to build elsewhere
 #   REPEAT=5 scripts/tsan_prefetch.sh   # run the tests several times (races are timing dependent)

@@ -34,7 +34,11 @@ struct LayerLoadRecord {
     uint64_t bytes = 0;         // tensor bytes of the layer (what the forward uses)
     uint64_t bytes_read = 0;    // bytes read from the shards (aligned supersets of the byte runs)
     uint64_t bytes_uploaded = 0;
-    double read_s = 0;          // reader busy time (sum of the read calls)
+    // Wall time of the layer's reads: from the start of its first read request to the end of its last.
+    // Several requests run at once on the reader threads, so this is NOT the sum of their durations;
+    // bytes_read / read_s is the layer's read bandwidth. (It includes time the readers waited for a
+    // free staging buffer in the middle of the layer: an upload that keeps up costs nothing.)
+    double read_s = 0;
     double upload_s = 0;        // copy-queue busy time (copies serialized on the queue)
     double wait_s = 0;          // time acquire() blocked: the stall the compute thread saw
     double load_begin_at_s = 0;  // the first read of the layer started
@@ -45,12 +49,17 @@ struct LayerLoadRecord {
 struct WeightSourceStats {
     uint64_t bytes_read = 0;      // from the shards
     uint64_t bytes_uploaded = 0;  // host -> backend
-    double read_seconds = 0;      // time spent reading (summed over reads)
+    // Time during which at least one read was in flight (prefetching source: the union of the read
+    // requests' intervals over all reader threads; synchronous source: the sum of its reads), so
+    // bytes_read / read_seconds is the read bandwidth whatever the number of reader threads.
+    double read_seconds = 0;
     double upload_seconds = 0;
     double wait_seconds = 0;      // time acquire() blocked the caller (the stall)
     // Prefetching source only (the synchronous source leaves these empty / zero):
     uint64_t device_bytes = 0;  // backend (GPU) memory held for layer slots; 0 when slots are host memory
     uint64_t host_bytes = 0;    // host memory held: pinned staging ring, or the two host slots
+    uint64_t read_requests = 0;      // read calls issued (each at most PrefetchOptions::read_request_bytes)
+    uint64_t bytes_read_direct = 0;  // of bytes_read, read with O_DIRECT (the rest through the page cache)
     std::vector<LayerLoadRecord> layers;  // one record per acquire(), in acquire order
 };
 
@@ -69,15 +78,26 @@ public:
 std::unique_ptr<WeightSource> make_sync_weight_source(Backend& be, const Checkpoint& ckpt);
 
 // ---------------------------------------------------------------------------------------------
-// The prefetching source (DESIGN.md sections 3, 5 and 8): a reader thread reads the byte runs of the
-// next layer of the schedule with large O_DIRECT reads (buffered pread where the file system refuses
-// O_DIRECT, logged once) while the caller computes the current one.
+// The prefetching source (DESIGN.md sections 3, 5 and 8): a pool of `read_threads` reader threads reads
+// the byte runs of the next layer of the schedule with large O_DIRECT reads (buffered pread where the
+// file system refuses O_DIRECT, logged once) while the caller computes the current one. The layer's
+// reads are cut into requests of at most `read_request_bytes` (4 KiB aligned) that the readers take
+// in file order, so up to `read_threads` requests are in flight at once (one synchronous request per
+// thread: an NVMe drive reaches its bandwidth only with several in flight).
 //  - Upload mode (device backends): reads go to a ring of `staging_count` pinned host buffers
-//    (Backend::alloc_host) and are copied into the layer's backend slot through a CopyQueue, one
-//    fence per staging buffer; a staging buffer is refilled only after its fence completed.
+//    (Backend::alloc_host). A staging buffer is handed to the single CopyQueue only when all its
+//    requests are in: its copies into the layer's backend slot, in order, then one fence (buffers are
+//    handed over in the order they fill up). A staging buffer is refilled only after its fence completed.
 //  - Direct mode (host-memory backends): the reads land in the slot itself; no copies, no ring.
 // Memory is bounded whatever the number of layers or passes: two slots, each the size of the largest
 // layer (or the head) of the checkpoint, allocated once at construction, plus the ring (upload mode).
+// The reader threads add no buffers: they fill the ring or the slot.
+//
+// I/O mode: PrefetchOptions::direct_io, overridden by the environment variable DS4R_IO=direct (O_DIRECT,
+// buffered where refused) or DS4R_IO=buffered (page-cache pread), read at construction, so benchmarks
+// can compare both without rebuilding; any other non-empty value is an InputError.
+// WeightSourceStats::bytes_read_direct says which reads actually bypassed the page cache.
+//
 // Alignment in upload mode: every tensor's address is a multiple of 16 (the kernels load weights 16
 // bytes at a time). Each byte run is placed at an address congruent to (its file offset - r) mod 256,
 // r < 16 chosen per run so that most of its tensor bytes land on 16-byte boundaries (r = 0 when the
@@ -109,10 +129,16 @@ std::unique_ptr<WeightSource> make_sync_weight_source(Backend& be, const Checkpo
 //  - Errors of the reader / copy threads (I/O error, truncated shard, copy-queue error) are rethrown
 //    by the first acquire() that needs the failed layer, with the kind of the original error (a
 //    truncated shard is a CheckpointError naming the file and the layer); layers loaded before the
-//    failure are still delivered. From then on every acquire() of that layer or a later one, and
-//    set_schedule(), throw; a copy-queue error fails every further acquire().
-//  - The destructor stops the threads at the next read boundary (reads are issued in pieces of at
-//    most read_request_bytes), waits for the copies already issued and joins the threads. Handles
+//    failure are still delivered. The first failed request stops every reader at its next request
+//    boundary (requests already in flight complete; no new one starts). From then on every acquire()
+//    of that layer or a later one, and set_schedule(), throw; a copy-queue error fails every further
+//    acquire(). When requests of several layers fail, acquire() reports the earliest layer's error.
+//  - A slot is never written by two loads at once: a slot dropped by set_schedule() or a resync
+//    starts a new load only after the read requests into it and the hand-overs of its copies to the
+//    CopyQueue are done (copies already queued run before the new layer's: the queue is in order).
+//  - A dropped load's failed request is logged and ignored (the layer is read again when needed).
+//  - The destructor stops the readers at the next request boundary (requests in flight complete, each
+//    at most read_request_bytes), waits for the copies already issued and joins the threads. Handles
 //    may outlive the source: their views stay valid until they are destroyed.
 //  - Engram tables are never streamed (they are not class Layer, see Checkpoint::layer_runs).
 struct PrefetchOptions {
@@ -123,8 +149,10 @@ struct PrefetchOptions {
     size_t staging_bytes = size_t{128} << 20;      // one staging buffer (rounded up to 4 KiB); direct
                                                    // mode: the largest read into a slot
     int staging_count = 4;                         // ring length, 2..32
-    size_t read_request_bytes = size_t{64} << 20;  // largest single read call (stop latency)
-    bool direct_io = true;                         // false: buffered pread only
+    size_t read_request_bytes = size_t{64} << 20;  // largest single read call, rounded up to 4 KiB
+                                                   // (the unit of parallelism and of stop latency)
+    int read_threads = 4;                          // reader threads = read requests in flight, 1..32
+    bool direct_io = true;                         // false: buffered pread only (DS4R_IO overrides)
     bool repeat_schedule = true;                   // see the contract above
 };
 

@@ -3,10 +3,14 @@
 // and the buffer address aligned to the logical block size; 4 KiB covers every common device).
 // Where the file system refuses O_DIRECT (EINVAL at open or at the first read, e.g. some tmpfs or
 // network file systems) the reader falls back to buffered pread and logs it once per process.
+// Thread safety: read_aligned() may be called from several threads at once (positional reads on one
+// descriptor); the fallback switches every thread to the buffered descriptor.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 namespace ds4r {
@@ -30,20 +34,24 @@ public:
     DirectReader& operator=(const DirectReader&) = delete;
 
     // Reads up to `len` bytes at `offset` into `buf`; all three kAlign-aligned. Returns the count,
-    // short only at the end of the file. RuntimeError naming the file on an I/O error.
-    size_t read_aligned(void* buf, uint64_t offset, size_t len);
+    // short only at the end of the file. RuntimeError naming the file on an I/O error. When `direct`
+    // is given it is set to whether every byte of this call was read with O_DIRECT.
+    size_t read_aligned(void* buf, uint64_t offset, size_t len, bool* direct = nullptr);
 
-    bool direct() const { return direct_; }
+    bool direct() const { return direct_.load(std::memory_order_acquire); }
     const std::string& path() const { return path_; }
     uint64_t file_size() const;  // current size (fstat), for error messages
 
 private:
-    void open_buffered();
+    // Opens the buffered descriptor (if not yet) and turns direct_ off; every thread then uses it.
+    void fall_back(int err);
 
     std::string path_;
-    int fd_ = -1;
-    bool direct_ = false;
+    int direct_fd_ = -1;  // O_DIRECT descriptor (fixed after construction; -1 when refused / not asked)
+    int buffered_fd_ = -1;  // written once, before direct_ turns false (release), under fallback_mu_
+    std::atomic<bool> direct_{false};
     bool refuse_for_test_ = false;
+    std::mutex fallback_mu_;
 };
 
 inline uint64_t align_down(uint64_t x, uint64_t a) { return x / a * a; }

@@ -21,9 +21,11 @@ namespace ds4r {
 constexpr size_t kSlotAlign = 256;
 constexpr size_t kTensorAlign = 16;
 
-// One aligned read: [file_begin, file_end) of `shard` (DirectReader::kAlign multiples) into the
-// staging buffer (upload mode) or the slot (direct mode) at buf_off. Bytes past `need_end` may be
-// missing (past the end of the file); bytes before it must be read or the shard is truncated.
+// One aligned range: [file_begin, file_end) of `shard` (DirectReader::kAlign multiples) into the
+// staging buffer (upload mode) or the slot (direct mode) at buf_off. The prefetcher's reader threads
+// read it in requests of at most PrefetchOptions::read_request_bytes, several at once. Bytes past
+// `need_end` may be missing (past the end of the file); bytes before it must be read or the shard is
+// truncated.
 struct ReadPiece {
     int shard = -1;
     uint64_t file_begin = 0, file_end = 0;

@@ -1,16 +1,22 @@
 // The prefetching weight source (include/ds4r/weights.h): byte-identical tensors to the synchronous
-// source across passes, the asynchronous upload path and slot recycling on a fake backend whose copy
-// queue completes late, error propagation, stopping mid-prefetch, plans and the O_DIRECT reader.
+// source across passes with 1..7 reader threads and odd request sizes, the asynchronous upload path and
+// slot recycling on a fake backend whose copy queue completes late, schedule churn with requests in
+// flight, error propagation (a failed request stops the other readers), stopping mid-read, the DS4R_IO
+// override, plans and the O_DIRECT reader (also under concurrent use).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "ds4r/checkpoint.h"
 #include "ds4r/error.h"
@@ -123,6 +129,55 @@ void use_and_poison(const ResidentLayer& r, const Checkpoint& ckpt, int layer, c
         if (t->nbytes) std::memset(r.get(t->name).data, 0xA5, t->nbytes);
 }
 
+// Number of read calls the plan of `layer` takes with requests of `request` bytes (a multiple of 4096).
+uint64_t plan_requests(const Checkpoint& ckpt, int layer, bool upload, size_t staging, size_t request) {
+    const LayerPlan p = make_layer_plan(ckpt, layer, upload, align_up(staging, DirectReader::kAlign));
+    uint64_t n = 0;
+    for (const PlanBatch& b : p.batches)
+        for (const ReadPiece& r : b.reads) n += (r.file_end - r.file_begin + request - 1) / request;
+    return n;
+}
+
+// Whether the file system under `path` accepts O_DIRECT reads (tmpfs and some others do not).
+bool accepts_o_direct(const std::string& path) {
+    DirectReader r(path, DirectReader::Mode::Auto);
+    auto buf = std::shared_ptr<void>(std::aligned_alloc(4096, 4096), [](void* p) { std::free(p); });
+    bool direct = false;
+    r.read_aligned(buf.get(), 0, 4096, &direct);
+    return direct;
+}
+
+// Sets an environment variable for the scope, restoring the previous value (or its absence) after.
+class ScopedEnv {
+public:
+    ScopedEnv(const char* name, const char* value) : name_(name) {
+        if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+        ::setenv(name, value, 1);
+    }
+    ~ScopedEnv() {
+        if (had_)
+            ::setenv(name_.c_str(), old_.c_str(), 1);
+        else
+            ::unsetenv(name_.c_str());
+    }
+
+private:
+    std::string name_, old_;
+    bool had_ = false;
+};
+
+// The timing records of a run: each layer's reads lie inside its load (first read start to last read
+// end, not a sum over the reader threads), and the union of reading time fits in the source's lifetime.
+void check_read_times(const WeightSourceStats& st, double lifetime_s) {
+    for (const LayerLoadRecord& r : st.layers) {
+        EXPECT_GT(r.read_s, 0.0) << "layer " << r.layer;
+        EXPECT_LE(r.read_s, r.ready_at_s - r.load_begin_at_s + 1e-6)
+            << "layer " << r.layer << ": read_s is longer than the load itself (a sum over threads?)";
+    }
+    EXPECT_GT(st.read_seconds, 0.0);
+    EXPECT_LE(st.read_seconds, lifetime_s + 1e-6) << "read_seconds counts overlapping reads more than once";
+}
+
 std::vector<int> repeat(const std::vector<int>& order, int times) {
     std::vector<int> out;
     for (int i = 0; i < times; ++i) out.insert(out.end(), order.begin(), order.end());
@@ -143,9 +198,10 @@ protected:
 // CPU backend (direct mode): identical bytes across 3 passes, full-list and repeating schedules.
 struct DirectCase {
     size_t staging;
-    size_t request;
+    size_t request;  // rounded up to 4096 by the source
     bool direct_io;
     bool full_list;  // the schedule lists all three passes (else one pass, repeated)
+    int threads;
 };
 
 class PrefetchDirectTest : public PrefetchTest, public ::testing::WithParamInterface<DirectCase> {};
@@ -158,6 +214,8 @@ TEST_P(PrefetchDirectTest, MatchesSyncSourceAcrossThreePasses) {
     o.read_request_bytes = c.request;
     o.direct_io = c.direct_io;
     o.repeat_schedule = !c.full_list;
+    o.read_threads = c.threads;
+    const auto born = std::chrono::steady_clock::now();
     auto src = make_prefetch_weight_source(*cpu, *ckpt_, o);
     const std::vector<int> pass = one_pass(*ckpt_);
     const std::vector<int> all = repeat(pass, 3);
@@ -168,6 +226,21 @@ TEST_P(PrefetchDirectTest, MatchesSyncSourceAcrossThreePasses) {
         use_and_poison(*h, *ckpt_, L, exp_, false, rng);
     }
     const WeightSourceStats st = src->stats();
+    check_read_times(st, std::chrono::duration<double>(std::chrono::steady_clock::now() - born).count());
+    // Every request is counted; a full-list schedule reads exactly its positions.
+    const size_t request = align_up(c.request, DirectReader::kAlign);
+    uint64_t want_requests = 0;
+    for (int L : all) want_requests += plan_requests(*ckpt_, L, false, c.staging, request);
+    if (c.full_list) {
+        EXPECT_EQ(st.read_requests, want_requests);
+    } else {
+        EXPECT_GE(st.read_requests, want_requests);
+    }
+    if (!c.direct_io) {
+        EXPECT_EQ(st.bytes_read_direct, 0u) << "direct_io = false reads through the page cache";
+    } else if (accepts_o_direct(ckpt_->shards().at(1).path)) {
+        EXPECT_EQ(st.bytes_read_direct, st.bytes_read);
+    }
     EXPECT_EQ(st.device_bytes, 0u);
     EXPECT_GT(st.host_bytes, 0u);
     EXPECT_EQ(st.bytes_uploaded, 0u);
@@ -191,10 +264,16 @@ TEST_P(PrefetchDirectTest, MatchesSyncSourceAcrossThreePasses) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, PrefetchDirectTest,
-                         ::testing::Values(DirectCase{size_t{128} << 20, size_t{64} << 20, true, true},
-                                           DirectCase{size_t{128} << 20, size_t{64} << 20, true, false},
-                                           DirectCase{8192, 4096, true, false},
-                                           DirectCase{65536, 16384, false, true}));
+                         ::testing::Values(DirectCase{size_t{128} << 20, size_t{64} << 20, true, true, 4},
+                                           DirectCase{size_t{128} << 20, size_t{64} << 20, true, false, 1},
+                                           DirectCase{8192, 4096, true, false, 2},
+                                           DirectCase{65536, 16384, false, true, 4},
+                                           // odd request sizes (rounded up to 4 KiB) and thread counts
+                                           DirectCase{65536, 5000, true, true, 7},
+                                           DirectCase{40000, 12345, false, false, 2},
+                                           DirectCase{size_t{1} << 20, 3, true, true, 7},
+                                           DirectCase{20480, 77777, true, false, 1},
+                                           DirectCase{size_t{3} << 20, 999999, false, true, 4}));
 
 // ---------------------------------------------------------------------------------------------
 // Fake asynchronous backend (upload mode): late copies, fences, slot recycling, memory bound.
@@ -203,6 +282,8 @@ struct UploadCase {
     int count;
     int delay_us;
     unsigned seed;
+    int threads;
+    size_t request;
 };
 
 class PrefetchUploadTest : public PrefetchTest, public ::testing::WithParamInterface<UploadCase> {};
@@ -214,8 +295,10 @@ TEST_P(PrefetchUploadTest, AsyncCopiesRecycleSlotsSafely) {
     o.mode = PrefetchOptions::Mode::Upload;
     o.staging_bytes = c.staging;
     o.staging_count = c.count;
-    o.read_request_bytes = 16384;
+    o.read_request_bytes = c.request;
+    o.read_threads = c.threads;
     o.repeat_schedule = false;
+    const auto born = std::chrono::steady_clock::now();
     auto src = make_prefetch_weight_source(be, *ckpt_, o);
     // Memory bound: two slots and the ring, allocated once.
     EXPECT_EQ(be.allocs(), 2);
@@ -251,11 +334,18 @@ TEST_P(PrefetchUploadTest, AsyncCopiesRecycleSlotsSafely) {
     // The full-list schedule ends with the last entry: nothing is uploaded beyond the acquired layers.
     EXPECT_EQ(st.bytes_uploaded, uploaded);
     EXPECT_GT(st.upload_seconds, 0.0);
+    check_read_times(st, std::chrono::duration<double>(std::chrono::steady_clock::now() - born).count());
+    uint64_t want_requests = 0;
+    for (int L : all) want_requests += plan_requests(*ckpt_, L, true, c.staging, align_up(c.request, 4096));
+    EXPECT_EQ(st.read_requests, want_requests);
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, PrefetchUploadTest,
-                         ::testing::Values(UploadCase{4096, 2, 50, 1}, UploadCase{65536, 3, 200, 2},
-                                           UploadCase{65536, 4, 0, 3}, UploadCase{size_t{16} << 20, 2, 300, 4}));
+                         ::testing::Values(UploadCase{4096, 2, 50, 1, 1, 16384}, UploadCase{65536, 3, 200, 2, 4, 16384},
+                                           UploadCase{65536, 4, 0, 3, 7, 5000},
+                                           UploadCase{size_t{16} << 20, 2, 300, 4, 2, 16384},
+                                           UploadCase{20000, 5, 100, 5, 3, 12345},
+                                           UploadCase{size_t{1} << 20, 2, 20, 6, 7, 4097}));
 
 // The synchronous CopyQueue default (Backend::make_copy_queue) drives the same path on the CPU backend.
 TEST_F(PrefetchTest, UploadModeWithDefaultCopyQueueOnCpu) {
@@ -417,22 +507,90 @@ TEST_P(PrefetchErrorTest, TruncatedShardIsNamedByAcquire) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, PrefetchErrorTest, ::testing::Values(false, true));
 
+// Several readers, small requests: the first failed request of layer 2 (its shard is cut inside the
+// layer's first bytes) reaches acquire(), and no reader claims a request after a failure. Every
+// request of layer 2 fails (all lie past the cut), and each reader has at most one request in flight,
+// so at most read_threads requests of layer 2 (or later) are ever issued, out of hundreds.
+class PrefetchPieceErrorTest : public PrefetchTest, public ::testing::WithParamInterface<std::tuple<bool, int>> {};
+
+TEST_P(PrefetchPieceErrorTest, FailedRequestStopsTheOtherReaders) {
+    const auto [upload, threads] = GetParam();
+    const std::string dir = test::temp_dir("prefetch-piece-err") + "/model";
+    fs::copy(golden_model(), dir, fs::copy_options::recursive);
+    Checkpoint ckpt = Checkpoint::open(dir);
+    const TensorLocation* first = nullptr;
+    for (const TensorLocation* t : tensors_of_layer(ckpt, 2))
+        if (!first || (t->shard == first->shard ? t->offset < first->offset : t->shard < first->shard)) first = t;
+    ASSERT_NE(first, nullptr);
+    const ShardInfo& shard = ckpt.shards().at(static_cast<size_t>(first->shard));
+    for (int L : {0, 1})
+        for (const TensorLocation* t : tensors_of_layer(ckpt, L))
+            ASSERT_NE(t->shard, first->shard) << "test premise: layers 0 and 1 are not in layer 2's shard";
+    for (const TensorLocation* t : tensors_of_layer(ckpt, 2))
+        ASSERT_EQ(t->shard, first->shard) << "test premise: layer 2 lies in one shard";
+    const uint64_t cut = first->offset + 3;
+
+    const size_t staging = 65536, request = 4096;
+    test::FakeAsyncBackend fake(31, 50);
+    auto cpu = make_cpu_backend();
+    PrefetchOptions o;
+    o.mode = upload ? PrefetchOptions::Mode::Upload : PrefetchOptions::Mode::Direct;
+    o.staging_bytes = staging;
+    o.staging_count = 3;
+    o.read_request_bytes = request;
+    o.read_threads = threads;
+    Backend& be = upload ? static_cast<Backend&>(fake) : *cpu;
+    auto src = make_prefetch_weight_source(be, ckpt, o);
+    ASSERT_EQ(::truncate(shard.path.c_str(), static_cast<off_t>(cut)), 0);
+    const uint64_t layer2_requests = plan_requests(ckpt, 2, upload, staging, request);
+    ASSERT_GT(layer2_requests, 8u * static_cast<uint64_t>(threads)) << "test premise: layer 2 takes many requests";
+    src->set_schedule(one_pass(ckpt));
+    std::mt19937 rng(12);
+    for (int L : {0, 1}) {
+        auto h = src->acquire(L);
+        use_and_poison(*h, ckpt, L, exp_, upload, rng);
+    }
+    try {
+        src->acquire(2);
+        FAIL() << "acquire(2) of a truncated shard did not throw";
+    } catch (const CheckpointError& e) {
+        EXPECT_NE(std::string(e.what()).find(shard.file_name), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("layer 2"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+    }
+    const WeightSourceStats st = src->stats();
+    const uint64_t before = plan_requests(ckpt, 0, upload, staging, request) + plan_requests(ckpt, 1, upload, staging, request);
+    EXPECT_GE(st.read_requests, before + 1);
+    EXPECT_LE(st.read_requests, before + static_cast<uint64_t>(threads))
+        << "readers went on claiming requests after a failure (layer 2 alone has " << layer2_requests << ")";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // No claim after a failure: the count cannot move (requests in flight only finish).
+    EXPECT_EQ(src->stats().read_requests, st.read_requests) << "a reader is still claiming after the failure";
+    EXPECT_THROW(src->acquire(3), CheckpointError);
+    EXPECT_THROW(src->set_schedule(one_pass(ckpt)), CheckpointError);
+}
+
+INSTANTIATE_TEST_SUITE_P(ModesAndThreads, PrefetchPieceErrorTest,
+                         ::testing::Combine(::testing::Values(false, true), ::testing::Values(2, 4, 7)));
+
 // ---------------------------------------------------------------------------------------------
 // Destruction while the reader and the copy queue are busy: prompt, clean, handles stay valid.
 TEST_F(PrefetchTest, DestructorStopsMidPrefetch) {
     using clock = std::chrono::steady_clock;
-    for (int variant = 0; variant < 3; ++variant) {
+    for (int variant = 0; variant < 9; ++variant) {
         test::FakeAsyncBackend be(21 + variant, 300);  // up to 0.3 ms per queued copy
         PrefetchOptions o;
         o.mode = PrefetchOptions::Mode::Upload;
-        o.staging_bytes = 4096;
-        o.staging_count = 2;
+        o.staging_bytes = variant < 3 ? 4096 : 16384;
+        o.staging_count = 2 + variant % 3;
         o.read_request_bytes = 4096;
+        o.read_threads = variant < 3 ? 1 : (variant < 6 ? 4 : 7);  // several requests in flight
+        SCOPED_TRACE(strfmt("variant %d, %d readers", variant, o.read_threads));
         auto src = make_prefetch_weight_source(be, *ckpt_, o);
         src->set_schedule(one_pass(*ckpt_));
         std::shared_ptr<ResidentLayer> kept;
-        if (variant >= 1) kept = src->acquire(0);  // then layer 1 is loading
-        if (variant == 1) kept.reset();
+        if (variant % 3 >= 1) kept = src->acquire(0);  // then layer 1 is loading
+        if (variant % 3 == 1) kept.reset();
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
         const auto t0 = clock::now();
         src.reset();
@@ -446,7 +604,138 @@ TEST_F(PrefetchTest, DestructorStopsMidPrefetch) {
         auto cpu = make_cpu_backend();
         auto src = make_prefetch_weight_source(*cpu, *ckpt_, {});
         src->set_schedule(one_pass(*ckpt_));
-    }  // destroyed right after the reader started
+    }  // destroyed right after the readers started
+    // Direct mode, 7 readers writing into the slots with small requests: destroyed mid-read, with and
+    // without a handle kept (its bytes stay intact: no reader touches a held slot).
+    for (int variant = 0; variant < 4; ++variant) {
+        auto cpu = make_cpu_backend();
+        PrefetchOptions o;
+        o.read_request_bytes = 4096;
+        o.staging_bytes = 8192;
+        o.read_threads = 7;
+        auto src = make_prefetch_weight_source(*cpu, *ckpt_, o);
+        src->set_schedule(one_pass(*ckpt_));
+        std::shared_ptr<ResidentLayer> kept;
+        if (variant >= 2) kept = src->acquire(0);
+        if (variant % 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        const auto t0 = clock::now();
+        src.reset();
+        EXPECT_LT(std::chrono::duration<double>(clock::now() - t0).count(), 2.0) << "direct variant " << variant;
+        if (kept) {
+            EXPECT_EQ(check_layer(*kept, *ckpt_, 0, exp_, false), 0) << "a handle outlives its source";
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schedule churn while several requests are in flight: out-of-order acquires (resync) and replaced
+// schedules drop layers whose requests / copies are still running; a dropped slot must not be
+// reloaded until they are done, or stale bytes would land in the new layer (caught by the checks).
+class PrefetchChurnTest : public PrefetchTest, public ::testing::WithParamInterface<std::tuple<bool, int>> {};
+
+TEST_P(PrefetchChurnTest, DroppedLoadsNeverCorruptLaterOnes) {
+    const auto [upload, threads] = GetParam();
+    test::FakeAsyncBackend fake(41 + threads, 100);
+    auto cpu = make_cpu_backend();
+    PrefetchOptions o;
+    o.mode = upload ? PrefetchOptions::Mode::Upload : PrefetchOptions::Mode::Direct;
+    o.staging_bytes = 16384;
+    o.staging_count = 3;
+    o.read_request_bytes = 4096;
+    o.read_threads = threads;
+    Backend& be = upload ? static_cast<Backend&>(fake) : *cpu;
+    auto src = make_prefetch_weight_source(be, *ckpt_, o);
+    const std::vector<int> pass = one_pass(*ckpt_);
+    std::mt19937 rng(100 + static_cast<unsigned>(threads));
+    std::vector<int> order = pass;
+    src->set_schedule(order);
+    size_t next = 0;  // index of the next expected entry of `order`
+    for (int step = 0; step < 60; ++step) {
+        const int action = std::uniform_int_distribution<int>(0, 9)(rng);
+        if (action == 0) {  // a new schedule: a random rotation of the pass
+            std::rotate(order.begin(), order.begin() + std::uniform_int_distribution<size_t>(0, order.size() - 1)(rng),
+                        order.end());
+            src->set_schedule(order);
+            next = 0;
+            continue;
+        }
+        // Mostly in order; sometimes skip ahead (a resync drops what was prefetched).
+        if (action <= 2) next += std::uniform_int_distribution<size_t>(1, 3)(rng);
+        const int L = order[next % order.size()];
+        auto h = src->acquire(L);
+        if (upload) fake.guard_hold(ranges_of(*h, *ckpt_, L));
+        use_and_poison(*h, *ckpt_, L, exp_, upload, rng);
+        if (upload) fake.guard_release();
+        h.reset();
+        ++next;
+    }
+    EXPECT_EQ(fake.violations(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(ModesAndThreads, PrefetchChurnTest,
+                         ::testing::Combine(::testing::Values(false, true), ::testing::Values(1, 3, 7)));
+
+// ---------------------------------------------------------------------------------------------
+// DS4R_IO overrides PrefetchOptions::direct_io without a rebuild; anything else is an input error.
+TEST_F(PrefetchTest, EnvironmentOverridesTheIoMode) {
+    auto run = [&](bool direct_io) {
+        auto cpu = make_cpu_backend();
+        PrefetchOptions o;
+        o.direct_io = direct_io;
+        o.read_threads = 3;
+        o.read_request_bytes = 65536;
+        auto src = make_prefetch_weight_source(*cpu, *ckpt_, o);
+        src->set_schedule(one_pass(*ckpt_));
+        std::mt19937 rng(4);
+        for (int L : one_pass(*ckpt_)) {
+            auto h = src->acquire(L);
+            use_and_poison(*h, *ckpt_, L, exp_, false, rng);
+        }
+        return src->stats();
+    };
+    {
+        ScopedEnv env("DS4R_IO", "buffered");
+        const WeightSourceStats st = run(true);
+        EXPECT_GT(st.bytes_read, 0u);
+        EXPECT_EQ(st.bytes_read_direct, 0u) << "DS4R_IO=buffered still read with O_DIRECT";
+    }
+    {
+        ScopedEnv env("DS4R_IO", "direct");
+        const WeightSourceStats st = run(false);
+        if (accepts_o_direct(ckpt_->shards().at(1).path)) {
+            EXPECT_EQ(st.bytes_read_direct, st.bytes_read) << "DS4R_IO=direct did not use O_DIRECT";
+        } else {
+            EXPECT_EQ(st.bytes_read_direct, 0u);  // the file system refused it: buffered fallback
+        }
+    }
+    {
+        ScopedEnv env("DS4R_IO", "");  // empty: the option decides
+        EXPECT_EQ(run(false).bytes_read_direct, 0u);
+    }
+    for (const char* bad : {"Direct", "mmap", "1"}) {
+        ScopedEnv env("DS4R_IO", bad);
+        auto cpu = make_cpu_backend();
+        try {
+            make_prefetch_weight_source(*cpu, *ckpt_, {});
+            ADD_FAILURE() << "DS4R_IO=" << bad << " accepted";
+        } catch (const InputError& e) {
+            EXPECT_NE(std::string(e.what()).find("DS4R_IO"), std::string::npos) << e.what();
+        }
+    }
+}
+
+TEST_F(PrefetchTest, OptionBoundsAreChecked) {
+    auto cpu = make_cpu_backend();
+    for (int threads : {0, 33, -1}) {
+        PrefetchOptions o;
+        o.read_threads = threads;
+        EXPECT_THROW(make_prefetch_weight_source(*cpu, *ckpt_, o), RuntimeError) << threads;
+    }
+    PrefetchOptions o;
+    o.read_threads = 32;
+    auto src = make_prefetch_weight_source(*cpu, *ckpt_, o);
+    src->set_schedule({kHeadLayer});
+    EXPECT_EQ(check_layer(*src->acquire(kHeadLayer), *ckpt_, kHeadLayer, exp_, false), 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -523,6 +812,31 @@ TEST(DirectReaderTest, ReadsAlignedRangesAndFallsBack) {
         EXPECT_THROW(r.read_aligned(b + 1, 0, 4096), RuntimeError);
         EXPECT_THROW(r.read_aligned(b, 100, 4096), RuntimeError);
         EXPECT_EQ(r.file_size(), 10000u);
+    }
+    // Several threads on one reader, including the switch to buffered reads in the middle of them.
+    std::vector<uint8_t> big(1 << 20);
+    for (auto& x : big) x = static_cast<uint8_t>(rng());
+    const std::string big_path = test::temp_dir("direct-reader") + "/big.bin";
+    std::ofstream(big_path, std::ios::binary).write(reinterpret_cast<const char*>(big.data()), big.size());
+    for (auto mode : {DirectReader::Mode::Auto, DirectReader::Mode::RefuseDirectForTest}) {
+        DirectReader r(big_path, mode);
+        std::vector<std::thread> threads;
+        std::atomic<int> bad{0};
+        for (int t = 0; t < 6; ++t)
+            threads.emplace_back([&, t] {
+                auto mem = std::shared_ptr<void>(std::aligned_alloc(4096, 65536), [](void* p) { std::free(p); });
+                for (int i = 0; i < 40; ++i) {
+                    const uint64_t off = static_cast<uint64_t>((t * 40 + i) % 240) * 4096;
+                    const size_t got = r.read_aligned(mem.get(), off, 65536);
+                    const size_t want = std::min<size_t>(65536, big.size() - off);
+                    if (got != want || std::memcmp(mem.get(), big.data() + off, want) != 0) bad.fetch_add(1);
+                }
+            });
+        for (auto& th : threads) th.join();
+        EXPECT_EQ(bad.load(), 0);
+        if (mode == DirectReader::Mode::RefuseDirectForTest) {
+            EXPECT_FALSE(r.direct());
+        }
     }
     try {
         DirectReader r(path + ".missing", DirectReader::Mode::Auto);
