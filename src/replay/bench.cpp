@@ -1,6 +1,7 @@
 #include "ds4r/bench.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -139,8 +140,12 @@ void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* en
     const ModelConfig& c = ck.config();
     auto seqs = make_sequences(w, c.vocab_size, opt.seed);
     const int64_t total = w.sequences * w.tokens;
+    // DS4R_READ_THREADS / DS4R_READ_REQUEST_MB tune the prefetcher (DS4R_IO picks direct / buffered reads).
+    PrefetchOptions po;
+    if (const char* e = std::getenv("DS4R_READ_THREADS")) po.read_threads = std::atoi(e);
+    if (const char* e = std::getenv("DS4R_READ_REQUEST_MB")) po.read_request_bytes = static_cast<size_t>(std::atoi(e)) << 20;
     std::unique_ptr<WeightSource> ws =
-        opt.prefetch ? make_prefetch_weight_source(be, ck) : make_sync_weight_source(be, ck);
+        opt.prefetch ? make_prefetch_weight_source(be, ck, po) : make_sync_weight_source(be, ck);
     ReplayOptions ro;
     const int64_t per_row = (14 + c.hc_mult) * c.dim * 4 + c.n_heads * c.head_dim * 8;
     ro.max_batch_tokens = opt.max_batch_tokens > 0
@@ -229,6 +234,12 @@ void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* en
 #ifdef DS4R_HAVE_CUDA
     if (cb) gpu_hw = static_cast<double>(cb->high_water());
 #endif
+    std::fprintf(out, "  weights read: %.2f GB in %.2f s of reading (%.2f GB/s; %llu requests, %.0f%% O_DIRECT, %d reader threads)\n",
+                 static_cast<double>(st.bytes_read) / 1e9, st.read_seconds,
+                 st.read_seconds > 0 ? static_cast<double>(st.bytes_read) / 1e9 / st.read_seconds : 0.0,
+                 (unsigned long long)st.read_requests,
+                 st.bytes_read ? 100.0 * static_cast<double>(st.bytes_read_direct) / static_cast<double>(st.bytes_read) : 0.0,
+                 opt.prefetch ? po.read_threads : 1);
     std::fprintf(out, "  GPU memory high-water %.2f GB (weights slots %.2f GB); host state %.1f KB/token + %.2f GB pinned staging\n",
                  gpu_hw / 1e9, static_cast<double>(st.device_bytes) / 1e9, host_per_token / 1024,
                  static_cast<double>(st.host_bytes) / 1e9);
