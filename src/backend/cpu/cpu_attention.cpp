@@ -4,32 +4,19 @@
 #include <limits>
 #include <vector>
 
+#include "backend/op_checks.h"
 #include "cpu_backend.h"
 #include "cpu_ref.h"
 #include "ds4r/error.h"
 
 namespace ds4r {
 
-using namespace cpu_detail;
-
 void CpuBackend::compress_pool2(const Tensor& kv, const Tensor& sc, const Tensor& out) {
     // kv, sc F32 [2n (+1), hd] -> out BF16 [n, hd]: per channel, a 2-way softmax over the group's
     // scores, w_i = exp(sc_i - max) / sum (true division, as CUDA's softmax epilogue), then
     // out = bf16((0 + kv_0 * w_0) + kv_1 * w_1) in fp32 (MODEL.md 4.6.1, 8.2). A trailing odd row is
     // ignored (it waits for decode in the reference).
-    const char* op = "compress_pool2";
-    check_dtype(op, "kv", kv, DType::F32);
-    check_dtype(op, "sc", sc, DType::F32);
-    check_dtype(op, "out", out, DType::BF16);
-    DS4R_CHECK(kv.ndim() == 2 && sc.shape == kv.shape,
-               "cpu compress_pool2: kv %s and sc %s must be equal [rows, hd]", shape_str(kv.shape).c_str(),
-               shape_str(sc.shape).c_str());
-    const int64_t rows = kv.dim(0), hd = kv.dim(1);
-    check_data(op, "kv", kv);
-    check_data(op, "sc", sc);
-    const int64_t n = rows_of(op, "out", out, hd);
-    DS4R_CHECK(2 * n <= rows, "cpu compress_pool2: %lld groups need %lld rows, kv has %lld", (long long)n,
-               (long long)(2 * n), (long long)rows);
+    const auto [rows, n, hd] = opcheck::compress_pool2(kv, sc, out);
     const float* K = kv.ptr<float>();
     const float* S = sc.ptr<float>();
     uint16_t* O = out.ptr<uint16_t>();
@@ -52,14 +39,7 @@ void CpuBackend::compress_pool2(const Tensor& kv, const Tensor& sc, const Tensor
 void CpuBackend::window_indices(const Tensor& qpos, int64_t window, const Tensor& idx) {
     // idx I32 [m, W]: idx[r, c] = max(p - window + 1, 0) + c, or -1 where that exceeds p = qpos[r]
     // (model.py get_window_topk_idxs, MODEL.md 4.6 b).
-    check_dtype("window_indices", "qpos", qpos, DType::I32);
-    check_dtype("window_indices", "idx", idx, DType::I32);
-    DS4R_CHECK(window > 0, "cpu window_indices: window = %lld must be positive", (long long)window);
-    DS4R_CHECK(idx.ndim() == 2, "cpu window_indices: idx must be [m, W], got %s",
-               shape_str(idx.shape).c_str());
-    const int64_t m = idx.dim(0), W = idx.dim(1);
-    check_data("window_indices", "idx", idx);
-    check_numel("window_indices", "qpos", qpos, m);
+    const auto [m, W] = opcheck::window_indices(qpos, window, idx);
     const int32_t* pp = qpos.ptr<int32_t>();
     int32_t* ip = idx.ptr<int32_t>();
     for (int64_t r = 0; r < m; ++r) {
@@ -85,24 +65,7 @@ void CpuBackend::sparse_attn(const Tensor& q, const Tensor& win_kv, const Tensor
     // last tile sum += exp(sink - M) (unscaled sink, no value row); o = bf16(acc / sum). exp is the
     // host expf (CUDA: libdevice expf, last-ulp differences). All-empty tiles are skipped: they keep
     // M, scale by exp(0) = 1 and add 0 (numerically inert, MODEL.md 6.4); an all-empty row gives 0.
-    const char* op = "sparse_attn";
-    check_dtype(op, "q", q, DType::BF16);
-    check_dtype(op, "win_kv", win_kv, DType::BF16);
-    check_dtype(op, "cmp_kv", cmp_kv, DType::BF16);
-    check_dtype(op, "sink", sink, DType::F32);
-    check_dtype(op, "idx", idx, DType::I32);
-    check_dtype(op, "o", o, DType::BF16);
-    DS4R_CHECK(q.ndim() == 3, "cpu sparse_attn: q must be [m, H, hd], got %s", shape_str(q.shape).c_str());
-    const int64_t m = q.dim(0), H = q.dim(1), hd = q.dim(2);
-    check_data(op, "q", q);
-    const int64_t s = rows_of(op, "win_kv", win_kv, hd);
-    const int64_t T = cmp_kv.numel() == 0 ? 0 : rows_of(op, "cmp_kv", cmp_kv, hd);
-    check_numel(op, "sink", sink, H);
-    DS4R_CHECK(idx.ndim() == 2 && idx.dim(0) == m, "cpu sparse_attn: idx must be [%lld, n_idx], got %s",
-               (long long)m, shape_str(idx.shape).c_str());
-    check_data(op, "idx", idx);
-    check_numel(op, "o", o, m * H * hd);
-    const int64_t n_idx = idx.dim(1);
+    const auto [m, H, hd, s, T, n_idx] = opcheck::sparse_attn(q, win_kv, cmp_kv, sink, idx, o);
     const int32_t* ip = idx.ptr<int32_t>();
     for (int64_t i = 0; i < m * n_idx; ++i)
         DS4R_CHECK(ip[i] >= -1 && ip[i] < s + T, "cpu sparse_attn: idx[%lld, %lld] = %d outside [-1, %lld)",

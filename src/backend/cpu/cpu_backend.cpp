@@ -1,4 +1,5 @@
-// CPU backend: construction, host memory, the row-parallel helper and argument checks.
+// CPU backend: construction, host memory and the row-parallel helper. The ops' argument checks are
+// backend/op_checks.h, shared with the CUDA backend.
 #include "cpu_backend.h"
 
 #include <unistd.h>
@@ -13,41 +14,6 @@
 #include "ds4r/error.h"
 
 namespace ds4r {
-
-namespace cpu_detail {
-
-void check_dtype(const char* op, const char* name, const Tensor& t, DType want) {
-    DS4R_CHECK(t.dtype == want, "cpu %s: %s must be %s, got %s %s", op, name, dtype_name(want),
-               dtype_name(t.dtype), shape_str(t.shape).c_str());
-}
-
-void check_data(const char* op, const char* name, const Tensor& t) {
-    DS4R_CHECK(t.numel() == 0 || t.data != nullptr, "cpu %s: %s %s has no data", op, name,
-               shape_str(t.shape).c_str());
-    for (int64_t d : t.shape)
-        DS4R_CHECK(d >= 0, "cpu %s: %s has a negative dim %s", op, name, shape_str(t.shape).c_str());
-}
-
-void check_shape(const char* op, const char* name, const Tensor& t, const Shape& want) {
-    DS4R_CHECK(t.shape == want, "cpu %s: %s must have shape %s, got %s", op, name, shape_str(want).c_str(),
-               shape_str(t.shape).c_str());
-    check_data(op, name, t);
-}
-
-int64_t rows_of(const char* op, const char* name, const Tensor& t, int64_t row_len) {
-    check_data(op, name, t);
-    DS4R_CHECK(t.ndim() >= 1 && t.dim(-1) == row_len, "cpu %s: %s %s must have last dim %lld", op, name,
-               shape_str(t.shape).c_str(), (long long)row_len);
-    return row_len == 0 ? 0 : t.numel() / row_len;
-}
-
-void check_numel(const char* op, const char* name, const Tensor& t, int64_t want) {
-    check_data(op, name, t);
-    DS4R_CHECK(t.numel() == want, "cpu %s: %s %s must have %lld elements", op, name,
-               shape_str(t.shape).c_str(), (long long)want);
-}
-
-}  // namespace cpu_detail
 
 CpuBackend::CpuBackend(int threads) {
     if (threads <= 0) threads = static_cast<int>(std::thread::hardware_concurrency());

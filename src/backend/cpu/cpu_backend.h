@@ -103,15 +103,4 @@ private:
 // A CPU backend with an explicit thread count (tests check thread-count invariance with it).
 std::unique_ptr<CpuBackend> make_cpu_backend_threads(int threads);
 
-namespace cpu_detail {
-// Argument checks shared by the CPU ops; each throws RuntimeError naming the op, the argument and
-// what was expected.
-void check_dtype(const char* op, const char* name, const Tensor& t, DType want);
-void check_data(const char* op, const char* name, const Tensor& t);
-void check_shape(const char* op, const char* name, const Tensor& t, const Shape& want);
-// t viewed as [rows, row_len] (its last dim must be row_len); returns rows.
-int64_t rows_of(const char* op, const char* name, const Tensor& t, int64_t row_len);
-void check_numel(const char* op, const char* name, const Tensor& t, int64_t want);
-}  // namespace cpu_detail
-
 }  // namespace ds4r

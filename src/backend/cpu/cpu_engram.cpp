@@ -3,13 +3,11 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/op_checks.h"
 #include "cpu_backend.h"
 #include "cpu_ref.h"
-#include "ds4r/error.h"
 
 namespace ds4r {
-
-using namespace cpu_detail;
 
 void CpuBackend::engram_update(const Tensor& X, const Tensor& kv, const Tensor& qw, const Tensor& kw,
                                float eps) {
@@ -23,17 +21,7 @@ void CpuBackend::engram_update(const Tensor& X, const Tensor& kv, const Tensor& 
     //          right; the sum accumulated exactly in double and rounded once);
     //   gate = sigmoid(copysign(sqrt(max(|dot|, 1e-6)), dot)) (signed square root, 4.8);
     //   X_k = bf16(h + gate * value).
-    const char* op = "engram_update";
-    check_dtype(op, "X", X, DType::BF16);
-    check_dtype(op, "kv", kv, DType::BF16);
-    check_dtype(op, "qw", qw, DType::BF16);
-    check_dtype(op, "kw", kw, DType::BF16);
-    DS4R_CHECK(X.ndim() == 3, "cpu engram_update: X must be [M, hc, D], got %s", shape_str(X.shape).c_str());
-    const int64_t M = X.dim(0), hc = X.dim(1), D = X.dim(2);
-    check_data(op, "X", X);
-    check_shape(op, "qw", qw, {hc, D});
-    check_shape(op, "kw", kw, {hc, D});
-    check_numel(op, "kv", kv, M * (hc + 1) * D);
+    const auto [M, hc, D] = opcheck::engram_update(X, kv, qw, kw);
     const float inv_sqrt_d = static_cast<float>(std::pow(static_cast<double>(D), -0.5));  // self.dim ** -0.5
     const float clamp_value = 1e-6f;
     std::vector<float> wt(static_cast<size_t>(hc * D));

@@ -1,13 +1,11 @@
 // CPU hyper-connection ops (MODEL.md 4.5, 5.5, 8.2).
 #include <vector>
 
+#include "backend/op_checks.h"
 #include "cpu_backend.h"
 #include "cpu_ref.h"
-#include "ds4r/error.h"
 
 namespace ds4r {
-
-using namespace cpu_detail;
 
 void CpuBackend::hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale, const Tensor& base,
                           float norm_eps, float hc_eps, int iters, const Tensor& pre, const Tensor& post,
@@ -17,24 +15,8 @@ void CpuBackend::hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale
     // z = fp32(X) flattened; r = rsqrt(mean(z^2) + norm_eps): ONE statistic over all copies, eps =
     // norm_eps (MODEL.md 4.5); mixes = fp32(z . fn_i) * r (the norm after the projection; the dot
     // accumulated in double, rounded once); then hc_split_sinkhorn (5.5).
-    const char* op = "hc_mixes";
-    check_dtype(op, "X", X, DType::BF16);
-    check_dtype(op, "fn", fn, DType::F32);
-    check_dtype(op, "scale", scale, DType::F32);
-    check_dtype(op, "base", base, DType::F32);
-    check_dtype(op, "pre", pre, DType::F32);
-    check_dtype(op, "post", post, DType::F32);
-    check_dtype(op, "comb", comb, DType::F32);
-    DS4R_CHECK(X.ndim() == 3, "cpu hc_mixes: X must be [M, hc, D], got %s", shape_str(X.shape).c_str());
-    const int64_t M = X.dim(0), hc = X.dim(1), D = X.dim(2), mix = (2 + hc) * hc;
-    DS4R_CHECK(iters >= 1, "cpu hc_mixes: iters = %d must be >= 1", iters);
-    check_data(op, "X", X);
-    check_shape(op, "fn", fn, {mix, hc * D});
-    check_numel(op, "scale", scale, 3);
-    check_numel(op, "base", base, mix);
-    check_shape(op, "pre", pre, {M, hc});
-    check_shape(op, "post", post, {M, hc});
-    check_shape(op, "comb", comb, {M, hc, hc});
+    const auto [M, hc, D] = opcheck::hc_mixes(X, fn, scale, base, iters, pre, post, comb);
+    const int64_t mix = (2 + hc) * hc;
     const uint16_t* xp = X.ptr<uint16_t>();
     const float* F = fn.ptr<float>();
     parallel_for(M, static_cast<double>(mix * hc * D), [&](int64_t r0, int64_t r1) {
@@ -62,14 +44,7 @@ void CpuBackend::hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale
 void CpuBackend::hc_pre(const Tensor& X, const Tensor& mix, const Tensor& y) {
     // y BF16 [M, D] = bf16(sum_k mix_k * X_k), products in fp32, summed sequentially from 0
     // (((0 + m0*X0) + m1*X1) + m2*X2) + m3*X3 as torch.sum does on CUDA (MODEL.md 8.2).
-    check_dtype("hc_pre", "X", X, DType::BF16);
-    check_dtype("hc_pre", "mix", mix, DType::F32);
-    check_dtype("hc_pre", "y", y, DType::BF16);
-    DS4R_CHECK(X.ndim() == 3, "cpu hc_pre: X must be [M, hc, D], got %s", shape_str(X.shape).c_str());
-    const int64_t M = X.dim(0), hc = X.dim(1), D = X.dim(2);
-    check_data("hc_pre", "X", X);
-    check_shape("hc_pre", "mix", mix, {M, hc});
-    check_numel("hc_pre", "y", y, M * D);
+    const auto [M, hc, D] = opcheck::hc_pre(X, mix, y);
     const uint16_t* xp = X.ptr<uint16_t>();
     const float* mp = mix.ptr<float>();
     uint16_t* yp = y.ptr<uint16_t>();
@@ -89,19 +64,7 @@ void CpuBackend::hc_post(const Tensor& x, const Tensor& R, const Tensor& post, c
     // out BF16 [M, hc, D]: out_k = bf16(post_k * x + S_k), S_k = sum_j comb[j][k] * R_j summed
     // sequentially from 0 (MODEL.md 4.5, 8.2: the output copy is comb's COLUMN). x BF16 [M, D];
     // R BF16 [M, hc, D] (may alias out); post F32 [M, hc]; comb F32 [M, hc, hc].
-    const char* op = "hc_post";
-    check_dtype(op, "x", x, DType::BF16);
-    check_dtype(op, "R", R, DType::BF16);
-    check_dtype(op, "post", post, DType::F32);
-    check_dtype(op, "comb", comb, DType::F32);
-    check_dtype(op, "out", out, DType::BF16);
-    DS4R_CHECK(R.ndim() == 3, "cpu hc_post: R must be [M, hc, D], got %s", shape_str(R.shape).c_str());
-    const int64_t M = R.dim(0), hc = R.dim(1), D = R.dim(2);
-    check_data(op, "R", R);
-    check_numel(op, "x", x, M * D);
-    check_shape(op, "post", post, {M, hc});
-    check_shape(op, "comb", comb, {M, hc, hc});
-    check_numel(op, "out", out, M * hc * D);
+    const auto [M, hc, D] = opcheck::hc_post(x, R, post, comb, out);
     const uint16_t* xp = x.ptr<uint16_t>();
     const uint16_t* rp = R.ptr<uint16_t>();
     const float* pp = post.ptr<float>();

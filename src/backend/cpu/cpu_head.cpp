@@ -5,13 +5,12 @@
 #include <numeric>
 #include <vector>
 
+#include "backend/op_checks.h"
 #include "cpu_backend.h"
 #include "cpu_ref.h"
 #include "ds4r/error.h"
 
 namespace ds4r {
-
-using namespace cpu_detail;
 
 void CpuBackend::head_stats(const Tensor& x, const Tensor& head, const Tensor& targets, int k,
                             const HeadStatsOut& out) {
@@ -20,33 +19,9 @@ void CpuBackend::head_stats(const Tensor& x, const Tensor& head, const Tensor& t
     // exp(logit - max)) in fp64; entropy = lse - sum p_v * logit_v, p_v = exp(logit_v - lse), fp64;
     // target_logit / rank = 1 + #{v : logit_v > logit_target} (0 and 0 without a target); top-k
     // by logit, descending, ties broken by the lower token id.
-    const char* op = "head_stats";
-    check_dtype(op, "x", x, DType::BF16);
-    check_dtype(op, "head", head, DType::BF16);
-    check_dtype(op, "targets", targets, DType::I32);
-    DS4R_CHECK(head.ndim() == 2, "cpu head_stats: head must be [V, D], got %s",
-               shape_str(head.shape).c_str());
-    const int64_t V = head.dim(0), D = head.dim(1);
-    check_data(op, "head", head);
-    DS4R_CHECK(k >= 0 && k <= V, "cpu head_stats: k = %d outside [0, %lld]", k, (long long)V);
-    const int64_t M = rows_of(op, "x", x, D);
-    check_numel(op, "targets", targets, M);
-    check_dtype(op, "out.lse", out.lse, DType::F64);
-    check_dtype(op, "out.entropy", out.entropy, DType::F64);
-    check_dtype(op, "out.target_logit", out.target_logit, DType::F32);
-    check_dtype(op, "out.rank", out.rank, DType::I32);
-    check_dtype(op, "out.topk_ids", out.topk_ids, DType::I32);
-    check_dtype(op, "out.topk_logit", out.topk_logit, DType::F32);
-    check_numel(op, "out.lse", out.lse, M);
-    check_numel(op, "out.entropy", out.entropy, M);
-    check_numel(op, "out.target_logit", out.target_logit, M);
-    check_numel(op, "out.rank", out.rank, M);
-    check_numel(op, "out.topk_ids", out.topk_ids, M * k);
-    check_numel(op, "out.topk_logit", out.topk_logit, M * k);
+    const auto [M, V, D] = opcheck::head_stats(x, head, targets, k, out);
     const int32_t* tp = targets.ptr<int32_t>();
-    for (int64_t r = 0; r < M; ++r)
-        DS4R_CHECK(tp[r] < V, "cpu head_stats: targets[%lld] = %d is outside the vocabulary of %lld",
-                   (long long)r, tp[r], (long long)V);
+    opcheck::head_targets(tp, M, V);
     const uint16_t* xp = x.ptr<uint16_t>();
     const uint16_t* hp = head.ptr<uint16_t>();
     std::vector<float> logits(static_cast<size_t>(V));

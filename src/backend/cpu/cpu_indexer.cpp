@@ -3,21 +3,19 @@
 #include <limits>
 #include <vector>
 
+#include "backend/op_checks.h"
 #include "cpu_backend.h"
 #include "cpu_ref.h"
 #include "ds4r/error.h"
 
 namespace ds4r {
 
-using namespace cpu_detail;
-
 namespace {
 const float kNegInf = -std::numeric_limits<float>::infinity();
 const uint16_t kBf16NegInf = 0xff80;
 
-void check_qpos(const char* op, const Tensor& qpos, int64_t m) {
-    check_dtype(op, "qpos", qpos, DType::I32);
-    check_numel(op, "qpos", qpos, m);
+// qpos I32 [m] (shape checked by opcheck) holds positions: none negative.
+void check_qpos_values(const char* op, const Tensor& qpos, int64_t m) {
     const int32_t* p = qpos.ptr<int32_t>();
     for (int64_t r = 0; r < m; ++r)
         DS4R_CHECK(p[r] >= 0, "cpu %s: qpos[%lld] = %d is negative", op, (long long)r, p[r]);
@@ -31,19 +29,8 @@ void CpuBackend::index_scores(const Tensor& q, const Tensor& k, const Tensor& w,
     //   relu in bf16; p = bf16(relu(S) * w_h) (the product of two bf16 is exact in fp32);
     //   score = bf16(((0 + p_0) + p_1) + ...) summed over heads in fp32 and rounded once (MODEL.md
     //   8.2: accumulating in bf16 would be wrong); score = -inf for j >= (qpos + 1) / ratio.
-    const char* op = "index_scores";
-    check_dtype(op, "q", q, DType::BF16);
-    check_dtype(op, "k", k, DType::BF16);
-    check_dtype(op, "w", w, DType::BF16);
-    check_dtype(op, "score", score, DType::BF16);
-    DS4R_CHECK(ratio >= 1, "cpu index_scores: ratio = %d must be >= 1", ratio);
-    DS4R_CHECK(q.ndim() == 3, "cpu index_scores: q must be [m, nh, ihd], got %s", shape_str(q.shape).c_str());
-    const int64_t m = q.dim(0), nh = q.dim(1), ihd = q.dim(2);
-    check_data(op, "q", q);
-    const int64_t T = k.numel() == 0 ? 0 : rows_of(op, "k", k, ihd);
-    check_shape(op, "w", w, {m, nh});
-    check_qpos(op, qpos, m);
-    check_numel(op, "score", score, m * T);
+    const auto [m, nh, ihd, T] = opcheck::index_scores(q, k, w, qpos, ratio, score);
+    check_qpos_values("index_scores", qpos, m);
     const uint16_t* qp = q.ptr<uint16_t>();
     const uint16_t* kp = k.ptr<uint16_t>();
     const uint16_t* wp = w.ptr<uint16_t>();
@@ -84,24 +71,8 @@ void CpuBackend::candidate_blocks(const Tensor& score, const Tensor& qpos, int r
     // (n_t - 1) // block (n_t = (qpos + 1) / ratio) is pinned to +inf; keep the top
     // min(topk_blocks, nb) by the CUDA tie rule, dropping picks whose score is -inf.
     // Pinning compares arange(nb) == last, so n_t = 0 (last = -1) pins NO block (not the last one).
-    const char* op = "candidate_blocks";
-    check_dtype(op, "score", score, DType::BF16);
-    DS4R_CHECK(mask.dtype == DType::I32,
-               "cpu candidate_blocks: mask must be I32 (used as 32-bit words), got %s",
-               dtype_name(mask.dtype));
-    DS4R_CHECK(ratio >= 1 && block >= 1 && topk_blocks >= 0,
-               "cpu candidate_blocks: ratio %d, block %lld, topk_blocks %lld out of range", ratio,
-               (long long)block, (long long)topk_blocks);
-    DS4R_CHECK(score.ndim() == 2, "cpu candidate_blocks: score must be [m, T], got %s",
-               shape_str(score.shape).c_str());
-    const int64_t m = score.dim(0), T = score.dim(1), nb = (T + block - 1) / block;
-    check_data(op, "score", score);
-    check_qpos(op, qpos, m);
-    DS4R_CHECK(mask.ndim() == 2 && mask.dim(0) == m && mask.dim(1) >= (nb + 31) / 32,
-               "cpu candidate_blocks: mask must be [%lld, >= %lld], got %s", (long long)m,
-               (long long)((nb + 31) / 32), shape_str(mask.shape).c_str());
-    check_data(op, "mask", mask);
-    const int64_t words = mask.dim(1);
+    const auto [m, T, nb, words] = opcheck::candidate_blocks(score, qpos, ratio, block, topk_blocks, mask);
+    check_qpos_values("candidate_blocks", qpos, m);
     const uint16_t* sp = score.ptr<uint16_t>();
     const int32_t* pp = qpos.ptr<int32_t>();
     uint32_t* mp = mask.ptr<uint32_t>();
@@ -137,20 +108,7 @@ void CpuBackend::candidate_blocks(const Tensor& score, const Tensor& qpos, int r
 
 void CpuBackend::apply_candidate_mask(const Tensor& score, const Tensor& mask, int64_t block) {
     // score BF16 [m, T] <- -inf where the block bit of j (j / block) is not set in mask I32 [m, W].
-    const char* op = "apply_candidate_mask";
-    check_dtype(op, "score", score, DType::BF16);
-    DS4R_CHECK(mask.dtype == DType::I32, "cpu apply_candidate_mask: mask must be I32, got %s",
-               dtype_name(mask.dtype));
-    DS4R_CHECK(block >= 1, "cpu apply_candidate_mask: block = %lld must be >= 1", (long long)block);
-    DS4R_CHECK(score.ndim() == 2, "cpu apply_candidate_mask: score must be [m, T], got %s",
-               shape_str(score.shape).c_str());
-    const int64_t m = score.dim(0), T = score.dim(1), nb = (T + block - 1) / block;
-    check_data(op, "score", score);
-    DS4R_CHECK(mask.ndim() == 2 && mask.dim(0) == m && mask.dim(1) >= (nb + 31) / 32,
-               "cpu apply_candidate_mask: mask must be [%lld, >= %lld], got %s", (long long)m,
-               (long long)((nb + 31) / 32), shape_str(mask.shape).c_str());
-    check_data(op, "mask", mask);
-    const int64_t words = mask.dim(1);
+    const auto [m, T, nb, words] = opcheck::apply_candidate_mask(score, mask, block);
     uint16_t* sp = score.ptr<uint16_t>();
     const uint32_t* mp = mask.ptr<uint32_t>();
     for (int64_t r = 0; r < m; ++r)
@@ -166,20 +124,8 @@ void CpuBackend::index_topk(const Tensor& score, const Tensor& qpos, int ratio, 
     // rule (values above the K-th, then ties in ascending position; masked -inf ties too), sorted
     // by position, mapped to j + offset if j < n_t = (qpos + 1) / ratio, else -1 (MODEL.md 4.6.2
     // step 7, 8.1). The -1s end up at the tail.
-    const char* op = "index_topk";
-    check_dtype(op, "score", score, DType::BF16);
-    check_dtype(op, "idx", idx, DType::I32);
-    DS4R_CHECK(ratio >= 1, "cpu index_topk: ratio = %d must be >= 1", ratio);
-    DS4R_CHECK(score.ndim() == 2 && idx.ndim() == 2 && idx.dim(0) == score.dim(0),
-               "cpu index_topk: score [m, T] %s and idx [m, K] %s do not match",
-               shape_str(score.shape).c_str(), shape_str(idx.shape).c_str());
-    const int64_t m = score.dim(0), T = score.dim(1), K = idx.dim(1);
-    DS4R_CHECK(K <= T, "cpu index_topk: K = %lld exceeds the %lld scores", (long long)K, (long long)T);
-    DS4R_CHECK(offset >= 0 && offset + T <= std::numeric_limits<int32_t>::max(),
-               "cpu index_topk: offset %lld out of range", (long long)offset);
-    check_data(op, "score", score);
-    check_data(op, "idx", idx);
-    check_qpos(op, qpos, m);
+    const auto [m, T, K] = opcheck::index_topk(score, qpos, ratio, offset, idx);
+    check_qpos_values("index_topk", qpos, m);
     const uint16_t* sp = score.ptr<uint16_t>();
     const int32_t* pp = qpos.ptr<int32_t>();
     int32_t* ip = idx.ptr<int32_t>();

@@ -11,13 +11,12 @@
 #include <algorithm>
 #include <vector>
 
+#include "backend/op_checks.h"
 #include "cpu_backend.h"
 #include "cpu_ref.h"
 #include "ds4r/error.h"
 
 namespace ds4r {
-
-using namespace cpu_detail;
 
 namespace {
 
@@ -127,21 +126,13 @@ void dense_gemm(const CpuBackend& be, const XT* x, const WT* w, int64_t M, int64
     });
 }
 
-void check_fp8_weight(const char* op, const Fp8Linear& w) {
-    check_dtype(op, "w.w", w.w, DType::F8_E4M3);
-    check_dtype(op, "w.s", w.s, DType::F8_E8M0);
-    DS4R_CHECK(w.w.ndim() == 2, "cpu %s: w.w must be 2-d, got %s", op, shape_str(w.w.shape).c_str());
-    const int64_t N = w.w.dim(0), K = w.w.dim(1);
-    check_shape(op, "w.s", w.s, {(N + 31) / 32, (K + 31) / 32});
-    check_data(op, "w.w", w.w);
-}
-
 }  // namespace
 
 void CpuBackend::fp8_linear_rows(const uint16_t* x, int64_t M, const Fp8Linear& w, uint16_t* y) const {
-    check_fp8_weight("linear_fp8", w);
+    // The row kernels also serve the MoE's shared expert, whose weights reach them unchecked.
+    opcheck::fp8_weight("linear_fp8", "w", w);
     const int64_t N = w.w.dim(0), K = w.w.dim(1), KB = K / 32;
-    DS4R_CHECK(K % 32 == 0, "cpu linear_fp8: K = %lld is not a multiple of 32", (long long)K);
+    DS4R_CHECK(K % 32 == 0, "linear_fp8: K = %lld is not a multiple of 32", (long long)K);
     const QuantizedRows a = quantize_rows(*this, x, M, K);
     const Luts& L = luts();
     const uint8_t* W = w.w.ptr<uint8_t>();
@@ -163,15 +154,7 @@ void CpuBackend::fp8_linear_rows(const uint16_t* x, int64_t M, const Fp8Linear& 
 }
 
 void CpuBackend::fp4_linear_rows(const uint16_t* x, int64_t M, const Fp4Linear& w, uint16_t* y) const {
-    const char* op = "linear_fp4";
-    DS4R_CHECK(w.w.dtype == DType::I8 || w.w.dtype == DType::U8,
-               "cpu %s: w.w must be I8 (packed e2m1), got %s", op, dtype_name(w.w.dtype));
-    check_dtype(op, "w.s", w.s, DType::F8_E8M0);
-    DS4R_CHECK(w.w.ndim() == 2, "cpu %s: w.w must be 2-d, got %s", op, shape_str(w.w.shape).c_str());
-    const int64_t N = w.w.dim(0), K = 2 * w.w.dim(1), KB = K / 32;
-    DS4R_CHECK(K % 32 == 0, "cpu %s: K = %lld is not a multiple of 32", op, (long long)K);
-    check_shape(op, "w.s", w.s, {N, KB});
-    check_data(op, "w.w", w.w);
+    const int64_t N = w.w.dim(0), K = opcheck::fp4_weight("linear_fp4", "w", w), KB = K / 32;
     const QuantizedRows a = quantize_rows(*this, x, M, K);
     const Luts& L = luts();
     const uint8_t* W = w.w.ptr<uint8_t>();
@@ -193,34 +176,19 @@ void CpuBackend::fp4_linear_rows(const uint16_t* x, int64_t M, const Fp4Linear& 
 
 void CpuBackend::linear_fp8(const Tensor& x, const Fp8Linear& w, const Tensor& y) {
     // x BF16 [M, K], W F8_E4M3 [N, K] (+ e8m0 scales per 32x32) -> y BF16 [M, N]
-    check_fp8_weight("linear_fp8", w);
-    check_dtype("linear_fp8", "x", x, DType::BF16);
-    check_dtype("linear_fp8", "y", y, DType::BF16);
-    const int64_t M = rows_of("linear_fp8", "x", x, w.w.dim(1));
-    check_numel("linear_fp8", "y", y, M * w.w.dim(0));
-    fp8_linear_rows(x.ptr<uint16_t>(), M, w, y.ptr<uint16_t>());
+    const opcheck::LinearDims d = opcheck::linear_fp8(x, w, y);
+    fp8_linear_rows(x.ptr<uint16_t>(), d.M, w, y.ptr<uint16_t>());
 }
 
 void CpuBackend::linear_fp4(const Tensor& x, const Fp4Linear& w, const Tensor& y) {
     // x BF16 [M, K], W packed e2m1 [N, K/2] (+ e8m0 scales [N, K/32]) -> y BF16 [M, N]
-    check_dtype("linear_fp4", "x", x, DType::BF16);
-    check_dtype("linear_fp4", "y", y, DType::BF16);
-    DS4R_CHECK(w.w.ndim() == 2, "cpu linear_fp4: w.w must be 2-d, got %s", shape_str(w.w.shape).c_str());
-    const int64_t M = rows_of("linear_fp4", "x", x, 2 * w.w.dim(1));
-    check_numel("linear_fp4", "y", y, M * w.w.dim(0));
-    fp4_linear_rows(x.ptr<uint16_t>(), M, w, y.ptr<uint16_t>());
+    const opcheck::LinearDims d = opcheck::linear_fp4(x, w, y);
+    fp4_linear_rows(x.ptr<uint16_t>(), d.M, w, y.ptr<uint16_t>());
 }
 
 void CpuBackend::linear_bf16(const Tensor& x, const Tensor& w, const Tensor& y) {
     // x BF16 [M, K] @ W BF16 [N, K]^T -> y BF16 [M, N]: fp64 accumulation -> fp32 -> bf16
-    check_dtype("linear_bf16", "x", x, DType::BF16);
-    check_dtype("linear_bf16", "w", w, DType::BF16);
-    check_dtype("linear_bf16", "y", y, DType::BF16);
-    DS4R_CHECK(w.ndim() == 2, "cpu linear_bf16: w must be 2-d, got %s", shape_str(w.shape).c_str());
-    const int64_t N = w.dim(0), K = w.dim(1);
-    check_data("linear_bf16", "w", w);
-    const int64_t M = rows_of("linear_bf16", "x", x, K);
-    check_numel("linear_bf16", "y", y, M * N);
+    const auto [M, N, K] = opcheck::linear_bf16(x, w, y);
     uint16_t* yp = y.ptr<uint16_t>();
     dense_gemm(*this, x.ptr<uint16_t>(), w.ptr<uint16_t>(), M, N, K,
                [&](int64_t m, int64_t n, float v) { yp[m * N + n] = f32_to_bf16(v); });
@@ -228,16 +196,7 @@ void CpuBackend::linear_bf16(const Tensor& x, const Tensor& w, const Tensor& y) 
 
 void CpuBackend::linear_f32(const Tensor& x, const Tensor& w, const Tensor& y) {
     // f32(x BF16|F32 [M, K]) @ f32(W BF16|F32 [N, K])^T -> y F32 [M, N]: fp64 accumulation -> fp32
-    DS4R_CHECK(x.dtype == DType::BF16 || x.dtype == DType::F32,
-               "cpu linear_f32: x must be BF16 or F32, got %s", dtype_name(x.dtype));
-    DS4R_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F32,
-               "cpu linear_f32: w must be BF16 or F32, got %s", dtype_name(w.dtype));
-    check_dtype("linear_f32", "y", y, DType::F32);
-    DS4R_CHECK(w.ndim() == 2, "cpu linear_f32: w must be 2-d, got %s", shape_str(w.shape).c_str());
-    const int64_t N = w.dim(0), K = w.dim(1);
-    check_data("linear_f32", "w", w);
-    const int64_t M = rows_of("linear_f32", "x", x, K);
-    check_numel("linear_f32", "y", y, M * N);
+    const auto [M, N, K] = opcheck::linear_f32(x, w, y);
     float* yp = y.ptr<float>();
     auto out = [&](int64_t m, int64_t n, float v) { yp[m * N + n] = v; };
     if (x.dtype == DType::BF16 && w.dtype == DType::BF16)
@@ -253,16 +212,7 @@ void CpuBackend::linear_f32(const Tensor& x, const Tensor& w, const Tensor& y) {
 void CpuBackend::linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t groups, const Tensor& y) {
     // o BF16 [M, G * Kg], W fp8 [G * R, Kg] -> y BF16 [M, G * R],
     // y[:, g*R + r] = sum_d o[:, g*Kg + d] * bf16(W[g*R + r, d]) (MODEL.md 4.6 f, 3.6).
-    const char* op = "linear_wo_a";
-    check_fp8_weight(op, w);
-    check_dtype(op, "o", o, DType::BF16);
-    check_dtype(op, "y", y, DType::BF16);
-    DS4R_CHECK(groups > 0 && w.w.dim(0) % groups == 0,
-               "cpu %s: %lld groups do not divide the %lld weight rows", op, (long long)groups,
-               (long long)w.w.dim(0));
-    const int64_t G = groups, R = w.w.dim(0) / groups, Kg = w.w.dim(1);
-    const int64_t M = rows_of(op, "o", o, G * Kg);
-    check_numel(op, "y", y, M * G * R);
+    const auto [M, G, R, Kg] = opcheck::linear_wo_a(o, w, groups, y);
     // convert.py dequantizes wo_a once: fp32(e4m3) * 2^(e - 127) per 32x32 tile, cast to bf16 (exact).
     const int64_t KBs = (Kg + 31) / 32;
     std::vector<float> wd(static_cast<size_t>(G * R * Kg));

@@ -3,19 +3,14 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/op_checks.h"
 #include "cpu_backend.h"
 #include "cpu_ref.h"
 #include "ds4r/error.h"
 
 namespace ds4r {
 
-using namespace cpu_detail;
-
 namespace {
-
-bool given(const Tensor& t) {
-    return t.data != nullptr && t.numel() > 0;
-}
 
 // SwiGLU middle (model.py Expert.forward): u = clamp(u, -limit, limit); g = min(g, limit) (the gate
 // is clamped from above only); a = silu(g) * u in fp32 (silu as one division); a = weight * a;
@@ -46,36 +41,15 @@ void check_fp8(const char* name, const Fp8Linear& l, int64_t N, int64_t K) {
 void CpuBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y,
                      const Tensor& route_idx, const Tensor& route_w) {
     // x BF16 [M, D] (ffn-normed) -> y BF16 [M, D]; route_idx I32 [M, k] / route_w F32 [M, k] optional.
-    const char* op = "moe";
-    check_dtype(op, "x", x, DType::BF16);
-    check_dtype(op, "y", y, DType::BF16);
-    check_dtype(op, "gate_w", w.gate_w, DType::BF16);
-    check_dtype(op, "gate_bias", w.gate_bias, DType::F32);
-    DS4R_CHECK(w.gate_w.ndim() == 2, "cpu moe: gate_w must be [E, D], got %s",
-               shape_str(w.gate_w.shape).c_str());
-    const int64_t E = w.gate_w.dim(0), D = w.gate_w.dim(1);
+    const auto [M, E, D] = opcheck::moe(x, w, p, y, route_idx, route_w);
     const int k = p.topk;
-    check_data(op, "gate_w", w.gate_w);
-    check_numel(op, "gate_bias", w.gate_bias, E);
-    DS4R_CHECK(static_cast<int64_t>(w.experts.size()) == E,
-               "cpu moe: %zu expert weight sets for %lld experts", w.experts.size(), (long long)E);
-    DS4R_CHECK(k >= 1 && k <= E, "cpu moe: topk = %d outside [1, %lld]", k, (long long)E);
-    DS4R_CHECK(p.gate_temp != 0.0f, "cpu moe: gate_temp must be non-zero");
-    const int64_t M = rows_of(op, "x", x, D);
-    check_numel(op, "y", y, M * D);
+    const bool want_idx = opcheck::given(route_idx), want_w = opcheck::given(route_w);
+    // The shared expert's shapes here; its fp8 format and each routed expert's weights are checked
+    // by the row kernels when they run (a routed expert only when a token reaches it).
     const int64_t I = w.sw1.w.ndim() == 2 ? w.sw1.w.dim(0) : -1;
     check_fp8("shared w1", w.sw1, I, D);
     check_fp8("shared w3", w.sw3, I, D);
     check_fp8("shared w2", w.sw2, D, I);
-    const bool want_idx = given(route_idx), want_w = given(route_w);
-    if (want_idx) {
-        check_dtype(op, "route_idx", route_idx, DType::I32);
-        check_shape(op, "route_idx", route_idx, {M, k});
-    }
-    if (want_w) {
-        check_dtype(op, "route_w", route_w, DType::F32);
-        check_shape(op, "route_w", route_w, {M, k});
-    }
 
     // ---- router (model.py Gate.forward): logits = fp32 GEMM (fp64 accumulation -> fp32) / gate_temp
     // (a multiply by fp32(1 / gate_temp) on CUDA); score = sqrt(softplus(logits)); top-k of

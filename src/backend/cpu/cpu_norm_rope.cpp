@@ -1,27 +1,19 @@
 // CPU RMSNorm and RoPE (MODEL.md 4.0, 8.2, 8.3).
 #include <vector>
 
+#include "backend/op_checks.h"
 #include "cpu_backend.h"
 #include "cpu_ref.h"
 #include "ds4r/error.h"
 
 namespace ds4r {
 
-using namespace cpu_detail;
-
 void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) {
     // x, y BF16 [M, N] (may alias), w BF16 [N]:
     //   var = mean(x^2) (fp32: exact sum of the exact squares rounded once, then * fp32(1/N) as
     //         CUDA torch.mean does, cpuref::mean_from_sum); r = 1/sqrt(var + eps) exactly rounded
     //         (CUDA: rsqrtf, MODEL.md 8.2); y = bf16(w * (x * r)), products in fp32.
-    check_dtype("rms_norm", "x", x, DType::BF16);
-    check_dtype("rms_norm", "w", w, DType::BF16);
-    check_dtype("rms_norm", "y", y, DType::BF16);
-    DS4R_CHECK(w.ndim() == 1, "cpu rms_norm: w must be 1-d, got %s", shape_str(w.shape).c_str());
-    const int64_t N = w.dim(0);
-    check_data("rms_norm", "w", w);
-    const int64_t M = rows_of("rms_norm", "x", x, N);
-    check_numel("rms_norm", "y", y, M * N);
+    const auto [M, N] = opcheck::rms_norm(x, w, y);
     const uint16_t* xp = x.ptr<uint16_t>();
     const uint16_t* wp = w.ptr<uint16_t>();
     uint16_t* yp = y.ptr<uint16_t>();
@@ -41,13 +33,7 @@ void CpuBackend::rope_table(double base, double factor, int64_t yarn_orig, doubl
                             int64_t rd, const Tensor& table) {
     // table F32 [n_pos, rd/2, 2]: (cos, sin) of fp32(pos) * f_i (MODEL.md 4.0; cpuref::rope_inv_freqs
     // says which evaluation the golden tables follow).
-    check_dtype("rope_table", "table", table, DType::F32);
-    DS4R_CHECK(rd > 0 && rd % 2 == 0, "cpu rope_table: rd = %lld must be positive and even", (long long)rd);
-    DS4R_CHECK(table.ndim() == 3 && table.dim(1) == rd / 2 && table.dim(2) == 2,
-               "cpu rope_table: table must be [n_pos, %lld, 2], got %s", (long long)(rd / 2),
-               shape_str(table.shape).c_str());
-    check_data("rope_table", "table", table);
-    DS4R_CHECK(base > 1.0 && factor > 0.0, "cpu rope_table: base %g / factor %g out of range", base, factor);
+    opcheck::rope_table(base, factor, rd, table);
     const int64_t half = rd / 2, n_pos = table.dim(0);
     std::vector<float> f(static_cast<size_t>(half));
     cpuref::rope_inv_freqs(base, factor, yarn_orig, beta_fast, beta_slow, rd, f.data());
@@ -65,18 +51,7 @@ void CpuBackend::rope_inplace(const Tensor& x, int64_t heads, int64_t width, int
     // x BF16 [M, heads * width]: the last rd dims of each head, as interleaved pairs (x[2i], x[2i+1]),
     // times (c + i s) (or its conjugate): re = a*c - b*s, im = a*s + b*c, each product rounded in
     // fp32, then one rounding to bf16 (MODEL.md 4.0, 8.3). pos I32 [M]; table F32 [n_pos, rd/2, 2].
-    check_dtype("rope_inplace", "x", x, DType::BF16);
-    check_dtype("rope_inplace", "pos", pos, DType::I32);
-    check_dtype("rope_inplace", "table", table, DType::F32);
-    DS4R_CHECK(heads > 0 && width > 0 && rd > 0 && rd % 2 == 0 && rd <= width,
-               "cpu rope_inplace: heads %lld, width %lld, rd %lld are inconsistent", (long long)heads,
-               (long long)width, (long long)rd);
-    DS4R_CHECK(table.ndim() == 3 && table.dim(1) == rd / 2 && table.dim(2) == 2,
-               "cpu rope_inplace: table must be [n_pos, %lld, 2], got %s", (long long)(rd / 2),
-               shape_str(table.shape).c_str());
-    check_data("rope_inplace", "table", table);
-    const int64_t M = rows_of("rope_inplace", "x", x, heads * width);
-    check_numel("rope_inplace", "pos", pos, M);
+    const int64_t M = opcheck::rope_inplace(x, heads, width, rd, pos, table);
     const int64_t n_pos = table.dim(0), half = rd / 2;
     const int32_t* pp = pos.ptr<int32_t>();
     for (int64_t r = 0; r < M; ++r)

@@ -1,25 +1,16 @@
 // CPU activation quantization (MODEL.md 5.1, 5.2): bit exact, one block at a time (cpu_ref.h).
 #include <vector>
 
+#include "backend/op_checks.h"
 #include "cpu_backend.h"
 #include "cpu_ref.h"
 #include "ds4r/error.h"
 
 namespace ds4r {
 
-using namespace cpu_detail;
-
 void CpuBackend::act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s) {
     // x BF16 [M, K] -> q F8_E4M3 [M, K], s F8_E8M0 [M, K/32]
-    check_dtype("act_quant_fp8", "x", x, DType::BF16);
-    check_dtype("act_quant_fp8", "q", q, DType::F8_E4M3);
-    check_dtype("act_quant_fp8", "s", s, DType::F8_E8M0);
-    DS4R_CHECK(x.ndim() >= 1, "cpu act_quant_fp8: x must have a last dim");
-    const int64_t K = x.dim(-1);
-    DS4R_CHECK(K % 32 == 0, "cpu act_quant_fp8: K = %lld is not a multiple of 32", (long long)K);
-    const int64_t M = rows_of("act_quant_fp8", "x", x, K);
-    check_numel("act_quant_fp8", "q", q, M * K);
-    check_numel("act_quant_fp8", "s", s, M * (K / 32));
+    const auto [M, K, block] = opcheck::act_quant_fp8(x, q, s);
     const uint16_t* xp = x.ptr<uint16_t>();
     uint8_t* qp = q.ptr<uint8_t>();
     uint8_t* sp = s.ptr<uint8_t>();
@@ -32,11 +23,7 @@ void CpuBackend::act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s
 
 void CpuBackend::act_quant_fp8_inplace(const Tensor& x) {
     // x BF16 [M, K] <- bf16(e4m3(x / s) * s); the product is exact (MODEL.md 5.1).
-    check_dtype("act_quant_fp8_inplace", "x", x, DType::BF16);
-    DS4R_CHECK(x.ndim() >= 1, "cpu act_quant_fp8_inplace: x must have a last dim");
-    const int64_t K = x.dim(-1);
-    DS4R_CHECK(K % 32 == 0, "cpu act_quant_fp8_inplace: K = %lld is not a multiple of 32", (long long)K);
-    const int64_t M = rows_of("act_quant_fp8_inplace", "x", x, K);
+    const auto [M, K, block] = opcheck::act_quant_fp8_inplace(x);
     uint16_t* xp = x.ptr<uint16_t>();
     const float* lut = cpuref::e4m3_table();
     parallel_for(M, static_cast<double>(K), [&](int64_t r0, int64_t r1) {
@@ -52,13 +39,7 @@ void CpuBackend::act_quant_fp8_inplace(const Tensor& x) {
 
 void CpuBackend::fp4_quant_inplace(const Tensor& x, Fp4Scale kind) {
     // x BF16 [M, K] <- bf16(e2m1(x / s) * s); exact product (MODEL.md 5.2).
-    check_dtype("fp4_quant_inplace", "x", x, DType::BF16);
-    DS4R_CHECK(x.ndim() >= 1, "cpu fp4_quant_inplace: x must have a last dim");
-    const int64_t K = x.dim(-1);
-    const int64_t bs = cpuref::fp4_block_size(kind);
-    DS4R_CHECK(K % bs == 0, "cpu fp4_quant_inplace: K = %lld is not a multiple of the block %lld",
-               (long long)K, (long long)bs);
-    const int64_t M = rows_of("fp4_quant_inplace", "x", x, K);
+    const auto [M, K, bs] = opcheck::fp4_quant_inplace(x, kind);
     uint16_t* xp = x.ptr<uint16_t>();
     const float* lut = cpuref::e2m1_table();
     parallel_for(M, static_cast<double>(K), [&](int64_t r0, int64_t r1) {

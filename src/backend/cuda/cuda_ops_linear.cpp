@@ -1,5 +1,5 @@
 // CudaBackend ops: activation quantization and the linears (MODEL.md 4.0, 5.1-5.3, 3.6, 4.6 f).
-// Shapes and dtypes are validated here; kernels in kernels/quant.cu, gemm.cu, gemm_simt.cu. The MoE
+// Contracts: backend/op_checks.h, plus the kernels' own limits here; kernels in kernels/quant.cu, gemm.cu, gemm_simt.cu. The MoE
 // op is in cuda_ops_moe.cpp.
 //
 // Numerics (the CPU backend is the oracle):
@@ -13,6 +13,8 @@
 //   bit for bit.
 // - linear_bf16 / linear_wo_a / linear_f32: fp32 accumulation (tensor cores for bf16 x bf16, whose
 //   products are exact in fp32; FFMA otherwise). No TF32.
+#include <type_traits>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_linear_checks.h"
 #include "gemm.cuh"
@@ -27,15 +29,7 @@ using namespace cuda_linear;
 void CudaBackend::act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s) {
     // x BF16 [M, K] -> q F8_E4M3 [M, K], s F8_E8M0 [M, K/32] (MODEL.md 5.1)
     const char* op = "act_quant_fp8";
-    check_dtype(op, "x", x, DType::BF16);
-    check_dtype(op, "q", q, DType::F8_E4M3);
-    check_dtype(op, "s", s, DType::F8_E8M0);
-    DS4R_CHECK(x.ndim() >= 1, "cuda %s: x must have a last dim", op);
-    const int64_t K = x.dim(-1);
-    DS4R_CHECK(K % 32 == 0, "cuda %s: K = %lld is not a multiple of 32", op, (long long)K);
-    const int64_t M = rows_of(op, "x", x, K);
-    check_numel(op, "q", q, M * K);
-    check_numel(op, "s", s, M * (K / 32));
+    const auto [M, K, block] = opcheck::act_quant_fp8(x, q, s);
     check_disjoint(op, "x", x, "q", q);
     check_disjoint(op, "x", x, "s", s);
     check_disjoint(op, "q", q, "s", s);
@@ -46,69 +40,54 @@ void CudaBackend::act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& 
 
 void CudaBackend::act_quant_fp8_inplace(const Tensor& x) {
     // x BF16 [M, K] <- bf16(e4m3(x / s) * s) (MODEL.md 5.1, window KV)
-    const char* op = "act_quant_fp8_inplace";
-    check_dtype(op, "x", x, DType::BF16);
-    DS4R_CHECK(x.ndim() >= 1, "cuda %s: x must have a last dim", op);
-    const int64_t K = x.dim(-1);
-    DS4R_CHECK(K % 32 == 0, "cuda %s: K = %lld is not a multiple of 32", op, (long long)K);
-    const int64_t M = rows_of(op, "x", x, K);
+    const auto [M, K, block] = opcheck::act_quant_fp8_inplace(x);
     DS4R_CUDA_CHECK(kern::launch_act_quant_fp8_inplace(x.ptr<uint16_t>(), M, K, stream()));
 }
 
 void CudaBackend::fp4_quant_inplace(const Tensor& x, Fp4Scale kind) {
     // x BF16 [M, K] <- bf16(e2m1(x / s) * s), blocks of 32 (e8m0) or 16 (e4m3) (MODEL.md 5.2)
-    const char* op = "fp4_quant_inplace";
-    check_dtype(op, "x", x, DType::BF16);
-    DS4R_CHECK(x.ndim() >= 1, "cuda %s: x must have a last dim", op);
-    const int64_t K = x.dim(-1);
+    const auto [M, K, block] = opcheck::fp4_quant_inplace(x, kind);
     const bool e4m3_16 = kind == Fp4Scale::E4M3_16;
-    const int64_t bs = e4m3_16 ? 16 : 32;
-    DS4R_CHECK(K % bs == 0, "cuda %s: K = %lld is not a multiple of the block %lld", op, (long long)K, (long long)bs);
-    const int64_t M = rows_of(op, "x", x, K);
     DS4R_CUDA_CHECK(kern::launch_fp4_quant_inplace(x.ptr<uint16_t>(), M, K, e4m3_16, stream()));
 }
 
 // ---------------------------------------------------------------------------- block-scaled linears
 
+namespace {
+
+// kern::launch_gemm_fp8 or kern::launch_gemm_fp4 (the same parameters).
+using BlockScaledGemm = decltype(&kern::launch_gemm_fp8);
+static_assert(std::is_same_v<BlockScaledGemm, decltype(&kern::launch_gemm_fp4)>);
+
+// y BF16 [M, N] = act_quant(x BF16 [M, K]) . W^T: the activation codes in the GEMM's fragment order
+// (NaN blocks marked in the scale bytes), then the block-scaled GEMM with weight codes w, scales sw.
+void quantized_gemm(CudaBackend& be, const Tensor& x, const uint8_t* w, const uint8_t* sw, const Tensor& y, int64_t M,
+                    int64_t N, int64_t K, BlockScaledGemm gemm) {
+    if (M == 0 || N == 0) return;
+    Tensor q = be.alloc(DType::F8_E4M3, {M, K});
+    Tensor s = be.alloc(DType::F8_E8M0, {M, K / 32});
+    DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), q.ptr<uint8_t>(), s.ptr<uint8_t>(), M, K,
+                                               kern::Fp8ScaleBytes::GemmNanMarker,
+                                               kern::Fp8CodeOrder::GemmFragment, be.stream()));
+    DS4R_CUDA_CHECK(gemm(q.ptr<uint8_t>(), s.ptr<uint8_t>(), w, sw, y.ptr<uint16_t>(), N, M, N, K, be.stream()));
+}
+
+}  // namespace
+
 void CudaBackend::linear_fp8(const Tensor& x, const Fp8Linear& w, const Tensor& y) {
     // x BF16 [M, K] -> act quant -> . W F8_E4M3 [N, K]^T (e8m0 32x32 scales) -> y BF16 [M, N]
     const char* op = "linear_fp8";
-    check_fp8_weight(op, "w", w);
-    check_dtype(op, "x", x, DType::BF16);
-    check_dtype(op, "y", y, DType::BF16);
-    const int64_t N = w.w.dim(0), K = w.w.dim(1);
-    DS4R_CHECK(K % 32 == 0, "cuda %s: K = %lld is not a multiple of 32", op, (long long)K);
-    const int64_t M = rows_of(op, "x", x, K);
-    check_numel(op, "y", y, M * N);
+    const auto [M, N, K] = opcheck::linear_fp8(x, w, y);
     check_aligned16(op, "w.w", w.w);
-    if (M == 0 || N == 0) return;
-    Tensor q = alloc(DType::F8_E4M3, {M, K});
-    Tensor s = alloc(DType::F8_E8M0, {M, K / 32});
-    DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), q.ptr<uint8_t>(), s.ptr<uint8_t>(), M, K,
-                                               kern::Fp8ScaleBytes::GemmNanMarker,
-                                               kern::Fp8CodeOrder::GemmFragment, stream()));
-    DS4R_CUDA_CHECK(kern::launch_gemm_fp8(q.ptr<uint8_t>(), s.ptr<uint8_t>(), w.w.ptr<uint8_t>(), w.s.ptr<uint8_t>(),
-                                          y.ptr<uint16_t>(), N, M, N, K, stream()));
+    quantized_gemm(*this, x, w.w.ptr<uint8_t>(), w.s.ptr<uint8_t>(), y, M, N, K, kern::launch_gemm_fp8);
 }
 
 void CudaBackend::linear_fp4(const Tensor& x, const Fp4Linear& w, const Tensor& y) {
     // x BF16 [M, K] -> act quant -> . W packed e2m1 [N, K/2]^T (e8m0 per row per 32) -> y BF16 [M, N]
     const char* op = "linear_fp4";
-    const int64_t K = check_fp4_weight(op, "w", w);
-    check_dtype(op, "x", x, DType::BF16);
-    check_dtype(op, "y", y, DType::BF16);
-    const int64_t N = w.w.dim(0);
-    const int64_t M = rows_of(op, "x", x, K);
-    check_numel(op, "y", y, M * N);
+    const auto [M, N, K] = opcheck::linear_fp4(x, w, y);
     check_aligned16(op, "w.w", w.w);
-    if (M == 0 || N == 0) return;
-    Tensor q = alloc(DType::F8_E4M3, {M, K});
-    Tensor s = alloc(DType::F8_E8M0, {M, K / 32});
-    DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), q.ptr<uint8_t>(), s.ptr<uint8_t>(), M, K,
-                                               kern::Fp8ScaleBytes::GemmNanMarker,
-                                               kern::Fp8CodeOrder::GemmFragment, stream()));
-    DS4R_CUDA_CHECK(kern::launch_gemm_fp4(q.ptr<uint8_t>(), s.ptr<uint8_t>(), w.w.ptr<uint8_t>(), w.s.ptr<uint8_t>(),
-                                          y.ptr<uint16_t>(), N, M, N, K, stream()));
+    quantized_gemm(*this, x, w.w.ptr<uint8_t>(), w.s.ptr<uint8_t>(), y, M, N, K, kern::launch_gemm_fp4);
 }
 
 // ---------------------------------------------------------------------------- dense linears
@@ -136,14 +115,7 @@ void dense_gemm(CudaBackend& be, const void* x, bool x_f32, int64_t lda, int64_t
 void CudaBackend::linear_bf16(const Tensor& x, const Tensor& w, const Tensor& y) {
     // x BF16 [M, K] . W BF16 [N, K]^T -> y BF16 [M, N]: fp32 accumulation, one bf16 rounding
     const char* op = "linear_bf16";
-    check_dtype(op, "x", x, DType::BF16);
-    check_dtype(op, "w", w, DType::BF16);
-    check_dtype(op, "y", y, DType::BF16);
-    DS4R_CHECK(w.ndim() == 2, "cuda %s: w must be 2-d, got %s", op, shape_str(w.shape).c_str());
-    check_data(op, "w", w);
-    const int64_t N = w.dim(0), K = w.dim(1);
-    const int64_t M = rows_of(op, "x", x, K);
-    check_numel(op, "y", y, M * N);
+    const auto [M, N, K] = opcheck::linear_bf16(x, w, y);
     check_disjoint(op, "x", x, "y", y);
     check_disjoint(op, "w", w, "y", y);
     dense_gemm(*this, x.data, false, K, 0, w.data, false, K, 0, y.data, false, N, 0, M, N, K, 1);
@@ -152,16 +124,7 @@ void CudaBackend::linear_bf16(const Tensor& x, const Tensor& w, const Tensor& y)
 void CudaBackend::linear_f32(const Tensor& x, const Tensor& w, const Tensor& y) {
     // f32(x BF16|F32 [M, K]) . f32(W BF16|F32 [N, K])^T -> y F32 [M, N]; no TF32
     const char* op = "linear_f32";
-    DS4R_CHECK(x.dtype == DType::BF16 || x.dtype == DType::F32, "cuda %s: x must be BF16 or F32, got %s", op,
-               dtype_name(x.dtype));
-    DS4R_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F32, "cuda %s: w must be BF16 or F32, got %s", op,
-               dtype_name(w.dtype));
-    check_dtype(op, "y", y, DType::F32);
-    DS4R_CHECK(w.ndim() == 2, "cuda %s: w must be 2-d, got %s", op, shape_str(w.shape).c_str());
-    check_data(op, "w", w);
-    const int64_t N = w.dim(0), K = w.dim(1);
-    const int64_t M = rows_of(op, "x", x, K);
-    check_numel(op, "y", y, M * N);
+    const auto [M, N, K] = opcheck::linear_f32(x, w, y);
     check_disjoint(op, "x", x, "y", y);
     check_disjoint(op, "w", w, "y", y);
     dense_gemm(*this, x.data, x.dtype == DType::F32, K, 0, w.data, w.dtype == DType::F32, K, 0, y.data, true, N, 0, M,
@@ -172,14 +135,7 @@ void CudaBackend::linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t group
     // o BF16 [M, G*Kg], W fp8 [G*R, Kg] -> y BF16 [M, G*R], y[:, g*R + r] = o[:, g*Kg ..] . bf16(W)[g*R + r]
     // (MODEL.md 4.6 f; convert.py dequantizes wo_a to bf16 exactly, 3.6)
     const char* op = "linear_wo_a";
-    check_fp8_weight(op, "w", w);
-    check_dtype(op, "o", o, DType::BF16);
-    check_dtype(op, "y", y, DType::BF16);
-    DS4R_CHECK(groups > 0 && w.w.dim(0) % groups == 0, "cuda %s: %lld groups do not divide the %lld weight rows", op,
-               (long long)groups, (long long)w.w.dim(0));
-    const int64_t G = groups, R = w.w.dim(0) / groups, Kg = w.w.dim(1);
-    const int64_t M = rows_of(op, "o", o, G * Kg);
-    check_numel(op, "y", y, M * G * R);
+    const auto [M, G, R, Kg] = opcheck::linear_wo_a(o, w, groups, y);
     check_disjoint(op, "o", o, "y", y);
     if (M == 0 || R == 0) return;
     Tensor wd = alloc(DType::BF16, {G * R, Kg});

@@ -29,8 +29,6 @@ namespace {
 constexpr int64_t kMoeChunkRows = 8192;  // bounds the temporaries (~0.9 GB at D = 5120, I = 2304, k = 6)
 constexpr int kMaxTopk = 32;             // router / combine kernels
 
-bool given(const Tensor& t) { return t.data != nullptr && t.numel() > 0; }
-
 struct MoeShapes {
     int64_t E, D, I, Is;  // experts, model dim, expert hidden, shared hidden
     int k;
@@ -170,28 +168,15 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, 
                       const Tensor& route_idx, const Tensor& route_w) {
     // x BF16 [M, D] (ffn-normed) -> y BF16 [M, D]; route_idx I32 [M, k] / route_w F32 [M, k] optional
     const char* op = "moe";
-    check_dtype(op, "x", x, DType::BF16);
-    check_dtype(op, "y", y, DType::BF16);
-    check_dtype(op, "gate_w", w.gate_w, DType::BF16);
-    check_dtype(op, "gate_bias", w.gate_bias, DType::F32);
-    DS4R_CHECK(w.gate_w.ndim() == 2, "cuda moe: gate_w must be [E, D], got %s", shape_str(w.gate_w.shape).c_str());
-    check_data(op, "gate_w", w.gate_w);
+    const auto [M, E, D] = opcheck::moe(x, w, p, y, route_idx, route_w);
     MoeShapes sh{};
-    sh.E = w.gate_w.dim(0);
-    sh.D = w.gate_w.dim(1);
+    sh.E = E;
+    sh.D = D;
     sh.k = p.topk;
-    const int64_t E = sh.E, D = sh.D;
-    check_numel(op, "gate_bias", w.gate_bias, E);
-    DS4R_CHECK(static_cast<int64_t>(w.experts.size()) == E, "cuda moe: %zu expert weight sets for %lld experts",
-               w.experts.size(), (long long)E);
-    DS4R_CHECK(sh.k >= 1 && sh.k <= E && sh.k <= kMaxTopk, "cuda moe: topk = %d outside [1, min(%lld, %d)]", sh.k,
-               (long long)E, kMaxTopk);
-    DS4R_CHECK(p.gate_temp != 0.0f, "cuda moe: gate_temp must be non-zero");
+    DS4R_CHECK(sh.k <= kMaxTopk, "cuda moe: topk = %d exceeds the router kernel's limit %d", sh.k, kMaxTopk);
     DS4R_CHECK(D % 32 == 0, "cuda moe: D = %lld is not a multiple of 32", (long long)D);
-    const int64_t M = rows_of(op, "x", x, D);
-    check_numel(op, "y", y, M * D);
     // In place (y == x) is fine: each chunk reads its x rows before writing its y rows.
-    if (x.data != y.data) check_disjoint(op, "x", x, "y", y);
+    check_same_or_disjoint(op, "x", x, "y", y);
 
     check_fp8_weight(op, "shared w1", w.sw1);
     check_fp8_weight(op, "shared w3", w.sw3);
@@ -233,15 +218,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, 
     DS4R_CHECK(sh.I > 0 && sh.I % 32 == 0, "cuda moe: expert hidden size %lld is not a positive multiple of 32",
                (long long)sh.I);
 
-    const bool want_idx = given(route_idx), want_w = given(route_w);
-    if (want_idx) {
-        check_dtype(op, "route_idx", route_idx, DType::I32);
-        check_shape(op, "route_idx", route_idx, {M, sh.k});
-    }
-    if (want_w) {
-        check_dtype(op, "route_w", route_w, DType::F32);
-        check_shape(op, "route_w", route_w, {M, sh.k});
-    }
+    const bool want_idx = opcheck::given(route_idx), want_w = opcheck::given(route_w);
     if (M == 0) return;
 
     const Tensor x2 = x.reshape({M, D});
