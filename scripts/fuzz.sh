@@ -8,12 +8,12 @@
 # seed corpus tests/fuzz/corpus/<target>/ (the seeds are never modified). Crashing inputs are kept in
 # tests/fuzz/crashers/<target>-crash-<sha1> (and leak-/timeout-/oom-); reproduce one with
 #   build-fuzz/tests/fuzz/<target> tests/fuzz/crashers/<file>
-# Environment: JOBS (build parallelism, default 2), FUZZ_ARGS (extra libFuzzer flags),
-# KEEP_CORPUS=1 (print the scratch corpus directory instead of deleting it).
+# Environment: JOBS (build parallelism, default 2), BUILD_DIR (default build-fuzz), FUZZ_ARGS (extra
+# libFuzzer flags), KEEP_CORPUS=1 (print the scratch corpus directory instead of deleting it).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-build="$root/build-fuzz"
+build="${BUILD_DIR:-$root/build-fuzz}"
 secs="${1:-60}"
 if [[ $# -gt 0 ]]; then shift; fi
 if ! [[ "$secs" =~ ^[0-9]+$ ]]; then

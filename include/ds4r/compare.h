@@ -1,17 +1,44 @@
 // `ds4replay compare A.jsonl B.jsonl`: fidelity statistics between two result files (DESIGN.md 2).
 //
-// Each file holds either ds4replay result records (id, logprob, rank, topk_ids, topk_logprobs) or
-// per-token top-k logprob records as a served API returns them ("API records"), one JSON object
-// per line:
-//   {"id": ..., "logprobs": {"content": [{"token": "Hello", "logprob": -0.12,
-//                                          "top_logprobs": [{"token": "Hello", "logprob": -0.12}, ...]}, ...]}}
-// (also accepted: the same "logprobs" object inside "choices"[0], i.e. a whole chat-completion
-// response with an "id"). An API record covers the tokens the server generated: they are the LAST
-// len(content) tokens of the replayed sequence, so entry i is compared with position
-// n_tokens - 1 - len(content) + i of the ds4replay record of the same id. Tokens are matched by id:
-// "token_id" / "id" integer fields when present, "token_id:123" strings, else the token text mapped
-// through tokenizer.json (--tokenizer or --model); entries with logprob <= -9999 (the API's sentinel
-// below its top-k) are ignored.
+// Input: two JSONL files, one JSON object per line (blank lines skipped; a line that is not JSON or
+// has no "id" is an InputError naming the file and line). Each record of A is paired with the first
+// record of B with the same "id" (compared as JSON values: "7" and 7 differ); ids missing from the
+// other file are counted, not errors; no common id at all is an error. Records with an "error" field
+// (--skip-bad) are skipped. Paired ds4replay records must have the same number of positions. Each
+// record is one of:
+//  1. A ds4replay result record: "logprob" [n-1 numbers] (required), "n_tokens", optional "rank"
+//     [n-1 ints], "topk_ids" [[k ints] x n-1] with "topk_logprobs" [[k numbers] x n-1].
+//  2. An API record, the per-token logprobs a served model returns for the tokens it generated:
+//       {"id": ..., "logprobs": {"content": [
+//          {"token": "Hello", "logprob": -0.12,
+//           "top_logprobs": [{"token": "Hello", "logprob": -0.12}, {"token": " Hi", "logprob": -2.3}, ...]},
+//          ...]}}
+//     or a whole chat-completion response whose "choices"[0] holds that "logprobs" object (the
+//     response's own "id" must then be set to the replayed sequence's id). Content entry i is the
+//     i-th generated token; generated tokens are the LAST len(content) tokens of the replayed
+//     sequence, so entry i is compared with position n - 1 - len(content) + i of the ds4replay
+//     record (n = its n_tokens; position t scores token t+1). len(content) > n - 1 is an error.
+//     Only "logprob" of an entry is compared with the replay's logprob; its "top_logprobs" give the
+//     top-k. A top-k entry's token id is: its integer "token_id" (or "id") field; else its "token"
+//     string "token_id:<decimal>" (vLLM's return_tokens_as_token_ids); else the token text looked up
+//     among the single-token decodings of tokenizer.json (--tokenizer FILE or --model DIR). A text
+//     that decodes from several ids (byte tokens of partial UTF-8 all read "\uFFFD") is ambiguous:
+//     kept out of top-1 and KL and counted. Top-k entries with logprob <= -9999 (the API's "below
+//     its top-k" sentinel) are ignored. One of the two files must hold ds4replay records.
+// Statistics, per sequence and over all paired positions:
+//  - |d logprob| = |logprob_A - logprob_B| of the actual next token: median, mean, p95 (linear
+//    interpolation between order statistics, numpy's default), max;
+//  - top-1 agreement: fraction of positions (with top-k on both sides) whose top-1 ids are equal;
+//  - rank agreement: fraction of positions (with ranks on both sides: ds4replay vs ds4replay) whose
+//    ranks are equal;
+//  - KL(A || B) over the shared top-k: at positions where >= 2 ids are in both top-k lists, both
+//    distributions are renormalized over those shared ids, KL = sum p_A (log p_A - log p_B) (>= 0);
+//    mean, median and max over those positions.
+// Output: a text report (totals, the |d logprob| line, top-1 / rank agreement, KL, one line per
+// sequence unless per_sequence is false) or, with json, one object: sequences, positions,
+// median_abs_dlogprob, mean_abs_dlogprob, p95_abs_dlogprob, max_abs_dlogprob, top1_agreement,
+// rank_agreement (null when undefined), kl_positions, kl_mean, kl_median, kl_max, a, b, missing_in_b,
+// missing_in_a, ambiguous_topk_entries, per_sequence: [{"id": ..., the same statistics}].
 #pragma once
 
 #include <cstdint>

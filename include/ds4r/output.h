@@ -34,17 +34,24 @@ std::string format_error_record(const std::string& id_json, int64_t line, const 
 // that truncates to the last newline (see --resume), and commit() fsyncs.
 class ResultWriter {
 public:
-    // path "-" = stdout (flushed, not fsynced).
+    // path "-" = stdout (flushed, not fsynced); a FIFO or device path is written, not fsynced.
     explicit ResultWriter(const std::string& path);
     void append(const std::string& line);  // buffered until commit()
     void commit();                         // write + fsync the buffered lines
+    void discard() {  // drop the lines not yet committed (an interrupted pass)
+        pending_.clear();
+        pending_lines_ = 0;
+    }
     const std::string& path() const { return path_; }
+    int64_t lines_committed() const { return committed_; }  // by this writer
 
 private:
     std::string path_;
     bool stdout_ = false;
+    bool regular_ = false;  // a regular file (fsynced); else a FIFO / device (written only)
     FileHandle fh_;
     std::string pending_;
+    int64_t pending_lines_ = 0, committed_ = 0;
 };
 
 // Hidden-state capture files: <dir>/hidden_L<layer>.npy, every sequence's rows in input order.
@@ -56,16 +63,20 @@ public:
     // Opens (or, on resume, truncates to `rows_kept[layer]` rows and reopens) the layer's file.
     void open_layer(int layer, int64_t rows_kept = 0);
     void add_rows(int layer, int seq, const uint16_t* data, int64_t rows, int64_t row_elems) override;
-    // Rows [begin, end) written for (layer, seq) since the last take_refs().
+    // Rows [begin, end) written for (layer, seq) since the last clear_refs().
     std::vector<HiddenRef> refs_for(int seq) const;
     void clear_refs();
     void commit();  // fsync data, rewrite the header with the current row count, fsync
+    // Drops the rows added since the last commit (an interrupted pass): truncates every file back to
+    // its committed rows and forgets the refs.
+    void rollback();
     std::string file_name(int layer) const;
 
 private:
     struct LayerFile {
         FileHandle fh;
-        int64_t rows = 0;
+        int64_t rows = 0;            // rows written
+        int64_t committed_rows = 0;  // rows the header announces (after the last commit)
         int64_t row_elems = 0;
         std::string descr;
         Shape row_shape;

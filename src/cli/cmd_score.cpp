@@ -1,8 +1,10 @@
 // `ds4replay score`: CLI11 glue for run_score (src/replay/score.cpp).
+#include <cstdio>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "ds4r/log.h"
+#include "ds4r/progress.h"
 #include "ds4r/score.h"
 
 namespace ds4r::cli {
@@ -68,7 +70,16 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
         opt->capture_layers = parse_layers(*layers);
         opt->hidden_mode = *mode == "copies" ? HiddenMode::Copies : HiddenMode::Mean;
         if (opt->max_batch_tokens == 1) throw InputError("--max-batch-tokens must be 0 (auto) or >= 2");
-        ScoreSummary s = run_score(*opt);
+        // Ctrl-C / SIGTERM: stop at the next layer boundary with nothing half-written (exit 130).
+        install_interrupt_handlers();
+        ScoreSummary s;
+        try {
+            s = run_score(*opt);
+        } catch (const Interrupted& e) {
+            std::fprintf(stderr, "ds4replay: interrupted: %lld sequences saved; rerun with --resume\n",
+                         (long long)e.sequences_saved);
+            return 130;
+        }
         log_info(strfmt("scored %lld sequences (%lld tokens) in %lld passes on %s in %.2fs (%.0f tokens/s)%s%s",
                         (long long)s.sequences, (long long)s.tokens, (long long)s.passes, s.backend.c_str(), s.seconds,
                         s.seconds > 0 ? s.tokens / s.seconds : 0.0,

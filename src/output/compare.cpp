@@ -6,9 +6,11 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <unordered_map>
 
 #include "ds4r/error.h"
+#include "ds4r/file_util.h"
 #include "ds4r/tokenizer.h"
 
 namespace ds4r {
@@ -32,29 +34,40 @@ struct Seq {
     int64_t line = 0;
 };
 
+// Token id of an API top-k entry; kAmbiguous when its text is the decoding of several ids.
+constexpr int64_t kAmbiguous = -1;
+
 class TokenMapper {
 public:
     explicit TokenMapper(std::string path) : path_(std::move(path)) {}
     int64_t id_of(const json& entry, const std::string& file, int64_t line) {
+        auto fail = [&](const std::string& m) -> int64_t {
+            throw InputError(strfmt("%s:%lld: %s", file.c_str(), (long long)line, m.c_str()));
+        };
         for (const char* k : {"token_id", "id"})
-            if (entry.contains(k) && entry.at(k).is_number_integer()) return entry.at(k).get<int64_t>();
+            if (entry.contains(k)) {
+                const json& v = entry.at(k);
+                if (!v.is_number_integer() || (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0))
+                    fail(std::string("top_logprobs entry: \"") + k + "\" must be a non-negative integer, found " + v.dump());
+                return v.get<int64_t>();
+            }
         if (!entry.contains("token") || !entry.at("token").is_string())
-            throw InputError(strfmt("%s:%lld: API entry without \"token\"", file.c_str(), (long long)line));
+            fail("top_logprobs entry without a \"token\" string (or an integer \"token_id\")");
         const std::string t = entry.at("token").get<std::string>();
         if (t.rfind("token_id:", 0) == 0) {
-            try {
-                return std::stoll(t.substr(9));
-            } catch (const std::exception&) {
-                throw InputError(strfmt("%s:%lld: bad token '%s'", file.c_str(), (long long)line, t.c_str()));
-            }
+            const std::string digits = t.substr(9);
+            if (digits.empty() || digits.size() > 12 || digits.find_first_not_of("0123456789") != std::string::npos)
+                fail("bad token " + json(t).dump() + " (expected \"token_id:<decimal id>\")");
+            return std::stoll(digits);
         }
         load();
         auto it = by_text_.find(t);
         if (it == by_text_.end())
-            throw InputError(strfmt("%s:%lld: token text %s is not a token of %s", file.c_str(), (long long)line,
-                                    json(t).dump().c_str(), path_.c_str()));
+            fail("token text " + json(t).dump() + " is not the decoding of any token of " + path_);
+        if (it->second == kAmbiguous) ++ambiguous_;
         return it->second;
     }
+    int64_t ambiguous() const { return ambiguous_; }
 
 private:
     void load() {
@@ -62,12 +75,18 @@ private:
         if (path_.empty())
             throw InputError("API records carry token text: give --tokenizer tokenizer.json (or --model DIR) to map it to ids");
         Tokenizer tok = Tokenizer::load(path_);
-        for (int64_t i = 0; i < tok.size(); ++i)
-            if (tok.has_token(i)) by_text_.emplace(tok.decode_one(i), i);  // first id wins on collisions
+        for (int64_t i = 0; i < tok.size(); ++i) {
+            if (!tok.has_token(i)) continue;
+            auto [it, fresh] = by_text_.emplace(tok.decode_one(i), i);
+            // Several ids decode to the same text (e.g. the byte tokens of partial UTF-8 sequences,
+            // all "\uFFFD"): the text cannot name one of them.
+            if (!fresh) it->second = kAmbiguous;
+        }
         loaded_ = true;
     }
     std::string path_;
     bool loaded_ = false;
+    int64_t ambiguous_ = 0;
     std::unordered_map<std::string, int64_t> by_text_;
 };
 
@@ -81,8 +100,9 @@ const json* api_logprobs(const json& v) {
 }
 
 std::vector<Seq> read_file(const std::string& path, TokenMapper& mapper) {
+    if (is_directory(path)) throw InputError(path + ": is a directory, expected a JSONL file");
     std::ifstream f(path);
-    if (!f) throw InputError(strfmt("%s: cannot open", path.c_str()));
+    if (!f) throw InputError(strfmt("%s: cannot open (%s)", path.c_str(), errno_text(errno).c_str()));
     std::vector<Seq> out;
     std::string line;
     int64_t ln = 0;
@@ -199,8 +219,11 @@ struct Acc {
     void add(const Pos& a, const Pos& b) {
         d.push_back(std::fabs(a.logprob - b.logprob));
         if (!a.topk.empty() && !b.topk.empty()) {
-            ++top1_n;
-            top1_eq += a.topk[0].first == b.topk[0].first;
+            // An ambiguous API top-1 (text of several ids) cannot be compared.
+            if (a.topk[0].first != kAmbiguous && b.topk[0].first != kAmbiguous) {
+                ++top1_n;
+                top1_eq += a.topk[0].first == b.topk[0].first;
+            }
             double k;
             if (shared_kl(a, b, k)) kl.push_back(k);
         }
@@ -228,6 +251,10 @@ int run_compare(const CompareOptions& opt, std::FILE* out) {
     auto a = read_file(opt.file_a, mapper), b = read_file(opt.file_b, mapper);
     std::map<std::string, const Seq*> bmap;
     for (const auto& s : b) bmap.emplace(s.id, &s);
+    std::set<std::string> a_ids;
+    for (const auto& s : a) a_ids.insert(s.id);
+    int64_t missing_in_a = 0;
+    for (const auto& [id, seq] : bmap) missing_in_a += a_ids.count(id) == 0;
     Acc all;
     json per = json::array();
     std::string text;
@@ -286,12 +313,18 @@ int run_compare(const CompareOptions& opt, std::FILE* out) {
         j["a"] = opt.file_a;
         j["b"] = opt.file_b;
         j["missing_in_b"] = missing;
+        j["missing_in_a"] = missing_in_a;
+        j["ambiguous_topk_entries"] = mapper.ambiguous();
         if (opt.per_sequence) j["per_sequence"] = per;
         std::fprintf(out, "%s\n", j.dump().c_str());
     } else {
-        std::fprintf(out, "compare %s vs %s: %lld sequences, %lld positions%s\n", opt.file_a.c_str(), opt.file_b.c_str(),
+        std::fprintf(out, "compare %s vs %s: %lld sequences, %lld positions%s%s\n", opt.file_a.c_str(), opt.file_b.c_str(),
                      (long long)s.sequences, (long long)s.positions,
-                     missing ? strfmt(" (%lld ids of A not in B)", (long long)missing).c_str() : "");
+                     missing ? strfmt(" (%lld ids of A not in B)", (long long)missing).c_str() : "",
+                     missing_in_a ? strfmt(" (%lld ids of B not in A)", (long long)missing_in_a).c_str() : "");
+        if (mapper.ambiguous())
+            std::fprintf(out, "  %lld API top-k entries had a text shared by several token ids (left out of top-1 / KL)\n",
+                         (long long)mapper.ambiguous());
         std::fprintf(out, "  |d logprob|  median %.4f  mean %.4f  p95 %.4f  max %.4f\n", s.median_abs, s.mean_abs, s.p95_abs,
                      s.max_abs);
         std::fprintf(out, "  top-1 agreement %s  rank agreement %s\n", pct(s.top1_agreement).c_str(),

@@ -36,6 +36,7 @@ void HiddenNpyWriter::open_layer(int layer, int64_t rows_kept) {
     if (::ftruncate(lf.fh.fd(), static_cast<off_t>(keep)) != 0)
         throw RuntimeError(strfmt("%s: ftruncate failed (%s)", path.c_str(), errno_text(errno).c_str()));
     lf.rows = rows_kept;
+    lf.committed_rows = rows_kept;
     files_[layer] = std::move(lf);
     // Write a valid header now (0 rows for a new file).
     auto& f = files_[layer];
@@ -45,6 +46,8 @@ void HiddenNpyWriter::open_layer(int layer, int64_t rows_kept) {
     DS4R_CHECK(h.size() == kHeaderBytes, "npy header size %zu != %zu", h.size(), kHeaderBytes);
     if (::pwrite(f.fh.fd(), h.data(), h.size(), 0) != static_cast<ssize_t>(h.size()))
         throw RuntimeError(strfmt("%s: header write failed", path.c_str()));
+    f.fh.fsync_or_throw();
+    fsync_parent_dir(path);
 }
 
 void HiddenNpyWriter::add_rows(int layer, int seq, const uint16_t* data, int64_t rows, int64_t row_elems) {
@@ -88,7 +91,20 @@ void HiddenNpyWriter::commit() {
         if (::pwrite(f.fh.fd(), h.data(), h.size(), 0) != static_cast<ssize_t>(h.size()))
             throw RuntimeError(strfmt("%s: header write failed", f.fh.path().c_str()));
         f.fh.fsync_or_throw();
+        f.committed_rows = f.rows;
     }
+}
+
+void HiddenNpyWriter::rollback() {
+    for (auto& [layer, f] : files_) {
+        if (f.rows == f.committed_rows) continue;
+        const uint64_t keep = kHeaderBytes + static_cast<uint64_t>(f.committed_rows * f.row_elems) * 2;
+        if (::ftruncate(f.fh.fd(), static_cast<off_t>(keep)) != 0)
+            throw RuntimeError(strfmt("%s: ftruncate failed (%s)", f.fh.path().c_str(), errno_text(errno).c_str()));
+        f.rows = f.committed_rows;
+        f.fh.fsync_or_throw();
+    }
+    refs_.clear();
 }
 
 }  // namespace ds4r

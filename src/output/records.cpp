@@ -1,12 +1,15 @@
 // JSONL result records and their durable writer.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 
 #include "ds4r/output.h"
+#include "ds4r/tokenizer.h"
 
 namespace ds4r {
 
@@ -22,7 +25,11 @@ std::string format_double(double v) {
 
 namespace {
 
-void append_json_string(std::string& out, const std::string& s) {
+// JSON string literal of `raw`; invalid UTF-8 (an error message quoting the bytes of a bad input
+// line) becomes U+FFFD so the record stays valid JSON.
+void append_json_string(std::string& out, const std::string& raw) {
+    const bool ascii = std::all_of(raw.begin(), raw.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+    const std::string s = ascii ? raw : utf8_from_bytes_lossy(raw);
     out += '"';
     for (unsigned char c : s) {
         switch (c) {
@@ -117,12 +124,18 @@ std::string format_error_record(const std::string& id_json, int64_t line, const 
 }
 
 ResultWriter::ResultWriter(const std::string& path) : path_(path), stdout_(path == "-") {
-    if (!stdout_) fh_ = FileHandle(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (stdout_) return;
+    fh_ = FileHandle(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    struct stat st {};
+    // fsync only means something for a regular file (a FIFO or /dev/stdout would fail with EINVAL).
+    regular_ = ::fstat(fh_.fd(), &st) == 0 && S_ISREG(st.st_mode);
+    if (regular_) fsync_parent_dir(path);  // the file's directory entry is durable too
 }
 
 void ResultWriter::append(const std::string& line) {
     pending_ += line;
     pending_ += '\n';
+    ++pending_lines_;
 }
 
 void ResultWriter::commit() {
@@ -132,9 +145,11 @@ void ResultWriter::commit() {
             throw RuntimeError("writing results to stdout failed");
     } else {
         fh_.write_all(pending_.data(), pending_.size());
-        fh_.fsync_or_throw();
+        if (regular_) fh_.fsync_or_throw();
     }
     pending_.clear();
+    committed_ += pending_lines_;
+    pending_lines_ = 0;
 }
 
 }  // namespace ds4r

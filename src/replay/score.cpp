@@ -2,6 +2,7 @@
 #include "ds4r/score.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,7 +10,8 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <set>
+#include <cstring>
+#include <unordered_map>
 
 #include "ds4r/checkpoint.h"
 #include "ds4r/input.h"
@@ -39,50 +41,100 @@ uint64_t host_available_bytes() {
 
 // What an existing results file already holds (for --resume).
 struct ResumeState {
-    std::set<std::string> ids;          // id JSON texts of complete records
-    std::map<int, int64_t> hidden_rows; // layer -> rows referenced by complete records
+    int64_t records = 0;                              // complete lines (records and error records)
+    std::unordered_map<std::string, int64_t> ids;     // id JSON text -> how many records carry it
+    std::map<int, int64_t> hidden_rows;               // layer -> rows referenced by complete records
+
+    // True (and one use consumed) when the output already holds a record for this id. Records are
+    // written in input order, one per input line, so the k-th input line with an id matches the k-th
+    // record with that id (ids repeat only in error records of --skip-bad).
+    bool take(const std::string& id) {
+        auto it = ids.find(id);
+        if (it == ids.end() || it->second == 0) return false;
+        --it->second;
+        return true;
+    }
 };
 
+void note_record(ResumeState& st, const std::string& line, const std::string& path, int64_t line_no) {
+    const std::string where = strfmt("%s:%lld: ", path.c_str(), (long long)line_no);
+    nlohmann::json v;
+    try {
+        v = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+        throw InputError(where + "existing results line is not valid JSON; cannot resume (remove the line or the file)");
+    }
+    if (!v.is_object() || !v.contains("id"))
+        throw InputError(where + "existing results line has no \"id\"; cannot resume");
+    ++st.records;
+    ++st.ids[v.at("id").dump()];
+    if (!v.contains("hidden")) return;
+    try {
+        for (const auto& h : v.at("hidden")) {
+            const int L = h.at("layer").get<int>();
+            const int64_t end = h.at("rows").at(1).get<int64_t>();
+            st.hidden_rows[L] = std::max(st.hidden_rows[L], end);
+        }
+    } catch (const nlohmann::json::exception& e) {
+        throw InputError(where + "existing results line has a malformed \"hidden\" entry; cannot resume (" + e.what() + ")");
+    }
+}
+
+// Reads the results file line by line. A kill mid-write can leave a partial last line (no newline):
+// it was never committed, so it is cut away before anything is appended.
 ResumeState scan_existing_output(const std::string& path) {
     ResumeState st;
-    if (!file_exists(path)) return st;
-    std::string text = read_text_file(path, size_t(1) << 40);
-    size_t keep = text.rfind('\n');
-    keep = keep == std::string::npos ? 0 : keep + 1;
-    if (keep < text.size()) {
-        // A kill mid-write can leave a partial last line: drop it (it was never committed).
-        log_warn(strfmt("%s: dropping an incomplete last line (%zu bytes) before resuming", path.c_str(),
-                        text.size() - keep));
-        if (::truncate(path.c_str(), static_cast<off_t>(keep)) != 0)
-            throw RuntimeError(strfmt("%s: cannot truncate (%s)", path.c_str(), errno_text(errno).c_str()));
-        text.resize(keep);
-    }
-    size_t pos = 0;
-    int64_t line = 0;
-    while (pos < text.size()) {
-        size_t nl = text.find('\n', pos);
-        std::string l = text.substr(pos, nl - pos);
-        pos = nl + 1;
-        ++line;
-        if (l.empty()) continue;
-        nlohmann::json v;
-        try {
-            v = nlohmann::json::parse(l);
-        } catch (const nlohmann::json::parse_error&) {
-            throw InputError(strfmt("%s:%lld: existing results line is not valid JSON; cannot resume", path.c_str(),
-                                    (long long)line));
+    FileHandle f(path, O_RDWR);
+    const uint64_t size = f.size();
+    std::string chunk(size_t{4} << 20, '\0'), line;
+    uint64_t off = 0, line_start = 0;
+    int64_t line_no = 0;
+    while (off < size) {
+        const size_t n = f.pread_some(chunk.data(), static_cast<size_t>(std::min<uint64_t>(chunk.size(), size - off)), off);
+        if (n == 0) break;
+        size_t p = 0;
+        while (p < n) {
+            const void* nl = std::memchr(chunk.data() + p, '\n', n - p);
+            const size_t take = nl ? static_cast<size_t>(static_cast<const char*>(nl) - (chunk.data() + p)) : n - p;
+            line.append(chunk.data() + p, take);
+            p += take;
+            if (!nl) break;
+            ++p;
+            ++line_no;
+            if (line.find_first_not_of(" \t\r") != std::string::npos) note_record(st, line, path, line_no);
+            line.clear();
+            line_start = off + p;
         }
-        if (!v.is_object() || !v.contains("id"))
-            throw InputError(strfmt("%s:%lld: existing results line has no id; cannot resume", path.c_str(), (long long)line));
-        st.ids.insert(v.at("id").dump());
-        if (v.contains("hidden") && v.at("hidden").is_array())
-            for (const auto& h : v.at("hidden")) {
-                int L = h.value("layer", -1);
-                const auto& rows = h.at("rows");
-                st.hidden_rows[L] = std::max(st.hidden_rows[L], rows.at(1).get<int64_t>());
-            }
+        off += n;
+    }
+    if (line_start < size) {
+        log_warn(strfmt("%s: dropping an incomplete last line (%llu bytes) before resuming", path.c_str(),
+                        (unsigned long long)(size - line_start)));
+        if (::ftruncate(f.fd(), static_cast<off_t>(line_start)) != 0)
+            throw RuntimeError(strfmt("%s: cannot truncate (%s)", path.c_str(), errno_text(errno).c_str()));
+        f.fsync_or_throw();
     }
     return st;
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+    struct stat sa {}, sb {};
+    return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+// Without --skip-bad, a regular input file is checked completely before any compute: a bad line at
+// the end must not cost the hours spent before it. (A pipe is checked as it is read.)
+void validate_whole_input(const std::string& path, int64_t vocab, int64_t max_len) {
+    InputReader r(path, vocab, max_len);
+    if (r.size_bytes() < 0) return;
+    std::unordered_map<std::string, int64_t> seen;
+    InputRecord rec;
+    while (r.next(rec)) {
+        auto [pos, fresh] = seen.emplace(rec.id_json, rec.line);
+        if (!fresh)
+            throw InputError(strfmt("%s:%lld: duplicate id %s (first on line %lld)", r.path().c_str(), (long long)rec.line,
+                                    rec.id_json.c_str(), (long long)pos->second));
+    }
 }
 
 }  // namespace
@@ -102,31 +154,52 @@ std::unique_ptr<Backend> select_backend(const std::string& kind, int device) {
 
 ScoreSummary run_score(const ScoreOptions& opt) {
     const double t_start = now_s();
+    if (opt.resume && opt.output == "-") throw InputError("--resume needs --output FILE (it cannot continue stdout)");
+    if (opt.top_k < 1 || opt.top_k > 1024) throw InputError("--top-k must be in [1, 1024]");
+    if (!opt.capture_layers.empty() && opt.hidden_dir.empty())
+        throw InputError("--capture-layers needs --hidden-dir DIR");
+    if (opt.input != "-" && opt.output != "-" && same_file(opt.input, opt.output))
+        throw InputError(opt.output + ": the output file is the input file");
     Checkpoint ckpt = Checkpoint::open(opt.model_dir);
     const ModelConfig& cfg = ckpt.config();
     for (int L : opt.capture_layers)
         if (L < 0 || L > cfg.n_layers)
             throw InputError(strfmt("--capture-layers: layer %d outside [0, %lld]", L, (long long)cfg.n_layers));
-    if (!opt.capture_layers.empty() && opt.hidden_dir.empty())
-        throw InputError("--capture-layers needs --hidden-dir DIR");
-    if (opt.top_k < 1 || opt.top_k > 1024) throw InputError("--top-k must be in [1, 1024]");
     if (opt.top_k > cfg.vocab_size) throw InputError("--top-k is larger than the vocabulary");
     const int64_t max_len = opt.max_seq_len > 0 ? opt.max_seq_len
                                                 : (cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 65536);
 
+    // Input and output problems surface before the (slow) backend and table setup.
+    InputReader reader(opt.input, cfg.vocab_size, max_len);
+    if (!opt.skip_bad && opt.input != "-") validate_whole_input(opt.input, cfg.vocab_size, max_len);
+    // Resume: ids already present are skipped; hidden files are cut back to the committed rows.
+    ResumeState resume;
+    struct stat ost {};
+    if (opt.output != "-" && ::stat(opt.output.c_str(), &ost) == 0) {
+        if (S_ISDIR(ost.st_mode)) throw RuntimeError(opt.output + ": is a directory, expected the results file");
+        if (S_ISREG(ost.st_mode)) {
+            if (ost.st_size > 0 && !opt.resume)
+                throw InputError(opt.output + ": exists and is not empty; use --resume to continue it, or remove it");
+            if (opt.resume) resume = scan_existing_output(opt.output);
+        } else if (opt.resume) {
+            throw InputError(opt.output + ": --resume needs a regular results file");
+        }
+    }
+    if (resume.records) log_info(strfmt("resume: %lld records already in %s", (long long)resume.records, opt.output.c_str()));
+    ResultWriter out(opt.output);
+    std::unique_ptr<HiddenNpyWriter> hidden;
+    if (!opt.capture_layers.empty()) {
+        hidden = std::make_unique<HiddenNpyWriter>(opt.hidden_dir, static_cast<int>(cfg.n_layers), opt.hidden_mode,
+                                                   cfg.dim, cfg.hc_mult);
+        for (int L : opt.capture_layers) {
+            auto it = resume.hidden_rows.find(L);
+            hidden->open_layer(L, it == resume.hidden_rows.end() ? 0 : it->second);
+        }
+    }
+
     auto engram = load_engram_resources(ckpt);
     auto be = select_backend(opt.backend, opt.device);
     log_info("backend: " + be->name());
-
-    // Resume: ids already present are skipped; hidden files are cut back to the committed rows.
-    ResumeState resume;
-    if (opt.output != "-" && file_exists(opt.output)) {
-        FileHandle f(opt.output, O_RDONLY);
-        if (f.size() > 0 && !opt.resume)
-            throw InputError(opt.output + ": exists and is not empty; use --resume to continue it, or remove it");
-        if (opt.resume) resume = scan_existing_output(opt.output);
-    }
-    if (!resume.ids.empty()) log_info(strfmt("resume: %zu sequences already done", resume.ids.size()));
 
     ReplayOptions ro;
     ro.top_k = opt.top_k;
@@ -153,94 +226,117 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     // Layer L+1 is read (and uploaded) while layer L computes.
     auto weights = make_prefetch_weight_source(*be, ckpt);
     PassRunner runner(*be, ckpt, *weights, engram.get(), ro);
-    ResultWriter out(opt.output);
-    std::unique_ptr<HiddenNpyWriter> hidden;
-    if (!opt.capture_layers.empty()) {
-        hidden = std::make_unique<HiddenNpyWriter>(opt.hidden_dir, static_cast<int>(cfg.n_layers), opt.hidden_mode,
-                                                   cfg.dim, cfg.hc_mult);
-        for (int L : opt.capture_layers) {
-            auto it = resume.hidden_rows.find(L);
-            hidden->open_layer(L, it == resume.hidden_rows.end() ? 0 : it->second);
-        }
-    }
     Progress progress(opt.progress, static_cast<int>(cfg.n_layers));
+    progress.set_input_size(reader.size_bytes());
 
     ScoreSummary sum;
     sum.backend = be->name();
-    InputReader reader(opt.input, cfg.vocab_size, max_len);
-    std::map<std::string, int64_t> seen;  // id -> line (duplicate detection)
+    std::unordered_map<std::string, int64_t> seen;  // id -> line (duplicate detection)
     bool eof = false;
-    while (!eof) {
-        // Collect one pass: records in input order, bad lines (with --skip-bad) keep their place.
-        struct Item {
-            bool bad = false;
-            InputRecord rec;
-            std::string error;
-        };
-        std::vector<Item> items;
-        int64_t tokens = 0;
-        while (tokens < pass_tokens) {
-            Item it;
-            std::string bad_id;
-            try {
-                if (!reader.next(it.rec, &bad_id)) {
-                    eof = true;
-                    break;
+    try {
+        while (!eof) {
+            throw_if_interrupted();  // between passes: everything so far is committed
+            // Collect one pass: records in input order, bad lines (with --skip-bad) keep their place.
+            struct Item {
+                bool bad = false;
+                InputRecord rec;
+                std::string error;
+            };
+            std::vector<Item> items;
+            int64_t tokens = 0;
+            uint64_t pass_bytes = 0;
+            while (tokens < pass_tokens) {
+                Item it;
+                std::string bad_id;
+                const uint64_t b0 = reader.bytes_consumed();
+                try {
+                    if (!reader.next(it.rec, &bad_id)) {
+                        eof = true;
+                        break;
+                    }
+                    auto [pos, fresh] = seen.emplace(it.rec.id_json, it.rec.line);
+                    if (!fresh)
+                        throw InputError(strfmt("%s:%lld: duplicate id %s (first on line %lld)", reader.path().c_str(),
+                                                (long long)it.rec.line, it.rec.id_json.c_str(), (long long)pos->second));
+                } catch (const InputError& e) {
+                    if (!opt.skip_bad) throw;
+                    it.bad = true;
+                    it.error = e.what();
+                    it.rec.line = reader.line();
+                    it.rec.id_json = bad_id.empty() ? std::to_string(reader.line()) : bad_id;
                 }
-                auto [pos, fresh] = seen.emplace(it.rec.id_json, it.rec.line);
-                if (!fresh)
-                    throw InputError(strfmt("%s:%lld: duplicate id %s (first on line %lld)", reader.path().c_str(),
-                                            (long long)it.rec.line, it.rec.id_json.c_str(), (long long)pos->second));
-            } catch (const InputError& e) {
-                if (!opt.skip_bad) throw;
-                ++sum.bad_lines;
-                log_warn(std::string("skipping: ") + e.what());
-                it.bad = true;
-                it.error = e.what();
-                it.rec.line = reader.line();
-                it.rec.id_json = bad_id.empty() ? std::to_string(reader.line()) : bad_id;
+                const uint64_t line_bytes = reader.bytes_consumed() - b0;
+                if (resume.take(it.rec.id_json)) {
+                    ++sum.resumed;
+                    progress.skip_input(line_bytes);
+                    continue;
+                }
+                if (it.bad) {
+                    ++sum.bad_lines;
+                    log_warn(std::string("skipping: ") + it.error);
+                    progress.skip_input(line_bytes);
+                } else {
+                    tokens += static_cast<int64_t>(it.rec.tokens.size());
+                    pass_bytes += line_bytes;
+                }
+                items.push_back(std::move(it));
             }
-            if (resume.ids.count(it.rec.id_json)) {
-                ++sum.resumed;
-                continue;
+            if (items.empty()) break;
+            std::vector<std::vector<int32_t>> seqs;
+            std::vector<int> seq_of_item(items.size(), -1);
+            for (size_t i = 0; i < items.size(); ++i)
+                if (!items[i].bad) {
+                    seq_of_item[i] = static_cast<int>(seqs.size());
+                    seqs.push_back(items[i].rec.tokens);
+                }
+            std::vector<SequenceScores> scores;
+            if (!seqs.empty()) {
+                progress.set_bytes_read(weights->stats().bytes_read);
+                progress.begin_pass(static_cast<int64_t>(seqs.size()), tokens, pass_bytes);
+                scores = runner.run(seqs, hidden.get(), [&](const LayerTiming& t) {
+                    progress.set_bytes_read(weights->stats().bytes_read);
+                    progress.layer_done(t);
+                    // Stop mid-pass (nothing of this pass is committed); after the head the pass is
+                    // complete and is committed first.
+                    if (t.layer != kHeadLayer) throw_if_interrupted();
+                });
+                progress.end_pass();
+                ++sum.passes;
             }
-            if (!it.bad) tokens += static_cast<int64_t>(it.rec.tokens.size());
-            items.push_back(std::move(it));
-        }
-        if (items.empty()) break;
-        std::vector<std::vector<int32_t>> seqs;
-        std::vector<int> seq_of_item(items.size(), -1);
-        for (size_t i = 0; i < items.size(); ++i)
-            if (!items[i].bad) {
-                seq_of_item[i] = static_cast<int>(seqs.size());
-                seqs.push_back(items[i].rec.tokens);
+            for (size_t i = 0; i < items.size(); ++i) {
+                if (items[i].bad) {
+                    out.append(format_error_record(items[i].rec.id_json, items[i].rec.line, items[i].error));
+                    continue;
+                }
+                const int s = seq_of_item[i];
+                std::vector<HiddenRef> refs = hidden ? hidden->refs_for(s) : std::vector<HiddenRef>{};
+                out.append(format_record(items[i].rec.id_json, scores[static_cast<size_t>(s)], opt.top_k, refs,
+                                         items[i].rec.extra_json));
+                ++sum.sequences;
+                sum.tokens += static_cast<int64_t>(items[i].rec.tokens.size());
             }
-        std::vector<SequenceScores> scores;
-        if (!seqs.empty()) {
-            progress.begin_pass(static_cast<int>(sum.passes), tokens);
-            scores = runner.run(seqs, hidden.get(), [&](const LayerTiming& t) { progress.layer_done(t); });
-            progress.end_pass();
-            ++sum.passes;
-        }
-        for (size_t i = 0; i < items.size(); ++i) {
-            if (items[i].bad) {
-                out.append(format_error_record(items[i].rec.id_json, items[i].rec.line, items[i].error));
-                continue;
+            // Hidden rows first, then the records that reference them: a crash in between leaves
+            // unreferenced rows that --resume cuts away, never a record pointing at missing rows.
+            if (hidden) {
+                hidden->commit();
+                hidden->clear_refs();
             }
-            const int s = seq_of_item[i];
-            std::vector<HiddenRef> refs = hidden ? hidden->refs_for(s) : std::vector<HiddenRef>{};
-            out.append(format_record(items[i].rec.id_json, scores[static_cast<size_t>(s)], opt.top_k, refs,
-                                     items[i].rec.extra_json));
-            ++sum.sequences;
-            sum.tokens += static_cast<int64_t>(items[i].rec.tokens.size());
+            out.commit();
         }
-        // Hidden rows first, then the records that reference them: a crash in between leaves
-        // unreferenced rows that --resume cuts away, never a record pointing at missing rows.
-        if (hidden) {
-            hidden->commit();
-            hidden->clear_refs();
+    } catch (const Interrupted&) {
+        // Nothing of the interrupted pass reaches the files: its lines are dropped, its hidden rows cut.
+        out.discard();
+        if (hidden) hidden->rollback();
+        throw Interrupted(resume.records + out.lines_committed());
+    } catch (...) {
+        // Any other failure: the same clean-up, best effort (the original error is what matters).
+        out.discard();
+        try {
+            if (hidden) hidden->rollback();
+        } catch (const std::exception& e) {
+            log_warn(std::string("after the error below, cleaning up the hidden files failed: ") + e.what());
         }
-        out.commit();
+        throw;
     }
     sum.seconds = now_s() - t_start;
     return sum;
