@@ -16,7 +16,10 @@ void CpuBackend::compress_pool2(const Tensor& kv, const Tensor& sc, const Tensor
     // scores, w_i = exp(sc_i - max) / sum (true division, as CUDA's softmax epilogue), then
     // out = bf16((0 + kv_0 * w_0) + kv_1 * w_1) in fp32 (MODEL.md 4.6.1, 8.2). A trailing odd row is
     // ignored (it waits for decode in the reference).
-    const auto [rows, n, hd] = opcheck::compress_pool2(kv, sc, out);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::compress_pool2(kv, sc, out);
+    const auto n = dims.n;
+    const auto hd = dims.hd;
     const float* K = kv.ptr<float>();
     const float* S = sc.ptr<float>();
     uint16_t* O = out.ptr<uint16_t>();
@@ -39,7 +42,10 @@ void CpuBackend::compress_pool2(const Tensor& kv, const Tensor& sc, const Tensor
 void CpuBackend::window_indices(const Tensor& qpos, int64_t window, const Tensor& idx) {
     // idx I32 [m, W]: idx[r, c] = max(p - window + 1, 0) + c, or -1 where that exceeds p = qpos[r]
     // (model.py get_window_topk_idxs, MODEL.md 4.6 b).
-    const auto [m, W] = opcheck::window_indices(qpos, window, idx);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::window_indices(qpos, window, idx);
+    const auto m = dims.m;
+    const auto W = dims.W;
     const int32_t* pp = qpos.ptr<int32_t>();
     int32_t* ip = idx.ptr<int32_t>();
     for (int64_t r = 0; r < m; ++r) {
@@ -65,7 +71,14 @@ void CpuBackend::sparse_attn(const Tensor& q, const Tensor& win_kv, const Tensor
     // last tile sum += exp(sink - M) (unscaled sink, no value row); o = bf16(acc / sum). exp is the
     // host expf (CUDA: libdevice expf, last-ulp differences). All-empty tiles are skipped: they keep
     // M, scale by exp(0) = 1 and add 0 (numerically inert, MODEL.md 6.4); an all-empty row gives 0.
-    const auto [m, H, hd, s, T, n_idx] = opcheck::sparse_attn(q, win_kv, cmp_kv, sink, idx, o);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::sparse_attn(q, win_kv, cmp_kv, sink, idx, o);
+    const auto m = dims.m;
+    const auto H = dims.H;
+    const auto hd = dims.hd;
+    const auto s = dims.s;
+    const auto T = dims.T;
+    const auto n_idx = dims.n_idx;
     const int32_t* ip = idx.ptr<int32_t>();
     for (int64_t i = 0; i < m * n_idx; ++i)
         DS4R_CHECK(ip[i] >= -1 && ip[i] < s + T, "cpu sparse_attn: idx[%lld, %lld] = %d outside [-1, %lld)",

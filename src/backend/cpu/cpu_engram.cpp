@@ -21,7 +21,11 @@ void CpuBackend::engram_update(const Tensor& X, const Tensor& kv, const Tensor& 
     //          right; the sum accumulated exactly in double and rounded once);
     //   gate = sigmoid(copysign(sqrt(max(|dot|, 1e-6)), dot)) (signed square root, 4.8);
     //   X_k = bf16(h + gate * value).
-    const auto [M, hc, D] = opcheck::engram_update(X, kv, qw, kw);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::engram_update(X, kv, qw, kw);
+    const auto M = dims.M;
+    const auto hc = dims.hc;
+    const auto D = dims.D;
     const float inv_sqrt_d = static_cast<float>(std::pow(static_cast<double>(D), -0.5));  // self.dim ** -0.5
     const float clamp_value = 1e-6f;
     std::vector<float> wt(static_cast<size_t>(hc * D));

@@ -15,7 +15,11 @@ void CpuBackend::hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale
     // z = fp32(X) flattened; r = rsqrt(mean(z^2) + norm_eps): ONE statistic over all copies, eps =
     // norm_eps (MODEL.md 4.5); mixes = fp32(z . fn_i) * r (the norm after the projection; the dot
     // accumulated in double, rounded once); then hc_split_sinkhorn (5.5).
-    const auto [M, hc, D] = opcheck::hc_mixes(X, fn, scale, base, iters, pre, post, comb);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::hc_mixes(X, fn, scale, base, iters, pre, post, comb);
+    const auto M = dims.M;
+    const auto hc = dims.hc;
+    const auto D = dims.D;
     const int64_t mix = (2 + hc) * hc;
     const uint16_t* xp = X.ptr<uint16_t>();
     const float* F = fn.ptr<float>();
@@ -44,7 +48,11 @@ void CpuBackend::hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale
 void CpuBackend::hc_pre(const Tensor& X, const Tensor& mix, const Tensor& y) {
     // y BF16 [M, D] = bf16(sum_k mix_k * X_k), products in fp32, summed sequentially from 0
     // (((0 + m0*X0) + m1*X1) + m2*X2) + m3*X3 as torch.sum does on CUDA (MODEL.md 8.2).
-    const auto [M, hc, D] = opcheck::hc_pre(X, mix, y);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::hc_pre(X, mix, y);
+    const auto M = dims.M;
+    const auto hc = dims.hc;
+    const auto D = dims.D;
     const uint16_t* xp = X.ptr<uint16_t>();
     const float* mp = mix.ptr<float>();
     uint16_t* yp = y.ptr<uint16_t>();
@@ -64,7 +72,11 @@ void CpuBackend::hc_post(const Tensor& x, const Tensor& R, const Tensor& post, c
     // out BF16 [M, hc, D]: out_k = bf16(post_k * x + S_k), S_k = sum_j comb[j][k] * R_j summed
     // sequentially from 0 (MODEL.md 4.5, 8.2: the output copy is comb's COLUMN). x BF16 [M, D];
     // R BF16 [M, hc, D] (may alias out); post F32 [M, hc]; comb F32 [M, hc, hc].
-    const auto [M, hc, D] = opcheck::hc_post(x, R, post, comb, out);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::hc_post(x, R, post, comb, out);
+    const auto M = dims.M;
+    const auto hc = dims.hc;
+    const auto D = dims.D;
     const uint16_t* xp = x.ptr<uint16_t>();
     const uint16_t* rp = R.ptr<uint16_t>();
     const float* pp = post.ptr<float>();

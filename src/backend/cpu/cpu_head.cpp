@@ -19,7 +19,11 @@ void CpuBackend::head_stats(const Tensor& x, const Tensor& head, const Tensor& t
     // exp(logit - max)) in fp64; entropy = lse - sum p_v * logit_v, p_v = exp(logit_v - lse), fp64;
     // target_logit / rank = 1 + #{v : logit_v > logit_target} (0 and 0 without a target); top-k
     // by logit, descending, ties broken by the lower token id.
-    const auto [M, V, D] = opcheck::head_stats(x, head, targets, k, out);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::head_stats(x, head, targets, k, out);
+    const auto M = dims.M;
+    const auto V = dims.V;
+    const auto D = dims.D;
     const int32_t* tp = targets.ptr<int32_t>();
     opcheck::head_targets(tp, M, V);
     const uint16_t* xp = x.ptr<uint16_t>();

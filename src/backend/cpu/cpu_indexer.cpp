@@ -29,7 +29,12 @@ void CpuBackend::index_scores(const Tensor& q, const Tensor& k, const Tensor& w,
     //   relu in bf16; p = bf16(relu(S) * w_h) (the product of two bf16 is exact in fp32);
     //   score = bf16(((0 + p_0) + p_1) + ...) summed over heads in fp32 and rounded once (MODEL.md
     //   8.2: accumulating in bf16 would be wrong); score = -inf for j >= (qpos + 1) / ratio.
-    const auto [m, nh, ihd, T] = opcheck::index_scores(q, k, w, qpos, ratio, score);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::index_scores(q, k, w, qpos, ratio, score);
+    const auto m = dims.m;
+    const auto nh = dims.nh;
+    const auto ihd = dims.ihd;
+    const auto T = dims.T;
     check_qpos_values("index_scores", qpos, m);
     const uint16_t* qp = q.ptr<uint16_t>();
     const uint16_t* kp = k.ptr<uint16_t>();
@@ -71,7 +76,12 @@ void CpuBackend::candidate_blocks(const Tensor& score, const Tensor& qpos, int r
     // (n_t - 1) // block (n_t = (qpos + 1) / ratio) is pinned to +inf; keep the top
     // min(topk_blocks, nb) by the CUDA tie rule, dropping picks whose score is -inf.
     // Pinning compares arange(nb) == last, so n_t = 0 (last = -1) pins NO block (not the last one).
-    const auto [m, T, nb, words] = opcheck::candidate_blocks(score, qpos, ratio, block, topk_blocks, mask);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::candidate_blocks(score, qpos, ratio, block, topk_blocks, mask);
+    const auto m = dims.m;
+    const auto T = dims.T;
+    const auto nb = dims.nb;
+    const auto words = dims.words;
     check_qpos_values("candidate_blocks", qpos, m);
     const uint16_t* sp = score.ptr<uint16_t>();
     const int32_t* pp = qpos.ptr<int32_t>();
@@ -108,7 +118,11 @@ void CpuBackend::candidate_blocks(const Tensor& score, const Tensor& qpos, int r
 
 void CpuBackend::apply_candidate_mask(const Tensor& score, const Tensor& mask, int64_t block) {
     // score BF16 [m, T] <- -inf where the block bit of j (j / block) is not set in mask I32 [m, W].
-    const auto [m, T, nb, words] = opcheck::apply_candidate_mask(score, mask, block);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::apply_candidate_mask(score, mask, block);
+    const auto m = dims.m;
+    const auto T = dims.T;
+    const auto words = dims.words;
     uint16_t* sp = score.ptr<uint16_t>();
     const uint32_t* mp = mask.ptr<uint32_t>();
     for (int64_t r = 0; r < m; ++r)
@@ -124,7 +138,11 @@ void CpuBackend::index_topk(const Tensor& score, const Tensor& qpos, int ratio, 
     // rule (values above the K-th, then ties in ascending position; masked -inf ties too), sorted
     // by position, mapped to j + offset if j < n_t = (qpos + 1) / ratio, else -1 (MODEL.md 4.6.2
     // step 7, 8.1). The -1s end up at the tail.
-    const auto [m, T, K] = opcheck::index_topk(score, qpos, ratio, offset, idx);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::index_topk(score, qpos, ratio, offset, idx);
+    const auto m = dims.m;
+    const auto T = dims.T;
+    const auto K = dims.K;
     check_qpos_values("index_topk", qpos, m);
     const uint16_t* sp = score.ptr<uint16_t>();
     const int32_t* pp = qpos.ptr<int32_t>();

@@ -188,7 +188,11 @@ void CpuBackend::linear_fp4(const Tensor& x, const Fp4Linear& w, const Tensor& y
 
 void CpuBackend::linear_bf16(const Tensor& x, const Tensor& w, const Tensor& y) {
     // x BF16 [M, K] @ W BF16 [N, K]^T -> y BF16 [M, N]: fp64 accumulation -> fp32 -> bf16
-    const auto [M, N, K] = opcheck::linear_bf16(x, w, y);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::linear_bf16(x, w, y);
+    const auto M = dims.M;
+    const auto N = dims.N;
+    const auto K = dims.K;
     uint16_t* yp = y.ptr<uint16_t>();
     dense_gemm(*this, x.ptr<uint16_t>(), w.ptr<uint16_t>(), M, N, K,
                [&](int64_t m, int64_t n, float v) { yp[m * N + n] = f32_to_bf16(v); });
@@ -196,7 +200,11 @@ void CpuBackend::linear_bf16(const Tensor& x, const Tensor& w, const Tensor& y) 
 
 void CpuBackend::linear_f32(const Tensor& x, const Tensor& w, const Tensor& y) {
     // f32(x BF16|F32 [M, K]) @ f32(W BF16|F32 [N, K])^T -> y F32 [M, N]: fp64 accumulation -> fp32
-    const auto [M, N, K] = opcheck::linear_f32(x, w, y);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::linear_f32(x, w, y);
+    const auto M = dims.M;
+    const auto N = dims.N;
+    const auto K = dims.K;
     float* yp = y.ptr<float>();
     auto out = [&](int64_t m, int64_t n, float v) { yp[m * N + n] = v; };
     if (x.dtype == DType::BF16 && w.dtype == DType::BF16)
@@ -212,7 +220,12 @@ void CpuBackend::linear_f32(const Tensor& x, const Tensor& w, const Tensor& y) {
 void CpuBackend::linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t groups, const Tensor& y) {
     // o BF16 [M, G * Kg], W fp8 [G * R, Kg] -> y BF16 [M, G * R],
     // y[:, g*R + r] = sum_d o[:, g*Kg + d] * bf16(W[g*R + r, d]) (MODEL.md 4.6 f, 3.6).
-    const auto [M, G, R, Kg] = opcheck::linear_wo_a(o, w, groups, y);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::linear_wo_a(o, w, groups, y);
+    const auto M = dims.M;
+    const auto G = dims.G;
+    const auto R = dims.R;
+    const auto Kg = dims.Kg;
     // convert.py dequantizes wo_a once: fp32(e4m3) * 2^(e - 127) per 32x32 tile, cast to bf16 (exact).
     const int64_t KBs = (Kg + 31) / 32;
     std::vector<float> wd(static_cast<size_t>(G * R * Kg));

@@ -41,7 +41,11 @@ void check_fp8(const char* name, const Fp8Linear& l, int64_t N, int64_t K) {
 void CpuBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y,
                      const Tensor& route_idx, const Tensor& route_w) {
     // x BF16 [M, D] (ffn-normed) -> y BF16 [M, D]; route_idx I32 [M, k] / route_w F32 [M, k] optional.
-    const auto [M, E, D] = opcheck::moe(x, w, p, y, route_idx, route_w);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::moe(x, w, p, y, route_idx, route_w);
+    const auto M = dims.M;
+    const auto E = dims.E;
+    const auto D = dims.D;
     const int k = p.topk;
     const bool want_idx = opcheck::given(route_idx), want_w = opcheck::given(route_w);
     // The shared expert's shapes here; its fp8 format and each routed expert's weights are checked

@@ -13,7 +13,10 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const Ten
     //   var = mean(x^2) (fp32: exact sum of the exact squares rounded once, then * fp32(1/N) as
     //         CUDA torch.mean does, cpuref::mean_from_sum); r = 1/sqrt(var + eps) exactly rounded
     //         (CUDA: rsqrtf, MODEL.md 8.2); y = bf16(w * (x * r)), products in fp32.
-    const auto [M, N] = opcheck::rms_norm(x, w, y);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::rms_norm(x, w, y);
+    const auto M = dims.M;
+    const auto N = dims.N;
     const uint16_t* xp = x.ptr<uint16_t>();
     const uint16_t* wp = w.ptr<uint16_t>();
     uint16_t* yp = y.ptr<uint16_t>();

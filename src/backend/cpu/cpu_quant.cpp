@@ -10,7 +10,10 @@ namespace ds4r {
 
 void CpuBackend::act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s) {
     // x BF16 [M, K] -> q F8_E4M3 [M, K], s F8_E8M0 [M, K/32]
-    const auto [M, K, block] = opcheck::act_quant_fp8(x, q, s);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::act_quant_fp8(x, q, s);
+    const auto M = dims.M;
+    const auto K = dims.K;
     const uint16_t* xp = x.ptr<uint16_t>();
     uint8_t* qp = q.ptr<uint8_t>();
     uint8_t* sp = s.ptr<uint8_t>();
@@ -23,7 +26,10 @@ void CpuBackend::act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s
 
 void CpuBackend::act_quant_fp8_inplace(const Tensor& x) {
     // x BF16 [M, K] <- bf16(e4m3(x / s) * s); the product is exact (MODEL.md 5.1).
-    const auto [M, K, block] = opcheck::act_quant_fp8_inplace(x);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::act_quant_fp8_inplace(x);
+    const auto M = dims.M;
+    const auto K = dims.K;
     uint16_t* xp = x.ptr<uint16_t>();
     const float* lut = cpuref::e4m3_table();
     parallel_for(M, static_cast<double>(K), [&](int64_t r0, int64_t r1) {
@@ -39,7 +45,11 @@ void CpuBackend::act_quant_fp8_inplace(const Tensor& x) {
 
 void CpuBackend::fp4_quant_inplace(const Tensor& x, Fp4Scale kind) {
     // x BF16 [M, K] <- bf16(e2m1(x / s) * s); exact product (MODEL.md 5.2).
-    const auto [M, K, bs] = opcheck::fp4_quant_inplace(x, kind);
+    // Named variables, not a structured binding: lambdas below capture them (clang 14).
+    const auto dims = opcheck::fp4_quant_inplace(x, kind);
+    const auto M = dims.M;
+    const auto K = dims.K;
+    const auto bs = dims.block;
     uint16_t* xp = x.ptr<uint16_t>();
     const float* lut = cpuref::e2m1_table();
     parallel_for(M, static_cast<double>(K), [&](int64_t r0, int64_t r1) {
