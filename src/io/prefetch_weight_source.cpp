@@ -469,7 +469,10 @@ std::shared_ptr<ResidentLayer> PrefetchWeightSource::acquire(int layer) {
 
 WeightSourceStats PrefetchWeightSource::stats() const {
     std::lock_guard<std::mutex> lk(core_->mu);
-    return stats_;
+    WeightSourceStats st = stats_;
+    // Readers that never went idle (a read-bound run) leave their busy interval open: count it.
+    if (reads_in_flight_ > 0) st.read_seconds += now_s() - busy_since_;
+    return st;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -365,6 +365,23 @@ TEST_F(PrefetchTest, UploadModeWithDefaultCopyQueueOnCpu) {
     EXPECT_GT(src->stats().bytes_uploaded, 0u);
 }
 
+// Regression: readers that stay busy across layers (a read-bound run) keep their busy interval
+// open; stats() must still count it (the bench printed "31 GB in 0.00 s of reading").
+TEST_F(PrefetchTest, ReadSecondsCountsAnOpenBusyInterval) {
+    auto cpu = make_cpu_backend();
+    PrefetchOptions o;
+    o.read_threads = 2;
+    auto src = make_prefetch_weight_source(*cpu, *ckpt_, o);
+    const std::vector<int> pass = one_pass(*ckpt_);
+    src->set_schedule(pass);
+    for (int L : pass) {
+        auto h = src->acquire(L);
+        const WeightSourceStats st = src->stats();
+        ASSERT_GT(st.bytes_read, 0u);
+        EXPECT_GT(st.read_seconds, 0.0) << "bytes were read but no read time is counted (layer " << L << ")";
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Schedule order: resynchronization, unknown layers, both slots held, no schedule.
 TEST_F(PrefetchTest, OutOfOrderAcquireResynchronizes) {
