@@ -46,6 +46,12 @@ EngramLayout build_engram_layout(const ModelConfig& cfg, const std::string& conf
 // bound = max(1, (INT64_MAX // compressed_vocab) // 2), reproduced exactly (PCG64 + SeedSequence +
 // Lemire bounded integers as numpy implements them).
 std::vector<int64_t> engram_multipliers(int64_t layer, int64_t compressed_vocab, int64_t max_ngram);
+
+// The released model's multipliers as published (MODEL.md 4.2: layers 1 and 14 with compressed vocab
+// 99,092 and n-grams up to 4), or an empty vector for any other (layer, vocab, n-gram) combination.
+// MODEL.md advises hard-coding them because numpy does not promise its stream stays the same; ds4replay
+// computes them and `score --seed-check` verifies the two agree.
+std::vector<int64_t> released_engram_multipliers(int64_t layer, int64_t compressed_vocab, int64_t max_ngram);
 // numpy.random.default_rng(seed).integers(0, high, size=count, dtype=np.int64) for high >= 1, as
 // numpy (>= 1.17) computes it: SeedSequence -> PCG64 -> Lemire bounded integers (32-bit draws
 // when high - 1 fits in 32 bits). The building block of engram_multipliers, exposed for tests.

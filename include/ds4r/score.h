@@ -26,6 +26,9 @@ struct ScoreOptions {
     int64_t max_seq_len = 0;       // 0 = max_position_embeddings of the config
     bool resume = false;
     bool skip_bad = false;
+    // Before scoring, check that the Engram hash multipliers derived from numpy's
+    // default_rng(10007 * layer) equal the released model's published values (MODEL.md 4.2).
+    bool seed_check = false;
     std::string progress = "auto";  // auto | bar | plain | none
 };
 

@@ -55,6 +55,8 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
     app->add_option("--max-seq-len", opt->max_seq_len, "Longest accepted sequence (0 = the model's maximum)")
         ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
     app->add_flag("--resume", opt->resume, "Skip ids already in the output and append the rest");
+    app->add_flag("--seed-check", opt->seed_check,
+                  "Verify the Engram hash multipliers (numpy default_rng(10007*L)) against the released model's values first");
     app->add_flag("--skip-bad", opt->skip_bad, "Write an error record for a bad input line and go on");
     app->add_option("--progress", opt->progress, "auto, bar, plain or none")
         ->check(CLI::IsMember({"auto", "bar", "plain", "none"}))

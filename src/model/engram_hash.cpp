@@ -272,6 +272,13 @@ std::vector<int64_t> numpy_rng_integers(uint64_t seed, int64_t high, int64_t cou
     return out;
 }
 
+std::vector<int64_t> released_engram_multipliers(int64_t layer, int64_t compressed_vocab, int64_t max_ngram) {
+    if (compressed_vocab != 99092 || max_ngram != 4) return {};
+    if (layer == 1) return {76632096046245LL, 4839876093313LL, 35959672319349LL, 73987337458391LL};
+    if (layer == 14) return {67716810739261LL, 51510806800915LL, 30921347202721LL, 82619226485591LL};
+    return {};
+}
+
 std::vector<int64_t> engram_multipliers(int64_t layer, int64_t compressed_vocab, int64_t max_ngram) {
     if (layer < 0 || layer > std::numeric_limits<int64_t>::max() / 10007)
         throw CheckpointError(

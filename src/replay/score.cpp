@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "ds4r/checkpoint.h"
+#include "ds4r/engram.h"
 #include "ds4r/input.h"
 #include "ds4r/log.h"
 #include "ds4r/output.h"
@@ -139,6 +140,32 @@ void validate_whole_input(const std::string& path, int64_t vocab, int64_t max_le
 
 }  // namespace
 
+// --seed-check: the Engram multipliers come from numpy.random.default_rng(10007 * layer) (MODEL.md
+// 4.2); for the released model they must equal its published values.
+static void check_engram_seeds(const ModelConfig& cfg) {
+    if (cfg.engram_layer_ids.empty()) {
+        log_info("seed check: the model has no Engram layers: nothing to check");
+        return;
+    }
+    for (int L : cfg.engram_layer_ids) {
+        const auto got = engram_multipliers(L, cfg.engram_compressed_vocab_size, cfg.engram_max_ngram_size);
+        const auto want = released_engram_multipliers(L, cfg.engram_compressed_vocab_size, cfg.engram_max_ngram_size);
+        std::string vals;
+        for (int64_t v : got) vals += (vals.empty() ? "" : ", ") + std::to_string(v);
+        if (want.empty()) {
+            log_info(strfmt("seed check: layer %d multipliers [%s] (default_rng(%d)); no published values for this "
+                            "configuration to compare with",
+                            L, vals.c_str(), 10007 * L));
+        } else if (got != want) {
+            throw RuntimeError(strfmt("seed check: layer %d Engram multipliers [%s] differ from the released model's "
+                                      "published values (MODEL.md 4.2)",
+                                      L, vals.c_str()));
+        } else {
+            log_info(strfmt("seed check: layer %d multipliers [%s] equal the released model's", L, vals.c_str()));
+        }
+    }
+}
+
 std::unique_ptr<Backend> select_backend(const std::string& kind, int device) {
     if (kind == "cpu") return make_cpu_backend();
     std::string why;
@@ -198,6 +225,7 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     }
 
     auto engram = load_engram_resources(ckpt);
+    if (opt.seed_check) check_engram_seeds(cfg);
     auto be = select_backend(opt.backend, opt.device);
     log_info("backend: " + be->name());
 
