@@ -33,6 +33,8 @@ run selftest ./ds4replay selftest --backend cuda
 if [ "$MODE" != quick ]; then
   run unit_tests ./tests/ds4r_unit_tests
   run golden_tests ./tests/ds4r_golden_tests
+  # kill -9 / SIGINT / SIGTERM and --resume with the CUDA backend (the unit suite runs them on the CPU)
+  DS4R_RESUME_BACKEND=cuda run resume_cuda ./tests/ds4r_unit_tests --gtest_filter='Resume*'
   export DS4R_SANITIZER_RUN=1
   FILTER='Cuda*:-CudaGolden*'
   SAN_TIMEOUT="${DS4R_SANITIZER_TIMEOUT:-240}"

@@ -9,6 +9,7 @@
 //  - crash states built by hand (a partial last line, hidden rows beyond the committed records) are
 //    repaired by --resume.
 // The kill delays come from a fixed seed (DS4R_KILL_SEED overrides it; it is printed on failure).
+// DS4R_RESUME_BACKEND=cuda runs the same tests on the CUDA backend (scripts/gpu_suite.sh does).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -102,9 +103,15 @@ Workdir make_workdir(const Config& c) {
     return w;
 }
 
+// The backend under test: cpu unless DS4R_RESUME_BACKEND names another.
+std::string backend_under_test() {
+    const char* b = std::getenv("DS4R_RESUME_BACKEND");
+    return b && *b ? b : "cpu";
+}
+
 std::vector<std::string> score_argv(const Config& c, const Workdir& w, bool resume) {
     std::vector<std::string> a{
-        "score", "--model",       test::tiny_model_dir(),      "--backend", "cpu", "--progress",
+        "score", "--model",       test::tiny_model_dir(),      "--backend", backend_under_test(), "--progress",
         "plain", "--pass-tokens", std::to_string(kPassTokens), "--input",   w.in,  "--output",
         w.out};
     for (const auto& e : c.extra) a.push_back(e == "HIDDEN" ? w.hidden : e);
