@@ -26,6 +26,13 @@ void cleanup() {
 
 std::string data_dir() { return DS4R_TEST_DATA; }
 std::string binary_path() { return DS4R_BINARY; }
+std::string golden_model_dir() { return data_dir() + "/tiny-a/model"; }
+
+std::string copy_golden_model(const std::string& tag) {
+    const std::string d = temp_dir(tag) + "/model";
+    std::filesystem::copy(golden_model_dir(), d, std::filesystem::copy_options::recursive);
+    return d;
+}
 
 std::string temp_dir(const std::string& tag) {
     std::lock_guard<std::mutex> lk(g_mu);

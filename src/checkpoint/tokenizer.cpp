@@ -52,6 +52,30 @@ const std::array<int16_t, 324>& char_to_byte_table() {
     return table;
 }
 
+// A UTF-8 lead byte of a multi-byte sequence: the sequence length and the allowed range of its second
+// byte (the later ones are 0x80..0xBF). False for bytes that never lead one (0x80..0xC1, 0xF5..0xFF).
+struct Utf8Lead {
+    size_t len;
+    uint8_t lo, hi;
+};
+bool utf8_lead(uint8_t c0, Utf8Lead* l) {
+    *l = {0, 0x80, 0xBF};
+    if (c0 >= 0xC2 && c0 <= 0xDF) {
+        l->len = 2;
+    } else if (c0 >= 0xE0 && c0 <= 0xEF) {
+        l->len = 3;
+        if (c0 == 0xE0) l->lo = 0xA0;  // no overlong forms
+        if (c0 == 0xED) l->hi = 0x9F;  // no surrogates
+    } else if (c0 >= 0xF0 && c0 <= 0xF4) {
+        l->len = 4;
+        if (c0 == 0xF0) l->lo = 0x90;  // no overlong forms
+        if (c0 == 0xF4) l->hi = 0x8F;  // nothing above U+10FFFF
+    } else {
+        return false;
+    }
+    return true;
+}
+
 // Decodes one strictly valid UTF-8 scalar at s[i]; returns its length (0 if invalid) and sets cp.
 size_t utf8_scalar(std::string_view s, size_t i, uint32_t* cp) {
     const auto b = [&](size_t k) { return static_cast<uint8_t>(s[k]); };
@@ -61,23 +85,11 @@ size_t utf8_scalar(std::string_view s, size_t i, uint32_t* cp) {
         *cp = c0;
         return 1;
     }
-    size_t len;
-    uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (c0 >= 0xC2 && c0 <= 0xDF) {
-        len = 2;
-    } else if (c0 >= 0xE0 && c0 <= 0xEF) {
-        len = 3;
-        if (c0 == 0xE0) lo = 0xA0;
-        if (c0 == 0xED) hi = 0x9F;
-    } else if (c0 >= 0xF0 && c0 <= 0xF4) {
-        len = 4;
-        if (c0 == 0xF0) lo = 0x90;
-        if (c0 == 0xF4) hi = 0x8F;
-    } else {
-        return 0;
-    }
+    Utf8Lead l;
+    if (!utf8_lead(c0, &l)) return 0;
+    const size_t len = l.len;
     if (i + len > n) return 0;
-    if (b(i + 1) < lo || b(i + 1) > hi) return 0;
+    if (b(i + 1) < l.lo || b(i + 1) > l.hi) return 0;
     for (size_t k = 2; k < len; ++k)
         if (b(i + k) < 0x80 || b(i + k) > 0xBF) return 0;
     uint32_t v = c0 & (len == 2 ? 0x1Fu : len == 3 ? 0x0Fu : 0x07u);
@@ -90,27 +102,13 @@ size_t utf8_scalar(std::string_view s, size_t i, uint32_t* cp) {
 // invalid position: the lead byte plus the continuation bytes that were still acceptable.
 size_t utf8_invalid_span(std::string_view s, size_t i) {
     const auto b = [&](size_t k) { return static_cast<uint8_t>(s[k]); };
-    uint8_t c0 = b(i);
-    size_t len;
-    uint8_t lo = 0x80, hi = 0xBF;
-    if (c0 >= 0xC2 && c0 <= 0xDF) {
-        len = 2;
-    } else if (c0 >= 0xE0 && c0 <= 0xEF) {
-        len = 3;
-        if (c0 == 0xE0) lo = 0xA0;
-        if (c0 == 0xED) hi = 0x9F;
-    } else if (c0 >= 0xF0 && c0 <= 0xF4) {
-        len = 4;
-        if (c0 == 0xF0) lo = 0x90;
-        if (c0 == 0xF4) hi = 0x8F;
-    } else {
-        return 1;  // 0x80..0xC1, 0xF5..0xFF: never a lead byte
-    }
+    Utf8Lead l;
+    if (!utf8_lead(b(i), &l)) return 1;  // never a lead byte
     size_t k = 1;
-    for (; k < len && i + k < s.size(); ++k) {
+    for (; k < l.len && i + k < s.size(); ++k) {
         uint8_t c = b(i + k);
-        uint8_t l = (k == 1) ? lo : 0x80, h = (k == 1) ? hi : 0xBF;
-        if (c < l || c > h) break;
+        uint8_t lo = (k == 1) ? l.lo : 0x80, hi = (k == 1) ? l.hi : 0xBF;
+        if (c < lo || c > hi) break;
     }
     return k;
 }

@@ -35,10 +35,6 @@ using namespace ds4r::test;
 
 namespace {
 
-bool sanitizer_run() {
-    const char* e = std::getenv("DS4R_SANITIZER_RUN");
-    return e && std::string(e) == "1";
-}
 
 CudaBackend& gpu() {
     auto* be = dynamic_cast<CudaBackend*>(cuda());

@@ -20,10 +20,6 @@ using namespace ds4r::test;
 
 namespace {
 
-bool sanitizer_run() {
-    const char* e = std::getenv("DS4R_SANITIZER_RUN");
-    return e && std::string(e) == "1";
-}
 
 uint64_t splitmix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;

@@ -20,10 +20,6 @@ using namespace ds4r::test;
 
 namespace {
 
-bool sanitizer_run() {
-    const char* e = std::getenv("DS4R_SANITIZER_RUN");
-    return e && std::string(e) == "1";
-}
 
 Pair i32_pair(const std::vector<int32_t>& v, const Shape& shape) {
     return make_pair(DType::I32, shape, v.data());

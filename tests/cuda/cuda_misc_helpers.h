@@ -18,12 +18,6 @@
 
 namespace ds4r::test::misc {
 
-// compute-sanitizer runs use smaller shapes (CUDA_RULES.md).
-inline bool sanitizer_run() {
-    const char* e = std::getenv("DS4R_SANITIZER_RUN");
-    return e && std::string(e) == "1";
-}
-
 // A GPU tensor holding the given host bytes.
 inline Tensor cuda_tensor(DType t, const Shape& shape, const void* bytes) {
     Tensor x = cuda()->alloc(t, shape);

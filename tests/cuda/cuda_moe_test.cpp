@@ -35,10 +35,6 @@ using namespace ds4r::test::gemm_cmp;
 
 namespace {
 
-bool sanitizer_run() {
-    const char* e = std::getenv("DS4R_SANITIZER_RUN");
-    return e && std::string(e) == "1";
-}
 
 struct MoeCase {
     int64_t D = 0, E = 0, I = 0, Is = 0;

@@ -22,10 +22,6 @@ using namespace ds4r::test;
 
 namespace {
 
-bool sanitizer_run() {
-    const char* e = std::getenv("DS4R_SANITIZER_RUN");
-    return e && std::string(e) == "1";
-}
 
 std::string quant_file(const std::string& name) { return data_dir() + "/tiny-a/quant/" + name + ".npy"; }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,12 @@
 #include "ds4r/backend.h"
 
 namespace ds4r::test {
+
+// compute-sanitizer runs (DS4R_SANITIZER_RUN=1, scripts/gpu_suite.sh) use smaller shapes.
+inline bool sanitizer_run() {
+    const char* e = std::getenv("DS4R_SANITIZER_RUN");
+    return e && std::string(e) == "1";
+}
 
 // The two backends, created once per process. cuda() is nullptr when unavailable (see why()).
 Backend& cpu();

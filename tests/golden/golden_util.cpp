@@ -15,7 +15,6 @@
 namespace ds4r::test {
 
 std::string golden_dir() { return data_dir() + "/tiny-a"; }
-std::string golden_model_dir() { return golden_dir() + "/model"; }
 
 std::vector<GoldenSeq> golden_sequences() {
     std::vector<GoldenSeq> out;

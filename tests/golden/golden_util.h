@@ -11,11 +11,11 @@
 #include "ds4r/checkpoint.h"
 #include "ds4r/npy.h"
 #include "ds4r/replay.h"
+#include "test_util.h"
 
 namespace ds4r::test {
 
-std::string golden_dir();        // tests/data/tiny-a
-std::string golden_model_dir();  // tests/data/tiny-a/model
+std::string golden_dir();  // tests/data/tiny-a (golden_model_dir(): test_util.h)
 
 struct GoldenSeq {
     std::string id;

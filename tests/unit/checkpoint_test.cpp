@@ -16,15 +16,6 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string golden_model() { return test::data_dir() + "/tiny-a/model"; }
-
-// A private copy of the golden checkpoint to corrupt (tests/data is never modified).
-std::string copy_golden(const std::string& tag) {
-    std::string d = test::temp_dir(tag) + "/model";
-    fs::copy(golden_model(), d, fs::copy_options::recursive);
-    return d;
-}
-
 std::vector<uint8_t> read_bytes(const std::string& p) {
     std::ifstream f(p, std::ios::binary);
     return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
@@ -89,7 +80,7 @@ void expect_open_error(const std::string& dir, std::initializer_list<std::string
 // --- the golden checkpoint ----------------------------------------------------------------------
 
 TEST(Checkpoint, GoldenConfigAndRoles) {
-    Checkpoint ck = Checkpoint::open(golden_model());
+    Checkpoint ck = Checkpoint::open(test::golden_model_dir());
     const ModelConfig& c = ck.config();
     EXPECT_EQ(c.vocab_size, 512);
     EXPECT_EQ(c.dim, 256);
@@ -111,13 +102,13 @@ TEST(Checkpoint, GoldenConfigAndRoles) {
     EXPECT_EQ(ck.shards().size(), 7u);
     EXPECT_EQ(ck.shards()[0].file_name, shard(1));
     EXPECT_EQ(ck.index_file(), kIndex);
-    EXPECT_EQ(ck.tokenizer_path(), golden_model() + "/tokenizer.json");
-    EXPECT_EQ(ck.dir(), golden_model());
+    EXPECT_EQ(ck.tokenizer_path(), test::golden_model_dir() + "/tokenizer.json");
+    EXPECT_EQ(ck.dir(), test::golden_model_dir());
 }
 
 TEST(Checkpoint, GoldenTensorsOfEachRole) {
-    Checkpoint ck = Checkpoint::open(golden_model());
-    json index = load_json(golden_model() + "/" + kIndex);
+    Checkpoint ck = Checkpoint::open(test::golden_model_dir());
+    json index = load_json(test::golden_model_dir() + "/" + kIndex);
     EXPECT_EQ(ck.tensors().size(), index["weight_map"].size());
     auto expect = [&](const std::string& n, DType t, Shape s, TensorClass cls, int layer) {
         const TensorLocation* loc = ck.find(n);
@@ -162,7 +153,7 @@ TEST(Checkpoint, GoldenTensorsOfEachRole) {
 }
 
 TEST(Checkpoint, GoldenOffsetsAndBytesMatchAnIndependentReader) {
-    Checkpoint ck = Checkpoint::open(golden_model());
+    Checkpoint ck = Checkpoint::open(test::golden_model_dir());
     size_t checked = 0;
     for (const auto& si : ck.shards()) {
         ShardImage img = load_shard(si.path);
@@ -186,14 +177,14 @@ TEST(Checkpoint, GoldenOffsetsAndBytesMatchAnIndependentReader) {
     uint64_t streamed = 0;
     for (int l = 0; l < 6; ++l) streamed += ck.layer_stream_bytes(l);
     EXPECT_EQ(streamed + ck.bytes_of(TensorClass::Global) + ck.bytes_of(TensorClass::EngramTable), ck.total_bytes());
-    json index = load_json(golden_model() + "/" + kIndex);
+    json index = load_json(test::golden_model_dir() + "/" + kIndex);
     EXPECT_EQ(ck.total_bytes(), index["metadata"]["total_size"].get<uint64_t>());
     ASSERT_TRUE(ck.index_total_size().has_value());
 }
 
 TEST(Checkpoint, GoldenLayerRunsAreOneContiguousReadPerLayer) {
-    Checkpoint ck = Checkpoint::open(golden_model());
-    json index = load_json(golden_model() + "/" + kIndex);
+    Checkpoint ck = Checkpoint::open(test::golden_model_dir());
+    json index = load_json(test::golden_model_dir() + "/" + kIndex);
     for (int l = 0; l < 6; ++l) {
         // Independent count: the layer's names in the index, less the Engram table + scale.
         const std::string prefix = "layers." + std::to_string(l) + ".";
@@ -265,20 +256,20 @@ TEST(MergeByteRuns, MergesSmallGapsSplitsLargeGapsAndShards) {
 // --- corrupted copies -------------------------------------------------------------------------------
 
 TEST(CheckpointErrors, MissingShard) {
-    std::string d = copy_golden("ck-missing");
+    std::string d = test::copy_golden_model("ck-missing");
     fs::remove(d + "/" + shard(5));
     expect_open_error(d, {shard(5) + ": missing (listed in model.safetensors.index.json for 'head.weight' and 1 more"});
 }
 
 TEST(CheckpointErrors, SeveralProblemsAreReportedTogether) {
-    std::string d = copy_golden("ck-two");
+    std::string d = test::copy_golden_model("ck-two");
     fs::remove(d + "/" + shard(5));
     fs::resize_file(d + "/" + shard(6), 100);
     expect_open_error(d, {"checkpoint is invalid (2 problems)", shard(5) + ": missing", shard(6) + ": header length 224 runs past the end of the file (100 bytes"});
 }
 
 TEST(CheckpointErrors, TruncatedShard) {
-    std::string d = copy_golden("ck-trunc");
+    std::string d = test::copy_golden_model("ck-trunc");
     fs::resize_file(d + "/" + shard(4), 100000);
     // Shard 4's data ends at byte 2471992 (its original size).
     expect_open_error(d, {shard(4) + ": file is 100000 bytes but its header says data ends at byte 2471992",
@@ -290,7 +281,7 @@ TEST(CheckpointErrors, TruncatedShard) {
 }
 
 TEST(CheckpointErrors, CorruptHeaderLength) {
-    std::string d = copy_golden("ck-hlen");
+    std::string d = test::copy_golden_model("ck-hlen");
     auto b = read_bytes(d + "/" + shard(3));
     b[6] = 0x7f;  // length field ~ 2^54
     write_bytes(d + "/" + shard(3), b);
@@ -302,7 +293,7 @@ TEST(CheckpointErrors, CorruptHeaderLength) {
 }
 
 TEST(CheckpointErrors, CorruptHeaderJson) {
-    std::string d = copy_golden("ck-json");
+    std::string d = test::copy_golden_model("ck-json");
     auto b = read_bytes(d + "/" + shard(7));
     b[8 + 3] = 0x01;  // a control character inside the first key
     write_bytes(d + "/" + shard(7), b);
@@ -314,7 +305,7 @@ TEST(CheckpointErrors, CorruptHeaderJson) {
 }
 
 TEST(CheckpointErrors, ShardNotReferencedByIndex) {
-    std::string d = copy_golden("ck-unref");
+    std::string d = test::copy_golden_model("ck-unref");
     fs::copy_file(d + "/" + shard(7), d + "/" + shard(8));
     expect_open_error(d, {shard(8) + ": shard present in the model directory but not referenced by " + kIndex});
     // A file of another set (or any other name) is not ours to judge.
@@ -323,7 +314,7 @@ TEST(CheckpointErrors, ShardNotReferencedByIndex) {
 }
 
 TEST(CheckpointErrors, TensorInIndexButNotInShard) {
-    std::string d = copy_golden("ck-idx-extra");
+    std::string d = test::copy_golden_model("ck-idx-extra");
     json idx = load_json(d + "/" + kIndex);
     idx["weight_map"]["layers.0.phantom"] = shard(2);
     save_json(d + "/" + kIndex, idx);
@@ -331,7 +322,7 @@ TEST(CheckpointErrors, TensorInIndexButNotInShard) {
 }
 
 TEST(CheckpointErrors, TensorInShardButNotInIndex) {
-    std::string d = copy_golden("ck-hdr-extra");
+    std::string d = test::copy_golden_model("ck-hdr-extra");
     json idx = load_json(d + "/" + kIndex);
     idx["weight_map"].erase("layers.0.attn.attn_sink");
     save_json(d + "/" + kIndex, idx);
@@ -339,7 +330,7 @@ TEST(CheckpointErrors, TensorInShardButNotInIndex) {
 }
 
 TEST(CheckpointErrors, IndexPlacesTensorInAnotherShard) {
-    std::string d = copy_golden("ck-moved");
+    std::string d = test::copy_golden_model("ck-moved");
     json idx = load_json(d + "/" + kIndex);
     idx["weight_map"]["norm.weight"] = shard(1);
     save_json(d + "/" + kIndex, idx);
@@ -349,7 +340,7 @@ TEST(CheckpointErrors, IndexPlacesTensorInAnotherShard) {
 }
 
 TEST(CheckpointErrors, WrongDtype) {
-    std::string d = copy_golden("ck-dtype");
+    std::string d = test::copy_golden_model("ck-dtype");
     ShardImage s = load_shard(d + "/" + shard(3));
     s.header["layers.2.attn.wq_a.weight"]["dtype"] = "U8";  // same byte size, so the header stays sane
     save_shard(d + "/" + shard(3), s);
@@ -357,7 +348,7 @@ TEST(CheckpointErrors, WrongDtype) {
 }
 
 TEST(CheckpointErrors, WrongShape) {
-    std::string d = copy_golden("ck-shape");
+    std::string d = test::copy_golden_model("ck-shape");
     ShardImage s = load_shard(d + "/" + shard(3));
     s.header["layers.2.attn.wq_a.weight"]["shape"] = {128, 128};
     save_shard(d + "/" + shard(3), s);
@@ -365,7 +356,7 @@ TEST(CheckpointErrors, WrongShape) {
 }
 
 TEST(CheckpointErrors, MissingRequiredTensor) {
-    std::string d = copy_golden("ck-req");
+    std::string d = test::copy_golden_model("ck-req");
     ShardImage s = load_shard(d + "/" + shard(3));
     s.header.erase("layers.3.attn.compressor.norm.weight");  // leaves a gap in the data: allowed
     save_shard(d + "/" + shard(3), s);
@@ -378,10 +369,10 @@ TEST(CheckpointErrors, MissingRequiredTensor) {
 
 TEST(CheckpointErrors, MissingFiles) {
     expect_open_error(test::temp_dir("ck-none") + "/nope", {"/nope: model directory not found"});
-    std::string d = copy_golden("ck-files");
+    std::string d = test::copy_golden_model("ck-files");
     fs::remove(d + "/tokenizer.json");
     expect_open_error(d, {"tokenizer.json: missing"});
-    fs::copy_file(golden_model() + "/tokenizer.json", d + "/tokenizer.json");
+    fs::copy_file(test::golden_model_dir() + "/tokenizer.json", d + "/tokenizer.json");
     fs::remove(d + "/" + kIndex);
     expect_open_error(d, {"no model.safetensors.index.json and no model.safetensors"});
     fs::remove(d + "/config.json");
@@ -389,7 +380,7 @@ TEST(CheckpointErrors, MissingFiles) {
 }
 
 TEST(CheckpointErrors, MalformedIndex) {
-    std::string d = copy_golden("ck-badidx");
+    std::string d = test::copy_golden_model("ck-badidx");
     std::ofstream(d + "/" + kIndex, std::ios::trunc) << R"({"weight_map": {"embed.weight": "../model-00001-of-00007.safetensors"}})";
     expect_open_error(d, {kIndex, "is not a plain file name"});
     std::ofstream(d + "/" + kIndex, std::ios::trunc) << "{\"weight_map\": ";
@@ -399,9 +390,9 @@ TEST(CheckpointErrors, MalformedIndex) {
 // Regressions from fuzz_config_json (tests/fuzz/crashers/fuzz_config_json-*): hostile numbers in
 // config.json must end as a CheckpointError naming config.json, never as another exception or UB.
 TEST(CheckpointErrors, HostileConfigNumbers) {
-    std::string d = copy_golden("ck-cfgnum");
+    std::string d = test::copy_golden_model("ck-cfgnum");
     const std::string path = d + "/config.json";
-    const json golden = load_json(golden_model() + "/config.json");
+    const json golden = load_json(test::golden_model_dir() + "/config.json");
     auto with = [&](const char* key, const std::string& literal) {
         json c = golden;
         c["text_config"][key] = 12345;  // placeholder replaced textually: json cannot hold 1e99999
@@ -427,7 +418,7 @@ TEST(CheckpointErrors, HostileConfigNumbers) {
 // --- tolerated extras ---------------------------------------------------------------------------------
 
 TEST(Checkpoint, UnusedAndUnknownTensorsAreAcceptedOutsideTheReadPlan) {
-    std::string d = copy_golden("ck-extras");
+    std::string d = test::copy_golden_model("ck-extras");
     const uint64_t stream0 = Checkpoint::open(d).layer_stream_bytes(0);
     ShardImage s = load_shard(d + "/" + shard(2));
     add_tensor(s, "layers.0.ffn.gate.bias_vl", "F32", {16}, 64);  // optional, the right shape
@@ -459,7 +450,7 @@ TEST(Checkpoint, UnusedAndUnknownTensorsAreAcceptedOutsideTheReadPlan) {
 
 TEST(Checkpoint, SingleFileWithoutIndex) {
     // Merge the seven golden shards into one model.safetensors (offsets rebased), drop the index.
-    std::string d = copy_golden("ck-single");
+    std::string d = test::copy_golden_model("ck-single");
     ShardImage merged;
     merged.header = json::object();
     for (int i = 1; i <= 7; ++i) {
@@ -477,7 +468,7 @@ TEST(Checkpoint, SingleFileWithoutIndex) {
     fs::remove(d + "/" + kIndex);
     save_shard(d + "/model.safetensors", merged);
     Checkpoint ck = Checkpoint::open(d);
-    Checkpoint ref = Checkpoint::open(golden_model());
+    Checkpoint ref = Checkpoint::open(test::golden_model_dir());
     EXPECT_EQ(ck.index_file(), "model.safetensors");
     ASSERT_EQ(ck.shards().size(), 1u);
     EXPECT_EQ(ck.tensors().size(), ref.tensors().size());

@@ -15,14 +15,6 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string golden_model() { return test::data_dir() + "/tiny-a/model"; }
-
-std::string copy_golden(const std::string& tag) {
-    std::string d = test::temp_dir(tag) + "/model";
-    fs::copy(golden_model(), d, fs::copy_options::recursive);
-    return d;
-}
-
 int inspect(const std::string& dir, std::string* out, const std::string& extra = "") {
     return test::run_command(test::binary_path() + " inspect --model '" + dir + "'" + extra, out);
 }
@@ -41,7 +33,7 @@ TEST(FormatBytes, DecimalAndBinaryUnits) {
 
 TEST(InspectCli, GoldenReportHasConfigRoleTableBytesAndVerdict) {
     std::string out;
-    ASSERT_EQ(inspect(golden_model(), &out), 0) << out;
+    ASSERT_EQ(inspect(test::golden_model_dir(), &out), 0) << out;
     for (const char* want : {"vocab 512, dim 256, 6 layers", "experts: 16 routed (top-6", "window 16",
                              "Engram: layers [0, 1], table rows [660, 864] x 64", "window only + Engram",
                              "KV+index source (ratio 2) + Engram", "consumer of 1/1",
@@ -56,7 +48,7 @@ TEST(InspectCli, GoldenReportHasConfigRoleTableBytesAndVerdict) {
 
 TEST(InspectCli, JsonReportHasTheSameFacts) {
     std::string out;
-    ASSERT_EQ(inspect(golden_model(), &out, " --json"), 0) << out;
+    ASSERT_EQ(inspect(test::golden_model_dir(), &out, " --json"), 0) << out;
     json j = json::parse(out);
     EXPECT_TRUE(j["ok"].get<bool>());
     EXPECT_EQ(j["config"]["vocab_size"], 512);
@@ -72,7 +64,7 @@ TEST(InspectCli, JsonReportHasTheSameFacts) {
     EXPECT_EQ(b["streamed"].get<uint64_t>() + b["globals"].get<uint64_t>() + b["engram_tables"].get<uint64_t>() +
                   b["unused"].get<uint64_t>() + b["unknown"].get<uint64_t>(),
               b["total"].get<uint64_t>());
-    json index = json::parse(std::ifstream(golden_model() + "/model.safetensors.index.json"));
+    json index = json::parse(std::ifstream(test::golden_model_dir() + "/model.safetensors.index.json"));
     EXPECT_EQ(b["total"], index["metadata"]["total_size"]);
     uint64_t per_layer = 0;
     for (const auto& l : j["layers"]) per_layer += l["stream_bytes"].get<uint64_t>();
@@ -80,7 +72,7 @@ TEST(InspectCli, JsonReportHasTheSameFacts) {
 }
 
 TEST(InspectCli, TruncatedShardExitsThreeNamingIt) {
-    std::string d = copy_golden("insp-trunc");
+    std::string d = test::copy_golden_model("insp-trunc");
     fs::resize_file(d + "/model-00003-of-00007.safetensors", 50000);
     std::string out;
     EXPECT_EQ(inspect(d, &out), 3) << out;
@@ -89,7 +81,7 @@ TEST(InspectCli, TruncatedShardExitsThreeNamingIt) {
 }
 
 TEST(InspectCli, CorruptHeaderLengthExitsThreeNamingIt) {
-    std::string d = copy_golden("insp-hlen");
+    std::string d = test::copy_golden_model("insp-hlen");
     std::fstream f(d + "/model-00002-of-00007.safetensors", std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(5);
     f.put(static_cast<char>(0x40));
@@ -100,7 +92,7 @@ TEST(InspectCli, CorruptHeaderLengthExitsThreeNamingIt) {
 }
 
 TEST(InspectCli, MissingShardExitsThreeNamingIt) {
-    std::string d = copy_golden("insp-miss");
+    std::string d = test::copy_golden_model("insp-miss");
     fs::remove(d + "/model-00006-of-00007.safetensors");
     std::string out;
     EXPECT_EQ(inspect(d, &out), 3) << out;

@@ -31,8 +31,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string golden_model() { return test::data_dir() + "/tiny-a/model"; }
-
 std::vector<const TensorLocation*> tensors_of_layer(const Checkpoint& ckpt, int layer) {
     if (layer == kHeadLayer) return {&ckpt.at("norm.weight"), &ckpt.at("head.weight")};
     std::vector<const TensorLocation*> out;
@@ -187,7 +185,7 @@ std::vector<int> repeat(const std::vector<int>& order, int times) {
 class PrefetchTest : public ::testing::Test {
 protected:
     void SetUp() override {
-        ckpt_ = std::make_unique<Checkpoint>(Checkpoint::open(golden_model()));
+        ckpt_ = std::make_unique<Checkpoint>(Checkpoint::open(test::golden_model_dir()));
         exp_ = expected_bytes(*ckpt_);
     }
     std::unique_ptr<Checkpoint> ckpt_;
@@ -485,7 +483,7 @@ class PrefetchErrorTest : public PrefetchTest, public ::testing::WithParamInterf
 TEST_P(PrefetchErrorTest, TruncatedShardIsNamedByAcquire) {
     const bool upload = GetParam();
     const std::string dir = test::temp_dir("prefetch-trunc") + "/model";
-    fs::copy(golden_model(), dir, fs::copy_options::recursive);
+    fs::copy(test::golden_model_dir(), dir, fs::copy_options::recursive);
     Checkpoint ckpt = Checkpoint::open(dir);
     // Cut the shard of layer 2 inside layer 2's first tensor.
     const TensorLocation* first = nullptr;
@@ -533,7 +531,7 @@ class PrefetchPieceErrorTest : public PrefetchTest, public ::testing::WithParamI
 TEST_P(PrefetchPieceErrorTest, FailedRequestStopsTheOtherReaders) {
     const auto [upload, threads] = GetParam();
     const std::string dir = test::temp_dir("prefetch-piece-err") + "/model";
-    fs::copy(golden_model(), dir, fs::copy_options::recursive);
+    fs::copy(test::golden_model_dir(), dir, fs::copy_options::recursive);
     Checkpoint ckpt = Checkpoint::open(dir);
     const TensorLocation* first = nullptr;
     for (const TensorLocation* t : tensors_of_layer(ckpt, 2))
