@@ -9,7 +9,9 @@
 
 namespace ds4r::kern {
 
-__device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) {
+    return __uint_as_float(static_cast<uint32_t>(h) << 16);
+}
 // Round-to-nearest-even fp32 -> bf16 bits (NaN kept quiet).
 __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
     uint32_t u = __float_as_uint(f);
@@ -17,7 +19,9 @@ __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);
     return static_cast<uint16_t>(u >> 16);
 }
-__device__ __forceinline__ float round_bf16(float f) { return bf16_bits_to_f32(f32_to_bf16_bits(f)); }
+__device__ __forceinline__ float round_bf16(float f) {
+    return bf16_bits_to_f32(f32_to_bf16_bits(f));
+}
 
 // float8 e4m3fn -> fp32 (exact).
 __device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
@@ -70,24 +74,42 @@ __device__ __forceinline__ uint32_t f32_to_e2m1(float f) {
     const uint32_t sign = signbit(f) ? 8u : 0u;
     const float a = fabsf(f);
     uint32_t c;
-    if (a <= 0.25f) c = 0;
-    else if (a < 0.75f) c = 1;
-    else if (a <= 1.25f) c = 2;
-    else if (a < 1.75f) c = 3;
-    else if (a <= 2.5f) c = 4;
-    else if (a < 3.5f) c = 5;
-    else if (a <= 5.0f) c = 6;
-    else c = 7;
+    if (a <= 0.25f)
+        c = 0;
+    else if (a < 0.75f)
+        c = 1;
+    else if (a <= 1.25f)
+        c = 2;
+    else if (a < 1.75f)
+        c = 3;
+    else if (a <= 2.5f)
+        c = 4;
+    else if (a < 3.5f)
+        c = 5;
+    else if (a <= 5.0f)
+        c = 6;
+    else
+        c = 7;
     return sign | c;
 }
 
 // Elementwise forms of DeepSeek's reference on CUDA torch (MODEL.md 8.2). expf/log1pf/sqrtf are the
 // IEEE-accurate library functions (no fast-math); rsqrt is the hardware approximation torch uses.
-__device__ __forceinline__ float ref_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ __forceinline__ float ref_softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-__device__ __forceinline__ float ref_silu(float g) { return g / (1.0f + expf(-g)); }
-__device__ __forceinline__ float ref_rsqrt(float x) { return rsqrtf(x); }
+__device__ __forceinline__ float ref_sigmoid(float x) {
+    return 1.0f / (1.0f + expf(-x));
+}
+__device__ __forceinline__ float ref_softplus(float x) {
+    return x > 20.0f ? x : log1pf(expf(x));
+}
+__device__ __forceinline__ float ref_silu(float g) {
+    return g / (1.0f + expf(-g));
+}
+__device__ __forceinline__ float ref_rsqrt(float x) {
+    return rsqrtf(x);
+}
 
-__host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
 
 }  // namespace ds4r::kern

@@ -60,7 +60,8 @@ constexpr int min_blocks() {
 }
 
 template <class C>
-__global__ void __launch_bounds__(C::kThreads, min_blocks<C>()) gemm_kernel(const __grid_constant__ GemmParams p) {
+__global__ void __launch_bounds__(C::kThreads, min_blocks<C>())
+    gemm_kernel(const __grid_constant__ GemmParams p) {
     extern __shared__ __align__(128) uint8_t smem[];
     // grouped raster: consecutive blocks walk kGroupM M tiles, then the next N tile
     const int pid = static_cast<int>(blockIdx.x);
@@ -82,7 +83,8 @@ __global__ void __launch_bounds__(C::kThreads, min_blocks<C>()) gemm_kernel(cons
     j.sb = p.sb;
     j.sb_pitch = p.sb_pitch;
     j.n0 = n0;
-    j.c = p.c + z * p.c_zstride + static_cast<int64_t>(m0) * p.c_pitch + static_cast<int64_t>(n0) * (C::kOutF32 ? 4 : 2);
+    j.c = p.c + z * p.c_zstride + static_cast<int64_t>(m0) * p.c_pitch +
+          static_cast<int64_t>(n0) * (C::kOutF32 ? 4 : 2);
     j.c_pitch = p.c_pitch;
     j.m_valid = min(C::kBM, p.M - m0);
     j.n_valid = min(C::kBN, p.N - n0);
@@ -143,7 +145,9 @@ __global__ void __launch_bounds__(Fp4Grouped::kThreads, min_blocks<Fp4Grouped>()
     gemm::gemm_tile<Fp4Grouped>(j, smem);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned16(const void* p) {
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
 
 // Kernel attributes, set once per kernel (thread-safe static initialization): the dynamic shared
 // memory beyond 48 KB, and the largest shared-memory carveout (the kernels bypass L1 for their
@@ -174,8 +178,8 @@ cudaError_t launch_plain(GemmParams p, int64_t M, int64_t N, int64_t groups, cud
         return cudaErrorInvalidValue;
     p.tiles_m = static_cast<int>(gm);
     p.tiles_n = static_cast<int>(gn);
-    return launch_tiles<C>(gemm_kernel<C>, p, dim3(static_cast<unsigned>(gm * gn), 1, static_cast<unsigned>(groups)),
-                           stream);
+    return launch_tiles<C>(gemm_kernel<C>, p,
+                           dim3(static_cast<unsigned>(gm * gn), 1, static_cast<unsigned>(groups)), stream);
 }
 
 // The tile shape for M rows (see the file comment).
@@ -187,15 +191,15 @@ cudaError_t launch_by_rows(const GemmParams& p, int64_t M, int64_t N, int64_t gr
 
 }  // namespace
 
-bool gemm_bf16_supported(const void* x, int64_t lda, int64_t x_goff, const void* w, int64_t ldw, int64_t w_goff,
-                         int64_t K) {
+bool gemm_bf16_supported(const void* x, int64_t lda, int64_t x_goff, const void* w, int64_t ldw,
+                         int64_t w_goff, int64_t K) {
     return K % 8 == 0 && lda % 8 == 0 && ldw % 8 == 0 && x_goff % 8 == 0 && w_goff % 8 == 0 && aligned16(x) &&
            aligned16(w) && K <= 0x7fffffffLL;
 }
 
 cudaError_t launch_gemm_bf16(const uint16_t* x, int64_t lda, int64_t x_goff, const uint16_t* w, int64_t ldw,
-                             int64_t w_goff, void* y, bool y_f32, int64_t ldc, int64_t y_goff, int64_t M, int64_t N,
-                             int64_t K, int64_t groups, cudaStream_t stream) {
+                             int64_t w_goff, void* y, bool y_f32, int64_t ldc, int64_t y_goff, int64_t M,
+                             int64_t N, int64_t K, int64_t groups, cudaStream_t stream) {
     if (!gemm_bf16_supported(x, lda, x_goff, w, ldw, w_goff, K)) return cudaErrorInvalidValue;
     const int64_t yb = y_f32 ? 4 : 2;
     GemmParams p{};
@@ -217,8 +221,8 @@ cudaError_t launch_gemm_bf16(const uint16_t* x, int64_t lda, int64_t x_goff, con
 
 namespace {
 template <BKind kB>
-cudaError_t launch_scaled(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw, uint16_t* y,
-                          int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
+cudaError_t launch_scaled(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
+                          uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
     if (K % 32 != 0 || K > 0x7fffffffLL || !aligned16(q) || !aligned16(w)) return cudaErrorInvalidValue;
     const int64_t KB = K / 32;
     GemmParams p{};
@@ -240,13 +244,13 @@ cudaError_t launch_scaled(const uint8_t* q, const uint8_t* sa, const uint8_t* w,
 }
 }  // namespace
 
-cudaError_t launch_gemm_fp8(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw, uint16_t* y,
-                            int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
+cudaError_t launch_gemm_fp8(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
+                            uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
     return launch_scaled<BKind::E4M3>(q, sa, w, sw, y, ldc, M, N, K, stream);
 }
 
-cudaError_t launch_gemm_fp4(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw, uint16_t* y,
-                            int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
+cudaError_t launch_gemm_fp4(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
+                            uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
     return launch_scaled<BKind::E2M1>(q, sa, w, sw, y, ldc, M, N, K, stream);
 }
 
@@ -292,14 +296,21 @@ cudaError_t launch_grouped_gemm_fp4(const GroupedFp4Gemm& g, cudaStream_t stream
         if (gy > 65535 || gx > 0x7fffffffLL) return cudaErrorInvalidValue;
         const cudaError_t err = launch_tiles<Fp4Grouped>(
             grouped_fp4_kernel, p,
-            dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(g.n_proj)), stream);
+            dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(g.n_proj)),
+            stream);
         if (err != cudaSuccess) return err;
     }
     return cudaSuccess;
 }
 
-int gemm_smem_bytes_bf16() { return Bf16Big<false>::kSmemBytes; }
-int gemm_smem_bytes_fp8() { return Fp8Big::kSmemBytes; }
-int gemm_smem_bytes_fp4() { return Fp4Big::kSmemBytes; }
+int gemm_smem_bytes_bf16() {
+    return Bf16Big<false>::kSmemBytes;
+}
+int gemm_smem_bytes_fp8() {
+    return Fp8Big::kSmemBytes;
+}
+int gemm_smem_bytes_fp4() {
+    return Fp4Big::kSmemBytes;
+}
 
 }  // namespace ds4r::kern

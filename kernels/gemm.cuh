@@ -16,28 +16,29 @@ namespace ds4r::kern {
 // x bf16 [M, K] (pitch lda); w bf16 [N, K] (pitch ldw); y [M, N] (pitch ldc).
 // Needs K % 8 == 0, lda, ldw, x_goff, w_goff multiples of 8 and 16-byte aligned x, w
 // (gemm_bf16_supported checks it); otherwise use launch_gemm_simt.
-bool gemm_bf16_supported(const void* x, int64_t lda, int64_t x_goff, const void* w, int64_t ldw, int64_t w_goff,
-                         int64_t K);
+bool gemm_bf16_supported(const void* x, int64_t lda, int64_t x_goff, const void* w, int64_t ldw,
+                         int64_t w_goff, int64_t K);
 cudaError_t launch_gemm_bf16(const uint16_t* x, int64_t lda, int64_t x_goff, const uint16_t* w, int64_t ldw,
-                             int64_t w_goff, void* y, bool y_f32, int64_t ldc, int64_t y_goff, int64_t M, int64_t N,
-                             int64_t K, int64_t groups, cudaStream_t stream);
+                             int64_t w_goff, void* y, bool y_f32, int64_t ldc, int64_t y_goff, int64_t M,
+                             int64_t N, int64_t K, int64_t groups, cudaStream_t stream);
 
 // CUDA-core fp32 GEMM (FFMA, K in order, no TF32) for any dtypes / alignment / K:
 // x [M, K] bf16 or f32 (pitch lda); w [N, K] bf16 or f32 (pitch ldw); y [M, N] bf16 or f32 (pitch
 // ldc); groups as above.
-cudaError_t launch_gemm_simt(const void* x, bool x_f32, int64_t lda, int64_t x_goff, const void* w, bool w_f32,
-                             int64_t ldw, int64_t w_goff, void* y, bool y_f32, int64_t ldc, int64_t y_goff, int64_t M,
-                             int64_t N, int64_t K, int64_t groups, cudaStream_t stream);
+cudaError_t launch_gemm_simt(const void* x, bool x_f32, int64_t lda, int64_t x_goff, const void* w,
+                             bool w_f32, int64_t ldw, int64_t w_goff, void* y, bool y_f32, int64_t ldc,
+                             int64_t y_goff, int64_t M, int64_t N, int64_t K, int64_t groups,
+                             cudaStream_t stream);
 
 // Block-scaled GEMMs (MODEL.md 5.3), out bf16 y [M, N] (pitch ldc):
 // q e4m3 [M, K] activation codes (pitch K) in Fp8CodeOrder::GemmFragment with sa e8m0 [M, K / 32]
 // (launch_act_quant_fp8 with GemmNanMarker scale bytes, quant.cuh);
 // fp8: w e4m3 [N, K] with sw e8m0 [ceil(N / 32), K / 32]; fp4: w packed e2m1 [N, K / 2] with sw e8m0
 // [N, K / 32]. K % 32 == 0; q, w 16-byte aligned.
-cudaError_t launch_gemm_fp8(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw, uint16_t* y,
-                            int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
-cudaError_t launch_gemm_fp4(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw, uint16_t* y,
-                            int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
+cudaError_t launch_gemm_fp8(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
+                            uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
+cudaError_t launch_gemm_fp4(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
+                            uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
 
 // The routed experts' grouped fp4 GEMM: one launch covers every expert (up to kMaxGroupedExperts per
 // launch; more are done in batches) and up to two projections with the same activations (w1, w3).
@@ -47,21 +48,21 @@ cudaError_t launch_gemm_fp4(const uint8_t* q, const uint8_t* sa, const uint8_t* 
 // tile_expert[t]; the tiles of expert e are [tile_begin[e], tile_begin[e + 1]).
 constexpr int kMaxGroupedExperts = 512;
 struct GroupedFp4Gemm {
-    const uint8_t* q;          // e4m3 activation codes [rows, K] (Fp8CodeOrder::GemmFragment)
-    const uint8_t* sa;         // e8m0 [rows, K / 32] (GemmNanMarker bytes)
-    const int32_t* a_rows;     // [pairs]: activation row of each pair, or null (row = pair position)
-    const int32_t* tile_expert;  // [max_tiles]
-    const int32_t* tile_start;   // [max_tiles]
-    const int32_t* tile_begin;   // [n_experts + 1]
-    const int32_t* expert_end;   // [n_experts]
-    int64_t max_tiles;         // bound on the number of tiles (grid size); extra blocks exit at once
+    const uint8_t* q;             // e4m3 activation codes [rows, K] (Fp8CodeOrder::GemmFragment)
+    const uint8_t* sa;            // e8m0 [rows, K / 32] (GemmNanMarker bytes)
+    const int32_t* a_rows;        // [pairs]: activation row of each pair, or null (row = pair position)
+    const int32_t* tile_expert;   // [max_tiles]
+    const int32_t* tile_start;    // [max_tiles]
+    const int32_t* tile_begin;    // [n_experts + 1]
+    const int32_t* expert_end;    // [n_experts]
+    int64_t max_tiles;            // bound on the number of tiles (grid size); extra blocks exit at once
     int64_t max_rows_per_expert;  // bound on n_e (the token count)
     int n_experts;
-    int n_proj;                // 1 or 2 projections
-    int64_t N, K;              // each expert's weight is [N, K]
+    int n_proj;                  // 1 or 2 projections
+    int64_t N, K;                // each expert's weight is [N, K]
     const uint8_t* const* w[2];  // host arrays [n_experts] of device pointers: packed e2m1 [N, K / 2]
     const uint8_t* const* s[2];  // host arrays [n_experts]: e8m0 [N, K / 32]
-    uint16_t* y[2];            // bf16 [pairs, N]
+    uint16_t* y[2];              // bf16 [pairs, N]
 };
 cudaError_t launch_grouped_gemm_fp4(const GroupedFp4Gemm& g, cudaStream_t stream);
 
@@ -73,13 +74,16 @@ int gemm_smem_bytes_fp4();
 // Reference kernels for the tests (kernels/gemm_oracle.cu): the exact per-element instruction
 // sequences the kernels above must reproduce bit for bit, one 16 x 8 block per warp from global
 // memory. Same arguments as their fast twins, except that q holds Fp8CodeOrder::Canonical codes.
-cudaError_t launch_gemm_bf16_oracle(const uint16_t* x, int64_t lda, int64_t x_goff, const uint16_t* w, int64_t ldw,
-                                    int64_t w_goff, void* y, bool y_f32, int64_t ldc, int64_t y_goff, int64_t M,
-                                    int64_t N, int64_t K, int64_t groups, cudaStream_t stream);
-cudaError_t launch_gemm_fp8_oracle(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw, uint16_t* y,
-                                   int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
-cudaError_t launch_gemm_fp4_oracle(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw, uint16_t* y,
-                                   int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream);
+cudaError_t launch_gemm_bf16_oracle(const uint16_t* x, int64_t lda, int64_t x_goff, const uint16_t* w,
+                                    int64_t ldw, int64_t w_goff, void* y, bool y_f32, int64_t ldc,
+                                    int64_t y_goff, int64_t M, int64_t N, int64_t K, int64_t groups,
+                                    cudaStream_t stream);
+cudaError_t launch_gemm_fp8_oracle(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
+                                   uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K,
+                                   cudaStream_t stream);
+cudaError_t launch_gemm_fp4_oracle(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
+                                   uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K,
+                                   cudaStream_t stream);
 
 // mma.sync peak microbenchmark (kernels/gemm_peak.cu): `blocks` blocks of mma_peak_threads_per_block()
 // threads, each warp issuing iters x 16 independent m16n8k16 bf16 -> fp32 MMAs from registers;

@@ -20,7 +20,7 @@ namespace {
 enum class OracleB : int { BF16 = 0, E4M3 = 1, E2M1 = 2 };
 
 struct OracleParams {
-    const uint8_t* a;  // bf16 [M, K] (pitch lda elements) or e4m3 codes [M, K] (pitch K)
+    const uint8_t* a;        // bf16 [M, K] (pitch lda elements) or e4m3 codes [M, K] (pitch K)
     int64_t lda, a_zstride;  // elements
     const uint8_t* sa;       // e8m0 [M, K / 32] (block-scaled)
     const uint8_t* b;        // bf16 [N, K] (pitch ldw) / e4m3 [N, K] / packed e2m1 [N, K / 2]
@@ -140,16 +140,18 @@ cudaError_t launch_oracle(const OracleParams& p, int64_t groups, cudaStream_t st
     if (p.M == 0 || p.N == 0 || groups == 0) return cudaSuccess;
     const int64_t gx = (p.N + 7) / 8, gy = (p.M + 15) / 16;
     if (gx > 0x7fffffffLL || gy > 65535 || groups > 65535) return cudaErrorInvalidValue;
-    oracle_kernel<kB><<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(groups)), 32,
-                        0, stream>>>(p);
+    oracle_kernel<kB>
+        <<<dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(groups)), 32, 0,
+           stream>>>(p);
     return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t launch_gemm_bf16_oracle(const uint16_t* x, int64_t lda, int64_t x_goff, const uint16_t* w, int64_t ldw,
-                                    int64_t w_goff, void* y, bool y_f32, int64_t ldc, int64_t y_goff, int64_t M,
-                                    int64_t N, int64_t K, int64_t groups, cudaStream_t stream) {
+cudaError_t launch_gemm_bf16_oracle(const uint16_t* x, int64_t lda, int64_t x_goff, const uint16_t* w,
+                                    int64_t ldw, int64_t w_goff, void* y, bool y_f32, int64_t ldc,
+                                    int64_t y_goff, int64_t M, int64_t N, int64_t K, int64_t groups,
+                                    cudaStream_t stream) {
     OracleParams p{};
     p.a = reinterpret_cast<const uint8_t*>(x);
     p.lda = lda;
@@ -167,8 +169,9 @@ cudaError_t launch_gemm_bf16_oracle(const uint16_t* x, int64_t lda, int64_t x_go
     return launch_oracle<OracleB::BF16>(p, groups, stream);
 }
 
-cudaError_t launch_gemm_fp8_oracle(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw, uint16_t* y,
-                                   int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
+cudaError_t launch_gemm_fp8_oracle(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
+                                   uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K,
+                                   cudaStream_t stream) {
     if (K % 32 != 0) return cudaErrorInvalidValue;
     OracleParams p{};
     p.a = q;
@@ -184,8 +187,9 @@ cudaError_t launch_gemm_fp8_oracle(const uint8_t* q, const uint8_t* sa, const ui
     return launch_oracle<OracleB::E4M3>(p, 1, stream);
 }
 
-cudaError_t launch_gemm_fp4_oracle(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw, uint16_t* y,
-                                   int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
+cudaError_t launch_gemm_fp4_oracle(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
+                                   uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K,
+                                   cudaStream_t stream) {
     if (K % 32 != 0) return cudaErrorInvalidValue;
     OracleParams p{};
     p.a = q;

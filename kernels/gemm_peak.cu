@@ -28,7 +28,8 @@ __global__ void __launch_bounds__(kPeakWarps * 32, 2) mma_peak_kernel(int iters,
 #pragma unroll
         for (int c = 0; c < kChains; ++c)
             asm volatile(
-                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                "{%8, %9}, "
                 "{%0, %1, %2, %3};\n"
                 : "+f"(acc[c][0]), "+f"(acc[c][1]), "+f"(acc[c][2]), "+f"(acc[c][3])
                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -41,10 +42,13 @@ __global__ void __launch_bounds__(kPeakWarps * 32, 2) mma_peak_kernel(int iters,
 
 }  // namespace
 
-int mma_peak_threads_per_block() { return kPeakWarps * 32; }
+int mma_peak_threads_per_block() {
+    return kPeakWarps * 32;
+}
 
 double mma_peak_flops_per_launch(int blocks, int iters) {
-    return 2.0 * 16 * 8 * 16 * static_cast<double>(blocks) * kPeakWarps * kChains * static_cast<double>(iters);
+    return 2.0 * 16 * 8 * 16 * static_cast<double>(blocks) * kPeakWarps * kChains *
+           static_cast<double>(iters);
 }
 
 cudaError_t launch_mma_peak(int blocks, int iters, float* out, cudaStream_t stream) {

@@ -34,7 +34,8 @@ __global__ void __launch_bounds__(kSimtThreads) gemm_simt_kernel(const SimtParam
     __shared__ __align__(16) float xs[kTK][kTile];
     __shared__ __align__(16) float ws[kTK][kTile];
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-    const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTile, m0 = static_cast<int64_t>(blockIdx.y) * kTile;
+    const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTile,
+                  m0 = static_cast<int64_t>(blockIdx.y) * kTile;
     const int64_t z = blockIdx.z;
     const uint8_t* X = p.x + z * p.x_zstride;
     const uint8_t* W = p.w + z * p.w_zstride;
@@ -76,8 +77,10 @@ __global__ void __launch_bounds__(kSimtThreads) gemm_simt_kernel(const SimtParam
             const float4 a1 = *reinterpret_cast<const float4*>(&xs[kk][64 + ty * 4]);
             const float4 b0 = *reinterpret_cast<const float4*>(&ws[kk][tx * 4]);
             const float4 b1 = *reinterpret_cast<const float4*>(&ws[kk][64 + tx * 4]);
-            a[0] = a0.x, a[1] = a0.y, a[2] = a0.z, a[3] = a0.w, a[4] = a1.x, a[5] = a1.y, a[6] = a1.z, a[7] = a1.w;
-            b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w, b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
+            a[0] = a0.x, a[1] = a0.y, a[2] = a0.z, a[3] = a0.w, a[4] = a1.x, a[5] = a1.y, a[6] = a1.z,
+            a[7] = a1.w;
+            b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w, b[4] = b1.x, b[5] = b1.y, b[6] = b1.z,
+            b[7] = b1.w;
 #pragma unroll
             for (int i = 0; i < 8; ++i)
 #pragma unroll
@@ -109,9 +112,10 @@ void launch_simt(const SimtParams& p, dim3 grid, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t launch_gemm_simt(const void* x, bool x_f32, int64_t lda, int64_t x_goff, const void* w, bool w_f32,
-                             int64_t ldw, int64_t w_goff, void* y, bool y_f32, int64_t ldc, int64_t y_goff, int64_t M,
-                             int64_t N, int64_t K, int64_t groups, cudaStream_t stream) {
+cudaError_t launch_gemm_simt(const void* x, bool x_f32, int64_t lda, int64_t x_goff, const void* w,
+                             bool w_f32, int64_t ldw, int64_t w_goff, void* y, bool y_f32, int64_t ldc,
+                             int64_t y_goff, int64_t M, int64_t N, int64_t K, int64_t groups,
+                             cudaStream_t stream) {
     if (M == 0 || N == 0 || groups == 0) return cudaSuccess;
     const int64_t gx = (N + kTile - 1) / kTile, gy = (M + kTile - 1) / kTile;
     if (gx > 0x7fffffffLL || gy > 65535 || groups > 65535) return cudaErrorInvalidValue;
@@ -132,14 +136,30 @@ cudaError_t launch_gemm_simt(const void* x, bool x_f32, int64_t lda, int64_t x_g
     const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(groups));
     const int sel = (x_f32 ? 4 : 0) | (w_f32 ? 2 : 0) | (y_f32 ? 1 : 0);
     switch (sel) {
-        case 0: launch_simt<false, false, false>(p, grid, stream); break;
-        case 1: launch_simt<false, false, true>(p, grid, stream); break;
-        case 2: launch_simt<false, true, false>(p, grid, stream); break;
-        case 3: launch_simt<false, true, true>(p, grid, stream); break;
-        case 4: launch_simt<true, false, false>(p, grid, stream); break;
-        case 5: launch_simt<true, false, true>(p, grid, stream); break;
-        case 6: launch_simt<true, true, false>(p, grid, stream); break;
-        default: launch_simt<true, true, true>(p, grid, stream); break;
+        case 0:
+            launch_simt<false, false, false>(p, grid, stream);
+            break;
+        case 1:
+            launch_simt<false, false, true>(p, grid, stream);
+            break;
+        case 2:
+            launch_simt<false, true, false>(p, grid, stream);
+            break;
+        case 3:
+            launch_simt<false, true, true>(p, grid, stream);
+            break;
+        case 4:
+            launch_simt<true, false, false>(p, grid, stream);
+            break;
+        case 5:
+            launch_simt<true, false, true>(p, grid, stream);
+            break;
+        case 6:
+            launch_simt<true, true, false>(p, grid, stream);
+            break;
+        default:
+            launch_simt<true, true, true>(p, grid, stream);
+            break;
     }
     return cudaGetLastError();
 }

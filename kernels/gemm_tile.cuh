@@ -86,20 +86,20 @@ struct Cfg {
 
 // One output tile's operands. Pitches are in bytes.
 struct TileJob {
-    const uint8_t* a;        // A rows: tile row r is A row arow(r) at a + arow(r) * a_pitch
-    const int32_t* a_rows;   // gather list [m_valid] (arow(r) = a_rows[r]) or null (arow(r) = r)
+    const uint8_t* a;       // A rows: tile row r is A row arow(r) at a + arow(r) * a_pitch
+    const int32_t* a_rows;  // gather list [m_valid] (arow(r) = a_rows[r]) or null (arow(r) = r)
     int64_t a_pitch;
-    const uint8_t* sa;       // block-scaled: A scales e8m0, row arow(r) at sa + arow(r) * sa_pitch
+    const uint8_t* sa;  // block-scaled: A scales e8m0, row arow(r) at sa + arow(r) * sa_pitch
     int64_t sa_pitch;
-    const uint8_t* b;        // B row n0 (the tile's first output column)
+    const uint8_t* b;  // B row n0 (the tile's first output column)
     int64_t b_pitch;
-    const uint8_t* sb;       // block-scaled: B scales e8m0 base: e4m3 [ceil(N/32), .] row (n0+c)/32,
-    int64_t sb_pitch;        //   e2m1 [N, .] row n0+c
-    int n0;                  // absolute index of the tile's first column
-    uint8_t* c;              // C at (tile row 0, column n0); bf16 or f32 elements
+    const uint8_t* sb;  // block-scaled: B scales e8m0 base: e4m3 [ceil(N/32), .] row (n0+c)/32,
+    int64_t sb_pitch;   //   e2m1 [N, .] row n0+c
+    int n0;             // absolute index of the tile's first column
+    uint8_t* c;         // C at (tile row 0, column n0); bf16 or f32 elements
     int64_t c_pitch;
-    int m_valid, n_valid;    // rows / columns of the tile inside the problem (1..BM / 1..BN)
-    int k;                   // reduction length: block-scaled: multiple of 32; bf16: multiple of 8
+    int m_valid, n_valid;  // rows / columns of the tile inside the problem (1..BM / 1..BN)
+    int k;                 // reduction length: block-scaled: multiple of 32; bf16: multiple of 8
 };
 
 // ------------------------------------------------------------------ PTX wrappers
@@ -108,9 +108,12 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 }
 // 16-byte async copy global -> shared; bytes beyond src_bytes (0..16) are zero-filled.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+                 : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int kN>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kN) : "memory");
@@ -123,29 +126,35 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
 }
 // d = a . b + c, m16n8k16, fp32 accumulation; kF16: fp16 operands, else bf16.
 template <bool kF16>
-__device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+__device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4], const uint32_t b[2],
+                                         const float c[4]) {
     if constexpr (kF16) {
         asm volatile(
             "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
             "{%10, %11, %12, %13};\n"
             : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
-              "f"(c[3]));
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),
+              "f"(c[2]), "f"(c[3]));
     } else {
         asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, "
+            "%9}, "
             "{%10, %11, %12, %13};\n"
             : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
-              "f"(c[3]));
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),
+              "f"(c[2]), "f"(c[3]));
     }
 }
 
 // Byte offset of 16-byte chunk `chunk` (0..3) of row `row` in a [rows][32] 16-bit tile (64-byte
 // rows), XOR-swizzled so that ldmatrix's 8 row addresses hit 8 distinct bank groups.
-__device__ __forceinline__ int swz(int row, int chunk) { return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4); }
+__device__ __forceinline__ int swz(int row, int chunk) {
+    return row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4);
+}
 // The same for a [rows][32] byte tile (32-byte rows, 2 chunks): rows r and r + 4 swap their chunks.
-__device__ __forceinline__ int swz32(int row, int chunk) { return row * 32 + ((chunk ^ ((row >> 2) & 1)) << 4); }
+__device__ __forceinline__ int swz32(int row, int chunk) {
+    return row * 32 + ((chunk ^ ((row >> 2) & 1)) << 4);
+}
 
 // ------------------------------------------------------------------ exact widening to fp16
 // Two e4m3 bytes of w (selected by `sel`, see below) -> fp16x2 (low half = first byte). The bit move
@@ -173,7 +182,8 @@ __device__ __forceinline__ uint4 e4m3x8_to_f16x8(uint32_t lo, uint32_t hi) {
 // non-NaN code (NaN codes: see e4m3x2_to_f16x2; sm_89+ widens them to NaN, sm_86 to 480).
 __device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 "
+        "%1, h;\n}\n"
         : "=r"(lo), "=r"(hi)
         : "r"(w));
 #else
@@ -310,8 +320,8 @@ __device__ __forceinline__ void warp_block(float (&acc)[C::kMI][C::kNI][4], uint
                 if (kGeneric && exact3) {  // the original three roundings
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
-                        acc[mi][ni][e] = __fadd_rn(acc[mi][ni][e],
-                                                   __fmul_rn(__fmul_rn(pf[e], (e >> 1) ? sa1 : sa0), sw[ni][e & 1]));
+                        acc[mi][ni][e] = __fadd_rn(
+                            acc[mi][ni][e], __fmul_rn(__fmul_rn(pf[e], (e >> 1) ? sa1 : sa0), sw[ni][e & 1]));
                 } else {
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
@@ -327,7 +337,7 @@ __device__ __forceinline__ void warp_block(float (&acc)[C::kMI][C::kNI][4], uint
 template <class C>
 __device__ __forceinline__ void gemm_tile(const TileJob& j, uint8_t* smem) {
     constexpr int kT = C::kThreads;
-    constexpr int kElemA = C::kQuant ? 1 : 2;  // bytes per A element
+    constexpr int kElemA = C::kQuant ? 1 : 2;                    // bytes per A element
     constexpr int kACpr = C::kARow / 16, kBCpr = C::kBRow / 16;  // 16-byte chunks per tile row
     constexpr int kAChunks = C::kBM * kACpr, kBChunks = C::kBN * kBCpr;
     constexpr int kAPer = (kAChunks + kT - 1) / kT, kBPer = (kBChunks + kT - 1) / kT;
@@ -461,7 +471,8 @@ __device__ __forceinline__ void gemm_tile(const TileJob& j, uint8_t* smem) {
         }
         if (tid < C::kSwPerK) {
             if constexpr (C::kB == BKind::E4M3) {
-                if (tid * 8 < j.n_valid) sw_src = j.sb + static_cast<int64_t>((j.n0 + tid * 8) >> 5) * j.sb_pitch;
+                if (tid * 8 < j.n_valid)
+                    sw_src = j.sb + static_cast<int64_t>((j.n0 + tid * 8) >> 5) * j.sb_pitch;
             } else {
                 if (tid < j.n_valid) sw_src = j.sb + (static_cast<int64_t>(j.n0) + tid) * j.sb_pitch;
             }
@@ -483,7 +494,8 @@ __device__ __forceinline__ void gemm_tile(const TileJob& j, uint8_t* smem) {
             const int buf = kb & 1;
             const uint32_t a = q & 0xffu, w = q >> 8;
             if (tid < C::kBM) ss[buf * C::kScaleBuf + tid] = e8m0_to_f32(static_cast<uint8_t>(a));
-            if (tid < C::kSwPerK) ss[buf * C::kScaleBuf + C::kBM + tid] = e8m0_to_f32(static_cast<uint8_t>(w));
+            if (tid < C::kSwPerK)
+                ss[buf * C::kScaleBuf + C::kBM + tid] = e8m0_to_f32(static_cast<uint8_t>(w));
             const uint8_t* raw = smem + (kb % C::kStages) * C::kStageBytes + C::kAStage;
             uint8_t* dst = conv + buf * C::kConvBuf;
 #pragma unroll
@@ -529,7 +541,8 @@ __device__ __forceinline__ void gemm_tile(const TileJob& j, uint8_t* smem) {
     // ---- epilogue: masked stores (fragment element e: row + 8 * (e >> 1), column + (e & 1)); pairs
     // of columns as one 4-byte (bf16) / 8-byte (f32) store when aligned
     constexpr int kOutBytes = C::kOutF32 ? 4 : 2;
-    const bool pair_ok = (reinterpret_cast<uintptr_t>(j.c) % (2 * kOutBytes)) == 0 && j.c_pitch % (2 * kOutBytes) == 0;
+    const bool pair_ok =
+        (reinterpret_cast<uintptr_t>(j.c) % (2 * kOutBytes)) == 0 && j.c_pitch % (2 * kOutBytes) == 0;
 #pragma unroll
     for (int mi = 0; mi < kMI; ++mi)
 #pragma unroll
@@ -539,7 +552,8 @@ __device__ __forceinline__ void gemm_tile(const TileJob& j, uint8_t* smem) {
                 const int r = wm * C::kWarpM + mi * 16 + (lane >> 2) + 8 * h;
                 const int c = wn * C::kWarpN + ni * 8 + (lane & 3) * 2;
                 if (r >= j.m_valid || c >= j.n_valid) continue;
-                uint8_t* dst = j.c + static_cast<int64_t>(r) * j.c_pitch + static_cast<int64_t>(c) * kOutBytes;
+                uint8_t* dst =
+                    j.c + static_cast<int64_t>(r) * j.c_pitch + static_cast<int64_t>(c) * kOutBytes;
                 const float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
                 const bool two = c + 1 < j.n_valid;
                 if constexpr (C::kOutF32) {

@@ -46,7 +46,8 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
         for (int e = lane; e < E; e += 32) {
             const uint32_t kv = key[e];
             if (kv == 0u) continue;
-            const unsigned long long cand = (static_cast<unsigned long long>(kv) << 32) | (0xffffffffu - static_cast<uint32_t>(e));
+            const unsigned long long cand =
+                (static_cast<unsigned long long>(kv) << 32) | (0xffffffffu - static_cast<uint32_t>(e));
             best = cand > best ? cand : best;
         }
 #pragma unroll
@@ -91,8 +92,8 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
 constexpr int kRouteThreads = 256;
 
 // counts[e] = number of rows whose top-k holds e. grid: E blocks.
-__global__ void __launch_bounds__(kRouteThreads) route_count_kernel(const int32_t* __restrict__ idx, int64_t M, int k,
-                                                                    int32_t* __restrict__ counts) {
+__global__ void __launch_bounds__(kRouteThreads)
+    route_count_kernel(const int32_t* __restrict__ idx, int64_t M, int k, int32_t* __restrict__ counts) {
     __shared__ int32_t part[kRouteThreads / 32];
     const int e = blockIdx.x;
     int32_t c = 0;
@@ -113,7 +114,8 @@ __global__ void __launch_bounds__(kRouteThreads) route_count_kernel(const int32_
 __global__ void __launch_bounds__(kRouteThreads)
     route_plan_kernel(const int32_t* __restrict__ counts, int E, int32_t* __restrict__ expert_begin,
                       int32_t* __restrict__ expert_end, int32_t* __restrict__ tile_begin,
-                      int32_t* __restrict__ tile_expert, int32_t* __restrict__ tile_start, int64_t max_tiles) {
+                      int32_t* __restrict__ tile_expert, int32_t* __restrict__ tile_start,
+                      int64_t max_tiles) {
     if (threadIdx.x == 0) {
         int32_t pos = 0, tiles = 0;
         for (int e = 0; e < E; ++e) {
@@ -178,8 +180,9 @@ constexpr int kQuantThreads = 256;
 // One thread per 8 codes (8 elements of one 32-block, in the GEMM fragment order); 4 lanes per block.
 template <bool kVec>
 __global__ void __launch_bounds__(kQuantThreads)
-    swiglu_quant_kernel(const uint16_t* __restrict__ g, const uint16_t* __restrict__ u, const float* __restrict__ weight,
-                        float limit, int64_t I, int64_t n_groups, uint8_t* __restrict__ q, uint8_t* __restrict__ s) {
+    swiglu_quant_kernel(const uint16_t* __restrict__ g, const uint16_t* __restrict__ u,
+                        const float* __restrict__ weight, float limit, int64_t I, int64_t n_groups,
+                        uint8_t* __restrict__ q, uint8_t* __restrict__ s) {
     const int64_t gi = static_cast<int64_t>(blockIdx.x) * kQuantThreads + threadIdx.x;
     const bool active = gi < n_groups;
     float v[8];
@@ -222,8 +225,8 @@ constexpr int kCombineThreads = 128;
 template <bool kVec>
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(const uint16_t* __restrict__ out_e, const int32_t* __restrict__ idx,
-                   const int32_t* __restrict__ slot_pos, int k, const uint16_t* __restrict__ shared, int64_t D,
-                   uint16_t* __restrict__ y) {
+                   const int32_t* __restrict__ slot_pos, int k, const uint16_t* __restrict__ shared,
+                   int64_t D, uint16_t* __restrict__ y) {
     __shared__ int64_t src_row[kMaxTopk];
     __shared__ int32_t src_expert[kMaxTopk];
     const int64_t r = blockIdx.x;
@@ -276,7 +279,9 @@ __global__ void __launch_bounds__(kCombineThreads)
     }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned16(const void* p) {
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
 
 }  // namespace
 
@@ -288,30 +293,31 @@ cudaError_t launch_moe_router(const float* logits, const float* bias, int64_t M,
     if (smem > 48 * 1024) return cudaErrorInvalidValue;  // E <= 1504
     const int64_t blocks = (M + kRouterWarps - 1) / kRouterWarps;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
-    router_kernel<<<static_cast<unsigned>(blocks), kRouterWarps * 32, smem, stream>>>(logits, bias, M, E, k, inv_temp,
-                                                                                     route_scale, idx, w);
+    router_kernel<<<static_cast<unsigned>(blocks), kRouterWarps * 32, smem, stream>>>(
+        logits, bias, M, E, k, inv_temp, route_scale, idx, w);
     return cudaGetLastError();
 }
 
 cudaError_t launch_moe_routing(const int32_t* idx, const float* w, int64_t M, int k, int E, int32_t* counts,
-                               int32_t* expert_begin, int32_t* expert_end, int32_t* tile_begin, int32_t* tile_expert,
-                               int32_t* tile_start, int64_t max_tiles, int32_t* pair_row, float* pair_w,
-                               int32_t* slot_pos, cudaStream_t stream) {
+                               int32_t* expert_begin, int32_t* expert_end, int32_t* tile_begin,
+                               int32_t* tile_expert, int32_t* tile_start, int64_t max_tiles,
+                               int32_t* pair_row, float* pair_w, int32_t* slot_pos, cudaStream_t stream) {
     if (E < 1 || k < 1 || k > E || M * k > 0x7fffffffLL) return cudaErrorInvalidValue;
     route_count_kernel<<<E, kRouteThreads, 0, stream>>>(idx, M, k, counts);
     cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
-    route_plan_kernel<<<1, kRouteThreads, 0, stream>>>(counts, E, expert_begin, expert_end, tile_begin, tile_expert,
-                                                       tile_start, max_tiles);
+    route_plan_kernel<<<1, kRouteThreads, 0, stream>>>(counts, E, expert_begin, expert_end, tile_begin,
+                                                       tile_expert, tile_start, max_tiles);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
     if (M == 0) return cudaSuccess;
-    route_fill_kernel<<<E, kRouteThreads, 0, stream>>>(idx, w, M, k, expert_begin, pair_row, pair_w, slot_pos);
+    route_fill_kernel<<<E, kRouteThreads, 0, stream>>>(idx, w, M, k, expert_begin, pair_row, pair_w,
+                                                       slot_pos);
     return cudaGetLastError();
 }
 
-cudaError_t launch_swiglu_quant(const uint16_t* g, const uint16_t* u, const float* weight, float limit, int64_t P,
-                                int64_t I, uint8_t* q, uint8_t* s, cudaStream_t stream) {
+cudaError_t launch_swiglu_quant(const uint16_t* g, const uint16_t* u, const float* weight, float limit,
+                                int64_t P, int64_t I, uint8_t* q, uint8_t* s, cudaStream_t stream) {
     if (I % 32 != 0 || I <= 0) return cudaErrorInvalidValue;
     const int64_t n_groups = P * I / 8;
     if (n_groups == 0) return cudaSuccess;
@@ -319,25 +325,26 @@ cudaError_t launch_swiglu_quant(const uint16_t* g, const uint16_t* u, const floa
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
     const bool vec = aligned16(g) && aligned16(u) && reinterpret_cast<uintptr_t>(q) % 8 == 0;
     if (vec)
-        swiglu_quant_kernel<true><<<static_cast<unsigned>(blocks), kQuantThreads, 0, stream>>>(g, u, weight, limit, I,
-                                                                                              n_groups, q, s);
+        swiglu_quant_kernel<true><<<static_cast<unsigned>(blocks), kQuantThreads, 0, stream>>>(
+            g, u, weight, limit, I, n_groups, q, s);
     else
-        swiglu_quant_kernel<false><<<static_cast<unsigned>(blocks), kQuantThreads, 0, stream>>>(g, u, weight, limit, I,
-                                                                                               n_groups, q, s);
+        swiglu_quant_kernel<false><<<static_cast<unsigned>(blocks), kQuantThreads, 0, stream>>>(
+            g, u, weight, limit, I, n_groups, q, s);
     return cudaGetLastError();
 }
 
 cudaError_t launch_moe_combine(const uint16_t* out_e, const int32_t* idx, const int32_t* slot_pos, int k,
-                               const uint16_t* shared, int64_t M, int64_t D, uint16_t* y, cudaStream_t stream) {
+                               const uint16_t* shared, int64_t M, int64_t D, uint16_t* y,
+                               cudaStream_t stream) {
     if (k < 1 || k > kMaxTopk || M > 0x7fffffffLL) return cudaErrorInvalidValue;
     if (M == 0 || D == 0) return cudaSuccess;
     const bool vec = D % 8 == 0 && aligned16(out_e) && aligned16(shared) && aligned16(y);
     if (vec)
-        combine_kernel<true><<<static_cast<unsigned>(M), kCombineThreads, 0, stream>>>(out_e, idx, slot_pos, k, shared,
-                                                                                     D, y);
+        combine_kernel<true>
+            <<<static_cast<unsigned>(M), kCombineThreads, 0, stream>>>(out_e, idx, slot_pos, k, shared, D, y);
     else
-        combine_kernel<false><<<static_cast<unsigned>(M), kCombineThreads, 0, stream>>>(out_e, idx, slot_pos, k,
-                                                                                      shared, D, y);
+        combine_kernel<false>
+            <<<static_cast<unsigned>(M), kCombineThreads, 0, stream>>>(out_e, idx, slot_pos, k, shared, D, y);
     return cudaGetLastError();
 }
 

@@ -28,22 +28,23 @@ cudaError_t launch_moe_router(const float* logits, const float* bias, int64_t M,
 //   slot_pos [M, k]                pair position of (row, slot)
 // max_tiles must bound sum_e ceil(n_e / 128). Every array is written by the kernels (no memset).
 cudaError_t launch_moe_routing(const int32_t* idx, const float* w, int64_t M, int k, int E, int32_t* counts,
-                               int32_t* expert_begin, int32_t* expert_end, int32_t* tile_begin, int32_t* tile_expert,
-                               int32_t* tile_start, int64_t max_tiles, int32_t* pair_row, float* pair_w,
-                               int32_t* slot_pos, cudaStream_t stream);
+                               int32_t* expert_begin, int32_t* expert_end, int32_t* tile_begin,
+                               int32_t* tile_expert, int32_t* tile_start, int64_t max_tiles,
+                               int32_t* pair_row, float* pair_w, int32_t* slot_pos, cudaStream_t stream);
 
 // SwiGLU of the expert hidden rows + act quant for the down projection (MODEL.md 4.7, 5.1):
 // g, u bf16 [P, I]; a = silu(min(g, limit)) * clamp(u, -limit, limit) in fp32, then a = weight[p] * a
 // when weight (f32 [P]) is non-null; bf16(a) quantized per 32 -> q e4m3 [P, I], s e8m0 [P, I / 32], the
 // block-scaled GEMM's A operand (quant.cuh: GemmNanMarker scale bytes, Fp8CodeOrder::GemmFragment
 // codes). I % 32 == 0.
-cudaError_t launch_swiglu_quant(const uint16_t* g, const uint16_t* u, const float* weight, float limit, int64_t P,
-                                int64_t I, uint8_t* q, uint8_t* s, cudaStream_t stream);
+cudaError_t launch_swiglu_quant(const uint16_t* g, const uint16_t* u, const float* weight, float limit,
+                                int64_t P, int64_t I, uint8_t* q, uint8_t* s, cudaStream_t stream);
 
 // Combine (MODEL.md 4.7): y bf16 [M, D] with y[r] = bf16(((0 + e_a) + e_b) ... + shared[r]) in fp32,
 // the routed terms out_e bf16 [M * k, D] at pair positions slot_pos [M, k], added in ascending
 // expert id (idx i32 [M, k]); shared bf16 [M, D]. k <= 32.
 cudaError_t launch_moe_combine(const uint16_t* out_e, const int32_t* idx, const int32_t* slot_pos, int k,
-                               const uint16_t* shared, int64_t M, int64_t D, uint16_t* y, cudaStream_t stream);
+                               const uint16_t* shared, int64_t M, int64_t D, uint16_t* y,
+                               cudaStream_t stream);
 
 }  // namespace ds4r::kern

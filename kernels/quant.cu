@@ -10,12 +10,12 @@ namespace ds4r::kern {
 namespace {
 
 enum class QuantMode : int {
-    Fp8Codes,         // q + scale bytes (reference bytes)
-    Fp8CodesGemm,     // q + scale bytes (NaN/inf blocks -> 0xFF, see Fp8ScaleBytes)
-    Fp8CodesGemmFrag, // as Fp8CodesGemm, codes in Fp8CodeOrder::GemmFragment
-    Fp8Inplace,       // bf16 round trip
-    Fp4E8m0Inplace,   // blocks of 32, power-of-two scales
-    Fp4E4m3Inplace,   // blocks of 16, e4m3 scales
+    Fp8Codes,          // q + scale bytes (reference bytes)
+    Fp8CodesGemm,      // q + scale bytes (NaN/inf blocks -> 0xFF, see Fp8ScaleBytes)
+    Fp8CodesGemmFrag,  // as Fp8CodesGemm, codes in Fp8CodeOrder::GemmFragment
+    Fp8Inplace,        // bf16 round trip
+    Fp4E8m0Inplace,    // blocks of 32, power-of-two scales
+    Fp4E4m3Inplace,    // blocks of 16, e4m3 scales
 };
 
 constexpr int kThreads = 256;
@@ -49,7 +49,8 @@ __global__ void __launch_bounds__(kThreads) quant_kernel(uint16_t* __restrict__ 
         store_u8x8<kVec>(q + g * 8, b);
         if ((g & 3) == 0) {
             uint8_t byte = e8m0_of_pow2(sc);
-            if (kMode != QuantMode::Fp8Codes && !(amax <= __int_as_float(0x7f7fffff))) byte = 0xff;  // NaN or inf
+            if (kMode != QuantMode::Fp8Codes && !(amax <= __int_as_float(0x7f7fffff)))
+                byte = 0xff;  // NaN or inf
             s[g >> 2] = byte;
         }
     } else if constexpr (kMode == QuantMode::Fp8Inplace) {
@@ -83,8 +84,9 @@ cudaError_t launch(uint16_t* x, uint8_t* q, uint8_t* s, int64_t rows, int64_t K,
 }
 
 // out[i] = bf16(e4m3(w[i]) * e8m0(s[row / 32, col / 32])); one thread per element.
-__global__ void __launch_bounds__(kThreads) dequant_fp8_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ s,
-                                                               int64_t rows, int64_t cols, uint16_t* __restrict__ out) {
+__global__ void __launch_bounds__(kThreads)
+    dequant_fp8_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ s, int64_t rows,
+                       int64_t cols, uint16_t* __restrict__ out) {
     const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
     if (i >= rows * cols) return;
     const int64_t r = i / cols, c = i % cols;
@@ -94,8 +96,8 @@ __global__ void __launch_bounds__(kThreads) dequant_fp8_kernel(const uint8_t* __
 
 }  // namespace
 
-cudaError_t launch_dequant_fp8_bf16(const uint8_t* w, const uint8_t* s, int64_t rows, int64_t cols, uint16_t* out,
-                                    cudaStream_t stream) {
+cudaError_t launch_dequant_fp8_bf16(const uint8_t* w, const uint8_t* s, int64_t rows, int64_t cols,
+                                    uint16_t* out, cudaStream_t stream) {
     const int64_t n = rows * cols;
     if (n == 0) return cudaSuccess;
     const int64_t blocks = (n + kThreads - 1) / kThreads;
@@ -113,8 +115,9 @@ cudaError_t launch_act_quant_fp8(const uint16_t* x, uint8_t* q, uint8_t* s, int6
         if (scale_bytes != Fp8ScaleBytes::GemmNanMarker) return cudaErrorInvalidValue;
         return launch<QuantMode::Fp8CodesGemmFrag>(xm, q, s, rows, K, stream);
     }
-    return scale_bytes == Fp8ScaleBytes::Reference ? launch<QuantMode::Fp8Codes>(xm, q, s, rows, K, stream)
-                                                   : launch<QuantMode::Fp8CodesGemm>(xm, q, s, rows, K, stream);
+    return scale_bytes == Fp8ScaleBytes::Reference
+               ? launch<QuantMode::Fp8Codes>(xm, q, s, rows, K, stream)
+               : launch<QuantMode::Fp8CodesGemm>(xm, q, s, rows, K, stream);
 }
 
 cudaError_t launch_act_quant_fp8_inplace(uint16_t* x, int64_t rows, int64_t K, cudaStream_t stream) {
@@ -122,7 +125,8 @@ cudaError_t launch_act_quant_fp8_inplace(uint16_t* x, int64_t rows, int64_t K, c
     return launch<QuantMode::Fp8Inplace>(x, nullptr, nullptr, rows, K, stream);
 }
 
-cudaError_t launch_fp4_quant_inplace(uint16_t* x, int64_t rows, int64_t K, bool block16_e4m3, cudaStream_t stream) {
+cudaError_t launch_fp4_quant_inplace(uint16_t* x, int64_t rows, int64_t K, bool block16_e4m3,
+                                     cudaStream_t stream) {
     if (K % (block16_e4m3 ? 16 : 32) != 0) return cudaErrorInvalidValue;
     return block16_e4m3 ? launch<QuantMode::Fp4E4m3Inplace>(x, nullptr, nullptr, rows, K, stream)
                         : launch<QuantMode::Fp4E8m0Inplace>(x, nullptr, nullptr, rows, K, stream);

@@ -36,11 +36,12 @@ cudaError_t launch_act_quant_fp8(const uint16_t* x, uint8_t* q, uint8_t* s, int6
 cudaError_t launch_act_quant_fp8_inplace(uint16_t* x, int64_t rows, int64_t K, cudaStream_t stream);
 // x BF16 [rows, K] in place: fp4 e2m1 round trip per block; block16_e4m3 = false: blocks of 32 with
 // power-of-two (e8m0) scales; true: blocks of 16 with e4m3 scales. K % block == 0.
-cudaError_t launch_fp4_quant_inplace(uint16_t* x, int64_t rows, int64_t K, bool block16_e4m3, cudaStream_t stream);
+cudaError_t launch_fp4_quant_inplace(uint16_t* x, int64_t rows, int64_t K, bool block16_e4m3,
+                                     cudaStream_t stream);
 
 // Exact dequantization of fp8 weights to bf16 (convert.py's wo_a, MODEL.md 3.6): w e4m3 [rows, cols]
 // with e8m0 scales s [ceil(rows / 32), ceil(cols / 32)] -> out bf16 [rows, cols] = bf16(fp32(w) * 2^(e-127)).
-cudaError_t launch_dequant_fp8_bf16(const uint8_t* w, const uint8_t* s, int64_t rows, int64_t cols, uint16_t* out,
-                                    cudaStream_t stream);
+cudaError_t launch_dequant_fp8_bf16(const uint8_t* w, const uint8_t* s, int64_t rows, int64_t cols,
+                                    uint16_t* out, cudaStream_t stream);
 
 }  // namespace ds4r::kern

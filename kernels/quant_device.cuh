@@ -9,8 +9,12 @@
 namespace ds4r::kern {
 
 // The kernels multiply by the reciprocals as fp32 constants (1/448 and 1/6 rounded once from double).
-__device__ __forceinline__ float fp8_max_inv() { return static_cast<float>(1.0 / 448.0); }
-__device__ __forceinline__ float fp4_max_inv() { return static_cast<float>(1.0 / 6.0); }
+__device__ __forceinline__ float fp8_max_inv() {
+    return static_cast<float>(1.0 / 448.0);
+}
+__device__ __forceinline__ float fp4_max_inv() {
+    return static_cast<float>(1.0 / 6.0);
+}
 constexpr float kDevFp8AmaxFloor = 1e-4f;  // act_quant: amax.clamp_min(1e-4)
 
 // max that propagates NaN (torch.amax does; fmaxf would drop it).
@@ -28,7 +32,9 @@ __device__ __forceinline__ float ceil_pow2_scale(float amax, float max_inv) {
     const int32_t e = static_cast<int32_t>((bits >> 23) & 0xffu) - 127 + ((bits & 0x7fffffu) != 0u ? 1 : 0);
     return __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
 }
-__device__ __forceinline__ uint8_t e8m0_of_pow2(float s) { return static_cast<uint8_t>((__float_as_uint(s) >> 23) & 0xffu); }
+__device__ __forceinline__ uint8_t e8m0_of_pow2(float s) {
+    return static_cast<uint8_t>((__float_as_uint(s) >> 23) & 0xffu);
+}
 
 // fp8 block scale from the raw (NaN-propagating) amax: floor 1e-4, rounded up to a power of two.
 __device__ __forceinline__ float fp8_block_scale(float amax) {
@@ -89,7 +95,7 @@ template <bool kVec>
 __device__ __forceinline__ void load_bf16x8_gemm_fragment(const uint16_t* p, int64_t gi, float v[8]) {
     const int j = static_cast<int>(gi & 3);
     const uint16_t* lo = p + (gi >> 2) * 32 + 16 * (j >> 1) + 4 * (j & 1);  // k = 4u .. 4u+3
-    const uint16_t* hi = lo + 8;                                           // k = 8+4u .. 11+4u
+    const uint16_t* hi = lo + 8;                                            // k = 8+4u .. 11+4u
     uint32_t w[4];
     if (kVec) {
         const uint2 a = *reinterpret_cast<const uint2*>(lo);

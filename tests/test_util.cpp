@@ -24,9 +24,15 @@ void cleanup() {
 }
 }  // namespace
 
-std::string data_dir() { return DS4R_TEST_DATA; }
-std::string binary_path() { return DS4R_BINARY; }
-std::string golden_model_dir() { return data_dir() + "/tiny-a/model"; }
+std::string data_dir() {
+    return DS4R_TEST_DATA;
+}
+std::string binary_path() {
+    return DS4R_BINARY;
+}
+std::string golden_model_dir() {
+    return data_dir() + "/tiny-a/model";
+}
 
 std::string copy_golden_model(const std::string& tag) {
     const std::string d = temp_dir(tag) + "/model";

@@ -134,19 +134,19 @@ public:
     // y = bf16(w * (x * rsqrt(mean(x^2) + eps))) per row; x, y BF16 [M, N] (may alias); w BF16 [N].
     virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) = 0;
     // RoPE table F32 [n_pos, rd/2, 2] (cos, sin) per MODEL.md 4.0 / 8.3; yarn_orig == 0: plain.
-    virtual void rope_table(double base, double factor, int64_t yarn_orig, double beta_fast,
-                            double beta_slow, int64_t rd, const Tensor& table) = 0;
+    virtual void rope_table(double base, double factor, int64_t yarn_orig, double beta_fast, double beta_slow,
+                            int64_t rd, const Tensor& table) = 0;
     // In place on x BF16 [M, heads * width]: rotates the last `rd` of each head's `width` dims,
     // interleaved pairs, at position pos[r] (I32 [M]); inverse = conjugate (de-rotation).
-    virtual void rope_inplace(const Tensor& x, int64_t heads, int64_t width, int64_t rd,
-                              const Tensor& pos, const Tensor& table, bool inverse) = 0;
+    virtual void rope_inplace(const Tensor& x, int64_t heads, int64_t width, int64_t rd, const Tensor& pos,
+                              const Tensor& table, bool inverse) = 0;
 
     // ---------------------------------------------------------------- mHC (MODEL.md 4.5, 5.5)
     // X BF16 [M, hc, D]; fn F32 [mix, hc * D]; scale F32 [3]; base F32 [mix]
     // -> pre F32 [M, hc], post F32 [M, hc], comb F32 [M, hc, hc] (comb[j][k]: row j, column k).
     virtual void hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale, const Tensor& base,
-                          float norm_eps, float hc_eps, int iters, const Tensor& pre,
-                          const Tensor& post, const Tensor& comb) = 0;
+                          float norm_eps, float hc_eps, int iters, const Tensor& pre, const Tensor& post,
+                          const Tensor& comb) = 0;
     // y BF16 [M, D] = bf16(((m0*X0 + m1*X1) + m2*X2) + m3*X3) in fp32; X BF16 [M, hc, D], m F32 [M, hc].
     virtual void hc_pre(const Tensor& X, const Tensor& mix, const Tensor& y) = 0;
     // out BF16 [M, hc, D]: out_k = bf16(post_k * x + S_k), S_k = ((c0k*R0 + c1k*R1) + c2k*R2) + c3k*R3.
@@ -192,8 +192,8 @@ public:
     // One sequence: q BF16 [m, H, hd]; win_kv BF16 [s, hd]; cmp_kv BF16 [T, hd] (T may be 0);
     // sink F32 [H]; idx I32 [m, n_idx]: j < s -> win_kv[j], j >= s -> cmp_kv[j - s], -1 empty
     // -> o BF16 [m, H, hd]. 64-slot tiles, running max seeded -1e30, bf16 probabilities before PV.
-    virtual void sparse_attn(const Tensor& q, const Tensor& win_kv, const Tensor& cmp_kv,
-                             const Tensor& sink, const Tensor& idx, float scale, const Tensor& o) = 0;
+    virtual void sparse_attn(const Tensor& q, const Tensor& win_kv, const Tensor& cmp_kv, const Tensor& sink,
+                             const Tensor& idx, float scale, const Tensor& o) = 0;
 
     // ---------------------------------------------------------------- MoE (MODEL.md 4.7)
     // x BF16 [M, D] (ffn-normed) -> y BF16 [M, D]: router, routed experts (weight applied before

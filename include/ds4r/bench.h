@@ -30,7 +30,7 @@ struct BenchOptions {
     bool prefetch = true;          // false: the synchronous weight source (no overlap), for comparison
     int64_t b_sequences = 80, b_tokens = 1800;
     int64_t c_tokens = 32768;
-    int64_t kernel_rows = 8192;    // M of the kernel benchmarks
+    int64_t kernel_rows = 8192;  // M of the kernel benchmarks
     int iters = 10;
     uint64_t seed = 1;
 };

@@ -22,7 +22,7 @@ struct TensorSpec {
     std::string name;  // checkpoint name, e.g. "layers.3.attn.wq_a.weight"
     DType dtype;
     Shape shape;
-    int layer = -1;    // -1 for globals
+    int layer = -1;  // -1 for globals
     TensorUse use = TensorUse::Layer;
     // Tensors the released checkpoint has but the prefill never reads (ffn.gate.bias_vl);
     // make-tiny writes them, the validator does not require them.

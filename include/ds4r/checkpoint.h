@@ -30,10 +30,10 @@ struct TensorLocation {
     std::string name;
     DType dtype = DType::U8;
     Shape shape;
-    int shard = -1;        // index into Checkpoint::shards()
-    uint64_t offset = 0;   // absolute file offset of the first byte
+    int shard = -1;       // index into Checkpoint::shards()
+    uint64_t offset = 0;  // absolute file offset of the first byte
     uint64_t nbytes = 0;
-    int layer = -1;        // backbone layer ("layers.<L>."), -1 otherwise
+    int layer = -1;  // backbone layer ("layers.<L>."), -1 otherwise
     TensorClass cls = TensorClass::Unknown;
 };
 
@@ -60,7 +60,8 @@ constexpr uint64_t kByteRunMaxGap = 64u << 10;
 
 // Groups tensors into maximal runs per shard (sorted by shard, then offset), merging neighbours whose
 // gap is <= max_gap bytes. Input order does not matter; empty tensors are kept in the run they touch.
-std::vector<ByteRun> merge_byte_runs(std::vector<const TensorLocation*> tensors, uint64_t max_gap = kByteRunMaxGap);
+std::vector<ByteRun> merge_byte_runs(std::vector<const TensorLocation*> tensors,
+                                     uint64_t max_gap = kByteRunMaxGap);
 
 class Checkpoint {
 public:

@@ -58,8 +58,8 @@ struct CompareOptions {
 struct CompareStats {
     int64_t sequences = 0, positions = 0;
     double median_abs = 0, mean_abs = 0, p95_abs = 0, max_abs = 0;  // |d logprob| of the actual next token
-    double top1_agreement = 0;   // fraction of positions with the same top-1 id (when both have top-k)
-    double rank_agreement = 0;   // fraction with the same rank (when both have ranks)
+    double top1_agreement = 0;  // fraction of positions with the same top-1 id (when both have top-k)
+    double rank_agreement = 0;  // fraction with the same rank (when both have ranks)
     double kl_mean = 0, kl_median = 0, kl_max = 0;  // KL(A || B) over the shared top-k ids, renormalized
     int64_t kl_positions = 0;
 };

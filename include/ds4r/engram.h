@@ -16,9 +16,9 @@ class Tokenizer;
 
 // token id -> compressed (normalized) id, one entry per id in range(len(tokenizer)).
 struct EngramTokenMap {
-    std::vector<int32_t> map;   // [len(tokenizer)]
-    int64_t num_keys = 0;       // distinct normalized keys (must equal engram_compressed_vocab_size)
-    int32_t pad_compressed = 0; // map[engram_pad_id]
+    std::vector<int32_t> map;    // [len(tokenizer)]
+    int64_t num_keys = 0;        // distinct normalized keys (must equal engram_compressed_vocab_size)
+    int32_t pad_compressed = 0;  // map[engram_pad_id]
 };
 // Builds the map with the normalizer chain of MODEL.md 4.2 (NFKC, NFD, StripAccents, Lowercase,
 // whitespace runs -> ' ', '^ $' -> U+E000, Strip, U+E000 -> ' '; U+FFFD tokens keep their raw
@@ -70,8 +70,8 @@ std::vector<int64_t> engram_hash_ids(const std::vector<int32_t>& tokens, const E
 class EngramTable {
 public:
     // weight_offset / scale_offset: absolute file offsets of `engram.embed.weight` / `.scale`.
-    EngramTable(const std::string& shard_path, uint64_t weight_offset, uint64_t scale_offset,
-                int64_t rows, int64_t head_dim);
+    EngramTable(const std::string& shard_path, uint64_t weight_offset, uint64_t scale_offset, int64_t rows,
+                int64_t head_dim);
     ~EngramTable();
     EngramTable(const EngramTable&) = delete;
     EngramTable& operator=(const EngramTable&) = delete;

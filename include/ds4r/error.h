@@ -61,7 +61,7 @@ std::string errno_text(int err);
 #define DS4R_THROW(Type, ...) throw Type(::ds4r::strfmt(__VA_ARGS__), __FILE__, __LINE__)
 
 // Internal invariant: a broken one is a bug, reported as a runtime error with its location.
-#define DS4R_CHECK(cond, ...)                                                                  \
-    do {                                                                                       \
+#define DS4R_CHECK(cond, ...)                                                                     \
+    do {                                                                                          \
         if (!(cond)) throw ::ds4r::RuntimeError(::ds4r::strfmt(__VA_ARGS__), __FILE__, __LINE__); \
     } while (0)

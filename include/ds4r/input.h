@@ -23,10 +23,10 @@
 namespace ds4r {
 
 struct InputRecord {
-    int64_t line = 0;              // 1-based line number
-    std::string id_json;           // the id as JSON text ("\"abc\"" or "17")
+    int64_t line = 0;     // 1-based line number
+    std::string id_json;  // the id as JSON text ("\"abc\"" or "17")
     std::vector<int32_t> tokens;
-    std::string extra_json = "{}"; // other fields as a JSON object text
+    std::string extra_json = "{}";  // other fields as a JSON object text
 };
 
 class InputReader {

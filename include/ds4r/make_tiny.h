@@ -52,23 +52,23 @@ std::string make_tiny_tokenizer_json(int64_t vocab_size);
 std::string make_tiny_config_json(const ModelConfig& cfg);
 
 struct TinyShard {
-    std::string file;               // "model-000NN-of-000MM.safetensors"
-    std::vector<size_t> tensors;    // indices into MakeTinyPlan::specs
-    bool sparse = false;            // every tensor left as a hole (full-width Engram tables)
-    uint64_t tensor_bytes = 0;      // sum of the tensors' sizes
+    std::string file;             // "model-000NN-of-000MM.safetensors"
+    std::vector<size_t> tensors;  // indices into MakeTinyPlan::specs
+    bool sparse = false;          // every tensor left as a hole (full-width Engram tables)
+    uint64_t tensor_bytes = 0;    // sum of the tensors' sizes
 };
 
 // Everything make-tiny will write, computed without touching the disk.
 struct MakeTinyPlan {
     TinyPreset preset = TinyPreset::Tiny;
-    ModelConfig cfg;                  // as config.json parses back (parse_model_config)
-    std::vector<LayerRole> roles;     // derive_layer_roles(cfg)
-    std::vector<TensorSpec> specs;    // all_tensor_specs(cfg, roles), optional ones included
-    std::vector<TinyShard> shards;    // in file-number order
+    ModelConfig cfg;                // as config.json parses back (parse_model_config)
+    std::vector<LayerRole> roles;   // derive_layer_roles(cfg)
+    std::vector<TensorSpec> specs;  // all_tensor_specs(cfg, roles), optional ones included
+    std::vector<TinyShard> shards;  // in file-number order
     std::string config_json;
     std::string tokenizer_json;
-    uint64_t total_tensor_bytes = 0;  // index metadata.total_size
-    uint64_t sparse_bytes = 0;        // of which left as holes
+    uint64_t total_tensor_bytes = 0;        // index metadata.total_size
+    uint64_t sparse_bytes = 0;              // of which left as holes
     uint64_t layer_bytes(int layer) const;  // tensor bytes of layer's shard (Engram tables excluded)
 };
 
@@ -81,17 +81,17 @@ MakeTinyPlan plan_make_tiny(TinyPreset preset, int layers);
 std::string make_tiny_index_json(const MakeTinyPlan& plan);
 
 struct MakeTinyProgress {
-    uint64_t bytes_done = 0;    // tensor bytes generated and written
-    uint64_t bytes_total = 0;   // total_tensor_bytes - sparse_bytes (holes are not written)
-    std::string file;           // the file being written
+    uint64_t bytes_done = 0;   // tensor bytes generated and written
+    uint64_t bytes_total = 0;  // total_tensor_bytes - sparse_bytes (holes are not written)
+    std::string file;          // the file being written
 };
 
 struct MakeTinyOptions {
     TinyPreset preset = TinyPreset::Tiny;
-    int layers = 0;          // <= 0: the preset default
+    int layers = 0;  // <= 0: the preset default
     uint64_t seed = 0;
-    bool force = false;      // allow a non-empty OUT_DIR (stale model-*.safetensors are removed)
-    int threads = 0;         // generator threads; <= 0: hardware concurrency (output does not depend on it)
+    bool force = false;  // allow a non-empty OUT_DIR (stale model-*.safetensors are removed)
+    int threads = 0;     // generator threads; <= 0: hardware concurrency (output does not depend on it)
     // Called after each written chunk (at most every ~64 MiB) and at the end of every file.
     std::function<void(const MakeTinyProgress&)> progress;
 };
@@ -101,7 +101,7 @@ struct MakeTinyResult {
     std::vector<std::string> files;  // every file written, in order (paths under OUT_DIR)
     uint64_t bytes_on_disk = 0;      // apparent size of all files written
     double seconds = 0;
-    std::string readme;              // the README.txt text written into OUT_DIR (also for printing)
+    std::string readme;  // the README.txt text written into OUT_DIR (also for printing)
 };
 
 // Writes the checkpoint into out_dir (created if missing). Refuses (InputError) a non-empty out_dir

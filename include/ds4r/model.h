@@ -2,9 +2,9 @@
 //
 // A pass pushes many sequences through one layer at a time. Rows of the pass are (sequence,
 // position) pairs; they are processed in chunks of at most --max-batch-tokens rows, in pass order:
-//   engram_chunk  (Engram layers only, a sweep of its own) X is updated in place before the block (4.4 step 1);
-//   kv_chunk      window KV of the chunk's rows, and at KV sources the compressed KV + index keys (4.6 b, c);
-//   main_chunk    queries, indexer, sparse attention, output, mHC and MoE: X <- block(X), P <- f_pre.
+//   engram_chunk  (Engram layers only, a sweep of its own) X is updated in place before the block (4.4 step
+//   1); kv_chunk      window KV of the chunk's rows, and at KV sources the compressed KV + index keys (4.6 b,
+//   c); main_chunk    queries, indexer, sparse attention, output, mHC and MoE: X <- block(X), P <- f_pre.
 // kv_chunk then main_chunk run for one chunk before the next: attention at position t reads only
 // data of positions <= t of its own sequence (causal), all produced by this or an earlier chunk.
 // Per-sequence data that attention reads (window KV of this layer, the cross-layer shared slots of
@@ -39,18 +39,18 @@ struct LayerWeights {
     Fp8Linear wo_a;                      // [G*o_lora, H*hd/G], used as exact bf16 (MODEL.md 3.6)
     Fp8Linear wo_b;                      // [D, G*o_lora]
     // Compressor (KV sources only).
-    Tensor cmp_wkv;                      // BF16 [hd, D] (fp32 math at ratio 2, bf16 at ratio 1)
-    Tensor cmp_wgate;                    // BF16 [hd, D] (ratio 2 only)
-    Tensor cmp_norm;                     // BF16 [hd]
+    Tensor cmp_wkv;    // BF16 [hd, D] (fp32 math at ratio 2, bf16 at ratio 1)
+    Tensor cmp_wgate;  // BF16 [hd, D] (ratio 2 only)
+    Tensor cmp_norm;   // BF16 [hd]
     // Indexer.
-    Tensor idx_wk;                       // BF16 [ihd, hd] (key-owning sources only)
-    Tensor idx_k_norm;                   // BF16 [ihd]
-    Fp8Linear idx_wq_b;                  // [nIH*ihd, q_lora] (index sources)
-    Tensor idx_weights_proj;             // BF16 [nIH, D]
+    Tensor idx_wk;            // BF16 [ihd, hd] (key-owning sources only)
+    Tensor idx_k_norm;        // BF16 [ihd]
+    Fp8Linear idx_wq_b;       // [nIH*ihd, q_lora] (index sources)
+    Tensor idx_weights_proj;  // BF16 [nIH, D]
     MoeWeights moe;
     // Engram projections (Engram layers only; the table itself is gathered on the host).
-    Fp8Linear eng_wkv;                   // [(hc+1)*D, cols*ehd]
-    Tensor eng_q, eng_k;                 // BF16 [hc, D]
+    Fp8Linear eng_wkv;    // [(hc+1)*D, cols*ehd]
+    Tensor eng_q, eng_k;  // BF16 [hc, D]
 };
 
 // name -> backend tensor of the checkpoint tensor with that name (throws if absent).
@@ -65,8 +65,8 @@ GlobalWeights bind_global_weights(const TensorLookup& get);
 
 // One sequence of a pass, as the layer sees it.
 struct SeqInfo {
-    int64_t len = 0;         // s
-    int64_t row0 = 0;        // its first row in the pass-wide arenas
+    int64_t len = 0;   // s
+    int64_t row0 = 0;  // its first row in the pass-wide arenas
     // Shared slots (MODEL.md 5.6), set by the latest source layers:
     int64_t cmp_rows = 0;    // T: rows of compressed KV / index keys (s / ratio of the latest KV source)
     int64_t topk_width = 0;  // K_c of the latest index source (0: window only)
@@ -81,10 +81,10 @@ struct Segment {
 };
 
 struct ChunkRows {
-    std::vector<Segment> segs;     // in row order, covering rows [0, rows)
-    int64_t rows = 0;              // M
-    Tensor pos;                    // I32 [M] positions (backend memory)
-    std::vector<int32_t> host_pos; // the same on the host
+    std::vector<Segment> segs;      // in row order, covering rows [0, rows)
+    int64_t rows = 0;               // M
+    Tensor pos;                     // I32 [M] positions (backend memory)
+    std::vector<int32_t> host_pos;  // the same on the host
 };
 
 // Pass-wide backend state shared by the chunk functions.
@@ -95,11 +95,11 @@ struct PassContext {
     std::vector<SeqInfo> seqs;
     int64_t total_rows = 0;
     int64_t max_len = 0;
-    Tensor win_kv;    // BF16 [total_rows, hd]: window KV of the current layer (4.6 b)
-    Tensor cmp_kv;    // BF16 [total_rows, hd]: compressed KV of the latest KV source (seq at row0)
-    Tensor index_k;   // BF16 [total_rows, ihd]: index keys of the latest key-owning source
-    Tensor topk;      // I32 [total_rows * index_topk] flat: sequence i holds [len, topk_width] at row0*index_topk
-    Tensor cand;      // U32 flat: sequence i holds [len, cand_words] at row0 * cand_words_max
+    Tensor win_kv;   // BF16 [total_rows, hd]: window KV of the current layer (4.6 b)
+    Tensor cmp_kv;   // BF16 [total_rows, hd]: compressed KV of the latest KV source (seq at row0)
+    Tensor index_k;  // BF16 [total_rows, ihd]: index keys of the latest key-owning source
+    Tensor topk;  // I32 [total_rows * index_topk] flat: sequence i holds [len, topk_width] at row0*index_topk
+    Tensor cand;  // U32 flat: sequence i holds [len, cand_words] at row0 * cand_words_max
     int64_t cand_words_max = 0;
     Tensor rope_plain;  // F32 [max_len, rd/2, 2]: ratio-0 layers (base rope_theta, no YaRN)
     Tensor rope_yarn;   // F32 [max_len, rd/2, 2]: ratio>0 layers and indexers (compress_rope_theta, YaRN)

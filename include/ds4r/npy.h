@@ -18,7 +18,9 @@ struct NpyArray {
     size_t item_size() const;  // from descr
     int64_t numel() const { return shape_numel(shape); }
     template <class T>
-    const T* as() const { return reinterpret_cast<const T*>(data.data()); }
+    const T* as() const {
+        return reinterpret_cast<const T*>(data.data());
+    }
     template <class T>
     std::vector<T> to_vector() const {
         std::vector<T> v(static_cast<size_t>(numel()));

@@ -21,7 +21,9 @@ inline float bits_f32(uint32_t u) {
 }
 
 // ---- bf16 (stored as its uint16 bit pattern) ----
-inline float bf16_to_f32(uint16_t h) { return bits_f32(static_cast<uint32_t>(h) << 16); }
+inline float bf16_to_f32(uint16_t h) {
+    return bits_f32(static_cast<uint32_t>(h) << 16);
+}
 inline uint16_t f32_to_bf16(float f) {
     uint32_t u = f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
@@ -29,7 +31,9 @@ inline uint16_t f32_to_bf16(float f) {
     return static_cast<uint16_t>(u >> 16);
 }
 // Round an fp32 value to the nearest bf16 value, returned as fp32.
-inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+inline float round_bf16(float f) {
+    return bf16_to_f32(f32_to_bf16(f));
+}
 
 // ---- IEEE fp16 ----
 inline float f16_to_f32(uint16_t h) {
@@ -49,12 +53,12 @@ inline uint16_t f32_to_f16(float f) {
     float a = std::fabs(f);
     if (std::isnan(f)) return static_cast<uint16_t>(sign | 0x7e00u);
     if (a >= 65520.0f) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
-    if (a < 6.103515625e-05f) {                                        // subnormal: multiple of 2^-24
-        float q = std::nearbyint(a * 16777216.0f);                      // exact scale, RNE
+    if (a < 6.103515625e-05f) {                                       // subnormal: multiple of 2^-24
+        float q = std::nearbyint(a * 16777216.0f);                    // exact scale, RNE
         return static_cast<uint16_t>(sign | static_cast<uint16_t>(q));
     }
     int e;
-    float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+    float m = std::frexp(a, &e);            // a = m * 2^e, m in [0.5, 1)
     float q = std::nearbyint(m * 2048.0f);  // 11 significant bits, RNE
     if (q == 2048.0f) {
         q = 1024.0f;
@@ -89,8 +93,8 @@ inline uint8_t f32_to_e4m3(float f) {
         return static_cast<uint8_t>(sign | static_cast<uint8_t>(q));
     }
     int e;
-    float m = std::frexp(a, &e);            // a = m * 2^e, m in [0.5, 1)
-    float q = std::nearbyint(m * 16.0f);    // 4 significant bits, RNE
+    float m = std::frexp(a, &e);          // a = m * 2^e, m in [0.5, 1)
+    float q = std::nearbyint(m * 16.0f);  // 4 significant bits, RNE
     if (q == 16.0f) {
         q = 8.0f;
         ++e;

@@ -19,7 +19,7 @@ std::string format_double(double v);
 
 struct HiddenRef {
     int layer = 0;
-    std::string file;         // file name relative to the hidden dir
+    std::string file;  // file name relative to the hidden dir
     int64_t row_begin = 0, row_end = 0;
 };
 
@@ -38,7 +38,7 @@ public:
     explicit ResultWriter(const std::string& path);
     void append(const std::string& line);  // buffered until commit()
     void commit();                         // write + fsync the buffered lines
-    void discard() {  // drop the lines not yet committed (an interrupted pass)
+    void discard() {                       // drop the lines not yet committed (an interrupted pass)
         pending_.clear();
         pending_lines_ = 0;
     }

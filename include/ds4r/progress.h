@@ -6,7 +6,8 @@
 // `none` is silent; `auto` picks bar when the stream is a terminal, else plain. Plain lines:
 //   pass P layer L/N: T tokens, R tok/s, read G GB/s, wait W s, compute C s, pass ETA E, run X% ETA F
 //   pass P head: ...same fields...
-//   pass P done: S sequences, T tokens in D s (R tok/s); run: T2 tokens in D2 s (R2 tok/s), X% of input, ETA F
+//   pass P done: S sequences, T tokens in D s (R tok/s); run: T2 tokens in D2 s (R2 tok/s), X% of input, ETA
+//   F
 // P counts passes from 1, L the layers from 1 (N = n_layers). R: pass tokens x fraction of the pass
 // done / pass time. G: weight bytes read during the pass / pass time (WeightSource::stats). Pass ETA:
 // pass time x (layers left / layers done), the head counting as a layer. Run X% and ETA: the total
@@ -31,7 +32,8 @@ class Progress {
 public:
     // mode: auto | bar | plain | none (else InputError). `out`: the stream (stderr); `clock`: seconds
     // on a monotonic clock (steady_clock when empty) — both replaceable for tests.
-    Progress(const std::string& mode, int n_layers, std::FILE* out = stderr, std::function<double()> clock = {});
+    Progress(const std::string& mode, int n_layers, std::FILE* out = stderr,
+             std::function<double()> clock = {});
     bool silent() const { return mode_ == Mode::None; }
 
     // Size of the input in bytes (-1: unknown, a pipe) and bytes consumed without compute.

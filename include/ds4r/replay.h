@@ -61,9 +61,9 @@ public:
 };
 
 struct LayerTiming {
-    int layer = 0;            // kHeadLayer for the head
-    double wait_s = 0;        // blocked on the weight source
-    double compute_s = 0;     // sweeps (backend synchronized)
+    int layer = 0;         // kHeadLayer for the head
+    double wait_s = 0;     // blocked on the weight source
+    double compute_s = 0;  // sweeps (backend synchronized)
     int64_t rows = 0;
 };
 

@@ -29,17 +29,17 @@ constexpr size_t kSafetensorsMaxRank = 64;
 struct SafetensorsTensor {
     std::string name;
     DType dtype = DType::U8;
-    Shape shape;           // non-negative dims
-    uint64_t offset = 0;   // absolute file offset of the first byte (8 + header_len + begin)
-    uint64_t nbytes = 0;   // numel(shape) * dtype_size(dtype) == end - begin
+    Shape shape;          // non-negative dims
+    uint64_t offset = 0;  // absolute file offset of the first byte (8 + header_len + begin)
+    uint64_t nbytes = 0;  // numel(shape) * dtype_size(dtype) == end - begin
 };
 
 struct SafetensorsHeader {
-    std::string path;        // as given; used in messages
+    std::string path;  // as given; used in messages
     uint64_t file_size = 0;
-    uint64_t header_len = 0; // N, the JSON length
-    uint64_t data_begin = 0; // 8 + N
-    uint64_t data_end = 0;   // largest absolute end offset of any tensor (data_begin if none)
+    uint64_t header_len = 0;                 // N, the JSON length
+    uint64_t data_begin = 0;                 // 8 + N
+    uint64_t data_end = 0;                   // largest absolute end offset of any tensor (data_begin if none)
     std::vector<SafetensorsTensor> tensors;  // sorted by offset (then name)
     std::vector<std::pair<std::string, std::string>> metadata;  // "__metadata__", if present
 

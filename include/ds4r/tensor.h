@@ -38,8 +38,9 @@ struct Tensor {
                    shape_str(shape).c_str());
         Tensor t = *this;
         t.shape[0] = end - begin;
-        t.data = data ? static_cast<uint8_t*>(data) + static_cast<size_t>(begin * row_numel()) * dtype_size(dtype)
-                      : nullptr;
+        t.data =
+            data ? static_cast<uint8_t*>(data) + static_cast<size_t>(begin * row_numel()) * dtype_size(dtype)
+                 : nullptr;
         return t;
     }
     // Same bytes, another shape with the same element count.

@@ -22,7 +22,7 @@ public:
     int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
     // The raw token string (`id_to_token`), empty for holes.
     const std::string& id_to_token(int64_t id) const;
-    bool is_added(int64_t id) const;    // an added token (special or not): decoded verbatim
+    bool is_added(int64_t id) const;  // an added token (special or not): decoded verbatim
     bool has_token(int64_t id) const;
     // tokenizer.decode([id], skip_special_tokens=False): byte-level decode of the token's chars to
     // bytes, then UTF-8 decoding with invalid sequences replaced by U+FFFD exactly as Rust's

@@ -29,18 +29,18 @@ public:
 // One acquire() of the prefetching source: how its layer was loaded (for the bench's per-layer table).
 // Times *_at_s are seconds since the source was created.
 struct LayerLoadRecord {
-    int layer = 0;              // layer id or kHeadLayer
-    uint64_t position = 0;      // index of this acquire in the (repeating) schedule: 0, 1, 2, ...
-    uint64_t bytes = 0;         // tensor bytes of the layer (what the forward uses)
-    uint64_t bytes_read = 0;    // bytes read from the shards (aligned supersets of the byte runs)
+    int layer = 0;            // layer id or kHeadLayer
+    uint64_t position = 0;    // index of this acquire in the (repeating) schedule: 0, 1, 2, ...
+    uint64_t bytes = 0;       // tensor bytes of the layer (what the forward uses)
+    uint64_t bytes_read = 0;  // bytes read from the shards (aligned supersets of the byte runs)
     uint64_t bytes_uploaded = 0;
     // Wall time of the layer's reads: from the start of its first read request to the end of its last.
     // Several requests run at once on the reader threads, so this is NOT the sum of their durations;
     // bytes_read / read_s is the layer's read bandwidth. (It includes time the readers waited for a
     // free staging buffer in the middle of the layer: an upload that keeps up costs nothing.)
     double read_s = 0;
-    double upload_s = 0;        // copy-queue busy time (copies serialized on the queue)
-    double wait_s = 0;          // time acquire() blocked: the stall the compute thread saw
+    double upload_s = 0;         // copy-queue busy time (copies serialized on the queue)
+    double wait_s = 0;           // time acquire() blocked: the stall the compute thread saw
     double load_begin_at_s = 0;  // the first read of the layer started
     double ready_at_s = 0;       // the last byte was resident
     double acquired_at_s = 0;    // acquire() returned
@@ -54,11 +54,11 @@ struct WeightSourceStats {
     // bytes_read / read_seconds is the read bandwidth whatever the number of reader threads.
     double read_seconds = 0;
     double upload_seconds = 0;
-    double wait_seconds = 0;      // time acquire() blocked the caller (the stall)
+    double wait_seconds = 0;  // time acquire() blocked the caller (the stall)
     // Prefetching source only (the synchronous source leaves these empty / zero):
-    uint64_t device_bytes = 0;  // backend (GPU) memory held for layer slots; 0 when slots are host memory
-    uint64_t host_bytes = 0;    // host memory held: pinned staging ring, or the two host slots
-    uint64_t read_requests = 0;      // read calls issued (each at most PrefetchOptions::read_request_bytes)
+    uint64_t device_bytes = 0;   // backend (GPU) memory held for layer slots; 0 when slots are host memory
+    uint64_t host_bytes = 0;     // host memory held: pinned staging ring, or the two host slots
+    uint64_t read_requests = 0;  // read calls issued (each at most PrefetchOptions::read_request_bytes)
     uint64_t bytes_read_direct = 0;  // of bytes_read, read with O_DIRECT (the rest through the page cache)
     std::vector<LayerLoadRecord> layers;  // one record per acquire(), in acquire order
 };

@@ -1,12 +1,12 @@
 // Default implementations of the few Backend members that have one (host memory only).
 #include <algorithm>
 #include <chrono>
-#include <map>
-#include <mutex>
-#include <string>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "ds4r/backend.h"
@@ -67,7 +67,9 @@ private:
 };
 }  // namespace
 
-std::unique_ptr<CopyQueue> Backend::make_copy_queue() { return std::make_unique<SyncCopyQueue>(*this); }
+std::unique_ptr<CopyQueue> Backend::make_copy_queue() {
+    return std::make_unique<SyncCopyQueue>(*this);
+}
 
 bool profiling_enabled() {
     static const bool on = [] {

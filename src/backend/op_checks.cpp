@@ -12,14 +12,15 @@ namespace ds4r::opcheck {
 // ---------------------------------------------------------------- shared helpers
 
 void expect_dtype(const char* op, const char* name, const Tensor& t, DType want) {
-    DS4R_CHECK(t.dtype == want, "%s: %s must be %s, got %s %s", op, name, dtype_name(want), dtype_name(t.dtype),
-               shape_str(t.shape).c_str());
+    DS4R_CHECK(t.dtype == want, "%s: %s must be %s, got %s %s", op, name, dtype_name(want),
+               dtype_name(t.dtype), shape_str(t.shape).c_str());
 }
 
 void expect_data(const char* op, const char* name, const Tensor& t) {
     for (int64_t d : t.shape)
         DS4R_CHECK(d >= 0, "%s: %s has a negative dim %s", op, name, shape_str(t.shape).c_str());
-    DS4R_CHECK(t.numel() == 0 || t.data != nullptr, "%s: %s %s has no data", op, name, shape_str(t.shape).c_str());
+    DS4R_CHECK(t.numel() == 0 || t.data != nullptr, "%s: %s %s has no data", op, name,
+               shape_str(t.shape).c_str());
 }
 
 void expect_shape(const char* op, const char* name, const Tensor& t, const Shape& want) {
@@ -54,7 +55,8 @@ bool overlap(const Tensor& a, const Tensor& b) {
 }
 }  // namespace
 
-void expect_disjoint(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b) {
+void expect_disjoint(const char* op, const char* a_name, const Tensor& a, const char* b_name,
+                     const Tensor& b) {
     if (a.nbytes() == 0 || b.nbytes() == 0) return;
     DS4R_CHECK(!overlap(a, b), "%s: %s must not overlap %s", op, a_name, b_name);
 }
@@ -76,21 +78,22 @@ void fp8_weight(const char* op, const char* name, const Fp8Linear& w) {
                dtype_name(w.s.dtype));
     DS4R_CHECK(w.w.ndim() == 2, "%s: %s must be 2-d, got %s", op, name, shape_str(w.w.shape).c_str());
     const int64_t N = w.w.dim(0), K = w.w.dim(1);
-    DS4R_CHECK(w.s.shape == Shape({(N + 31) / 32, (K + 31) / 32}), "%s: %s scale must be [%lld, %lld], got %s", op,
-               name, (long long)((N + 31) / 32), (long long)((K + 31) / 32), shape_str(w.s.shape).c_str());
+    DS4R_CHECK(w.s.shape == Shape({(N + 31) / 32, (K + 31) / 32}),
+               "%s: %s scale must be [%lld, %lld], got %s", op, name, (long long)((N + 31) / 32),
+               (long long)((K + 31) / 32), shape_str(w.s.shape).c_str());
     expect_data(op, name, w.w);
     expect_data(op, name, w.s);
 }
 
 int64_t fp4_weight(const char* op, const char* name, const Fp4Linear& w) {
     DS4R_CHECK((w.w.dtype == DType::I8 || w.w.dtype == DType::U8) && w.s.dtype == DType::F8_E8M0,
-               "%s: %s must be I8 (packed e2m1) + F8_E8M0 scales, got %s + %s", op, name, dtype_name(w.w.dtype),
-               dtype_name(w.s.dtype));
+               "%s: %s must be I8 (packed e2m1) + F8_E8M0 scales, got %s + %s", op, name,
+               dtype_name(w.w.dtype), dtype_name(w.s.dtype));
     DS4R_CHECK(w.w.ndim() == 2, "%s: %s must be 2-d, got %s", op, name, shape_str(w.w.shape).c_str());
     const int64_t N = w.w.dim(0), K = 2 * w.w.dim(1);
     DS4R_CHECK(K % 32 == 0, "%s: %s has K = %lld, not a multiple of 32", op, name, (long long)K);
-    DS4R_CHECK(w.s.shape == Shape({N, K / 32}), "%s: %s scale must be [%lld, %lld], got %s", op, name, (long long)N,
-               (long long)(K / 32), shape_str(w.s.shape).c_str());
+    DS4R_CHECK(w.s.shape == Shape({N, K / 32}), "%s: %s scale must be [%lld, %lld], got %s", op, name,
+               (long long)N, (long long)(K / 32), shape_str(w.s.shape).c_str());
     expect_data(op, name, w.w);
     expect_data(op, name, w.s);
     return K;
@@ -188,8 +191,8 @@ WoaDims linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t groups, const T
     fp8_weight(op, "w", w);
     expect_dtype(op, "o", o, DType::BF16);
     expect_dtype(op, "y", y, DType::BF16);
-    DS4R_CHECK(groups > 0 && w.w.dim(0) % groups == 0, "%s: %lld groups do not divide the %lld weight rows", op,
-               (long long)groups, (long long)w.w.dim(0));
+    DS4R_CHECK(groups > 0 && w.w.dim(0) % groups == 0, "%s: %lld groups do not divide the %lld weight rows",
+               op, (long long)groups, (long long)w.w.dim(0));
     const int64_t G = groups, R = w.w.dim(0) / groups, Kg = w.w.dim(1);
     const int64_t M = rows_of(op, "o", o, G * Kg);
     expect_numel(op, "y", y, M * G * R);
@@ -213,7 +216,8 @@ RowDims rms_norm(const Tensor& x, const Tensor& w, const Tensor& y) {
 namespace {
 void rope_table_shape(const char* op, const Tensor& table, int64_t rd) {
     DS4R_CHECK(table.ndim() == 3 && table.dim(1) == rd / 2 && table.dim(2) == 2,
-               "%s: table must be [n_pos, %lld, 2], got %s", op, (long long)(rd / 2), shape_str(table.shape).c_str());
+               "%s: table must be [n_pos, %lld, 2], got %s", op, (long long)(rd / 2),
+               shape_str(table.shape).c_str());
     expect_data(op, "table", table);
 }
 }  // namespace
@@ -322,8 +326,8 @@ PoolDims compress_pool2(const Tensor& kv, const Tensor& sc, const Tensor& out) {
     expect_data(op, "sc", sc);
     const int64_t rows = kv.dim(0), hd = kv.dim(1);
     const int64_t n = rows_of(op, "out", out, hd);
-    DS4R_CHECK(2 * n <= rows, "%s: %lld groups need %lld rows, kv has %lld", op, (long long)n, (long long)(2 * n),
-               (long long)rows);
+    DS4R_CHECK(2 * n <= rows, "%s: %lld groups need %lld rows, kv has %lld", op, (long long)n,
+               (long long)(2 * n), (long long)rows);
     return {rows, n, hd};
 }
 
@@ -372,8 +376,9 @@ IndexScoreDims index_scores(const Tensor& q, const Tensor& k, const Tensor& w, c
 BlockMaskDims candidate_blocks(const Tensor& score, const Tensor& qpos, int ratio, int64_t block,
                                int64_t topk_blocks, const Tensor& mask) {
     const char* op = "candidate_blocks";
-    DS4R_CHECK(ratio >= 1 && block >= 1 && topk_blocks >= 0, "%s: ratio %d, block %lld, topk_blocks %lld out of range",
-               op, ratio, (long long)block, (long long)topk_blocks);
+    DS4R_CHECK(ratio >= 1 && block >= 1 && topk_blocks >= 0,
+               "%s: ratio %d, block %lld, topk_blocks %lld out of range", op, ratio, (long long)block,
+               (long long)topk_blocks);
     score_rows(op, score);
     qpos_rows(op, qpos, score.dim(0));
     return block_mask(op, score, block, mask);
@@ -398,8 +403,8 @@ TopkDims index_topk(const Tensor& score, const Tensor& qpos, int ratio, int64_t 
     expect_data(op, "idx", idx);
     const int64_t m = score.dim(0), T = score.dim(1), K = idx.dim(1);
     DS4R_CHECK(K <= T, "%s: K = %lld exceeds the %lld scores", op, (long long)K, (long long)T);
-    DS4R_CHECK(offset >= 0 && offset + T <= std::numeric_limits<int32_t>::max(), "%s: offset %lld out of range", op,
-               (long long)offset);
+    DS4R_CHECK(offset >= 0 && offset + T <= std::numeric_limits<int32_t>::max(),
+               "%s: offset %lld out of range", op, (long long)offset);
     qpos_rows(op, qpos, m);
     return {m, T, K};
 }
@@ -440,8 +445,8 @@ AttnDims sparse_attn(const Tensor& q, const Tensor& win_kv, const Tensor& cmp_kv
 
 // ---------------------------------------------------------------- MoE
 
-MoeDims moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y, const Tensor& route_idx,
-            const Tensor& route_w) {
+MoeDims moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y,
+            const Tensor& route_idx, const Tensor& route_w) {
     const char* op = "moe";
     expect_dtype(op, "x", x, DType::BF16);
     expect_dtype(op, "y", y, DType::BF16);
@@ -470,7 +475,8 @@ MoeDims moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tens
 
 // ---------------------------------------------------------------- head
 
-HeadDims head_stats(const Tensor& x, const Tensor& head, const Tensor& targets, int k, const HeadStatsOut& out) {
+HeadDims head_stats(const Tensor& x, const Tensor& head, const Tensor& targets, int k,
+                    const HeadStatsOut& out) {
     const char* op = "head_stats";
     expect_dtype(op, "x", x, DType::BF16);
     expect_dtype(op, "head", head, DType::BF16);
@@ -500,8 +506,8 @@ HeadDims head_stats(const Tensor& x, const Tensor& head, const Tensor& targets, 
 
 void head_targets(const int32_t* targets, int64_t M, int64_t V) {
     for (int64_t r = 0; r < M; ++r)
-        DS4R_CHECK(targets[r] < V, "head_stats: targets[%lld] = %d is outside the vocabulary of %lld", (long long)r,
-                   targets[r], (long long)V);
+        DS4R_CHECK(targets[r] < V, "head_stats: targets[%lld] = %d is outside the vocabulary of %lld",
+                   (long long)r, targets[r], (long long)V);
 }
 
 }  // namespace ds4r::opcheck

@@ -25,7 +25,8 @@ void expect_numel(const char* op, const char* name, const Tensor& t, int64_t wan
 // t viewed as [rows, row_len] (its last dim must be row_len); returns rows.
 int64_t rows_of(const char* op, const char* name, const Tensor& t, int64_t row_len);
 // a and b share no byte (either empty: nothing to check).
-void expect_disjoint(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b);
+void expect_disjoint(const char* op, const char* a_name, const Tensor& a, const char* b_name,
+                     const Tensor& b);
 // In-place contracts: a and b are the same memory (same start) or disjoint, never a partial overlap.
 void expect_same_or_disjoint(const char* op, const char* a_name, const Tensor& a, const char* b_name,
                              const Tensor& b);
@@ -145,15 +146,16 @@ struct MoeDims {
 // x, y BF16 [M, D]; gate_w BF16 [E, D]; gate_bias F32 [E]; E expert weight sets; 1 <= topk <= E;
 // gate_temp != 0; route_idx I32 [M, topk] and route_w F32 [M, topk] where given. The expert and shared
 // weights' shapes are checked by each backend (the CPU checks an expert when a token reaches it).
-MoeDims moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y, const Tensor& route_idx,
-            const Tensor& route_w);
+MoeDims moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y,
+            const Tensor& route_idx, const Tensor& route_w);
 
 // ---------------------------------------------------------------- head (MODEL.md 4.9)
 struct HeadDims {
     int64_t M, V, D;  // rows, vocabulary, model dim
 };
 // x BF16 [M, D]; head BF16 [V, D]; targets I32 [M]; 0 <= k <= V; out as HeadStatsOut.
-HeadDims head_stats(const Tensor& x, const Tensor& head, const Tensor& targets, int k, const HeadStatsOut& out);
+HeadDims head_stats(const Tensor& x, const Tensor& head, const Tensor& targets, int k,
+                    const HeadStatsOut& out);
 // targets (host copy, M ints) below V (-1 = no target).
 void head_targets(const int32_t* targets, int64_t M, int64_t V);
 

@@ -4,7 +4,9 @@
 namespace ds4r {
 
 namespace {
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t cdiv(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
 }  // namespace
 
 std::string layer_tensor_name(int layer, const std::string& suffix) {
@@ -116,8 +118,7 @@ bool is_unused_in_prefill(const std::string& n) {
         std::string suf(s);
         return n.size() >= suf.size() && n.compare(n.size() - suf.size(), suf.size(), suf) == 0;
     };
-    return starts("mtp.") || starts("vision.") || starts("aligner.") || starts("image_") ||
-           ends(".bias_vl");
+    return starts("mtp.") || starts("vision.") || starts("aligner.") || starts("image_") || ends(".bias_vl");
 }
 
 }  // namespace ds4r

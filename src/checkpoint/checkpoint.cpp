@@ -112,8 +112,8 @@ Checkpoint Checkpoint::open(const std::string& model_dir) {
     Checkpoint ck;
     ck.dir_ = model_dir;
     if (!is_directory(model_dir))
-        throw CheckpointError(strfmt("%s: model directory not found (give --model DIR or set $DSV41_PATH)",
-                                     model_dir.c_str()));
+        throw CheckpointError(
+            strfmt("%s: model directory not found (give --model DIR or set $DSV41_PATH)", model_dir.c_str()));
 
     // --- config, roles, tokenizer ---
     const std::string config_path = path_join(model_dir, "config.json");
@@ -128,7 +128,8 @@ Checkpoint Checkpoint::open(const std::string& model_dir) {
         throw;
     } catch (const std::exception& e) {
         // Whatever the JSON library raises on a hostile config is still a checkpoint problem (exit 3).
-        throw CheckpointError(strfmt("%s: malformed config (%s)", config_path.c_str(), printable_name(e.what()).c_str()));
+        throw CheckpointError(
+            strfmt("%s: malformed config (%s)", config_path.c_str(), printable_name(e.what()).c_str()));
     }
     if (!is_regular_file(ck.tokenizer_path()))
         throw CheckpointError(strfmt("%s: missing (the tokenizer; the Engram token map is built from it)",
@@ -149,7 +150,8 @@ Checkpoint Checkpoint::open(const std::string& model_dir) {
         std::sort(weight_map.begin(), weight_map.end());
         ck.index_file_ = "model.safetensors";
     } else {
-        throw CheckpointError(strfmt("%s: no model.safetensors.index.json and no model.safetensors", model_dir.c_str()));
+        throw CheckpointError(
+            strfmt("%s: no model.safetensors.index.json and no model.safetensors", model_dir.c_str()));
     }
     const std::string index_display = path_join(model_dir, ck.index_file_);
 
@@ -162,7 +164,8 @@ Checkpoint Checkpoint::open(const std::string& model_dir) {
     for (const auto& [file, names] : names_by_file) {
         const std::string path = path_join(model_dir, file);
         if (!is_regular_file(path)) {
-            std::string more = names.size() > 1 ? strfmt(" and %zu more tensors", names.size() - 1) : std::string();
+            std::string more =
+                names.size() > 1 ? strfmt(" and %zu more tensors", names.size() - 1) : std::string();
             probs.add(strfmt("%s: missing (listed in %s for '%s'%s)", path.c_str(), ck.index_file_.c_str(),
                              printable_name(*names[0]).c_str(), more.c_str()));
             continue;
@@ -224,8 +227,8 @@ Checkpoint Checkpoint::open(const std::string& model_dir) {
                 continue;
             }
             if (*it->second != si.file_name) {
-                probs.add(strfmt("%s: tensor '%s' is in this shard's header but %s places it in %s", si.path.c_str(),
-                                 printable_name(t.name).c_str(), ck.index_file_.c_str(),
+                probs.add(strfmt("%s: tensor '%s' is in this shard's header but %s places it in %s",
+                                 si.path.c_str(), printable_name(t.name).c_str(), ck.index_file_.c_str(),
                                  printable_name(*it->second).c_str()));
                 continue;
             }
@@ -241,8 +244,8 @@ Checkpoint Checkpoint::open(const std::string& model_dir) {
         }
         for (const std::string* name : names_by_file[si.file_name])
             if (!in_header.count(*name))
-                probs.add(strfmt("%s: tensor '%s' listed in %s is not in this shard's header", si.path.c_str(),
-                                 printable_name(*name).c_str(), ck.index_file_.c_str()));
+                probs.add(strfmt("%s: tensor '%s' listed in %s is not in this shard's header",
+                                 si.path.c_str(), printable_name(*name).c_str(), ck.index_file_.c_str()));
     }
     headers.clear();
     probs.throw_if_any();
@@ -260,11 +263,13 @@ Checkpoint Checkpoint::open(const std::string& model_dir) {
         auto it = ck.by_name_.find(spec.name);
         if (it == ck.by_name_.end()) {
             if (spec.optional) continue;
-            std::string who = spec.layer >= 0 ? strfmt("layer %d: %s", spec.layer,
-                                                       ck.roles_[static_cast<size_t>(spec.layer)].describe().c_str())
-                                              : std::string("global");
-            probs.add(strfmt("%s: required tensor '%s' (%s) is missing; expected %s %s", index_display.c_str(),
-                             spec.name.c_str(), who.c_str(), dtype_name(spec.dtype), shape_str(spec.shape).c_str()));
+            std::string who = spec.layer >= 0
+                                  ? strfmt("layer %d: %s", spec.layer,
+                                           ck.roles_[static_cast<size_t>(spec.layer)].describe().c_str())
+                                  : std::string("global");
+            probs.add(strfmt("%s: required tensor '%s' (%s) is missing; expected %s %s",
+                             index_display.c_str(), spec.name.c_str(), who.c_str(), dtype_name(spec.dtype),
+                             shape_str(spec.shape).c_str()));
             continue;
         }
         TensorLocation& loc = ck.tensors_[it->second];
@@ -289,20 +294,25 @@ Checkpoint Checkpoint::open(const std::string& model_dir) {
     }
     probs.throw_if_any();
     for (size_t i = 0; i < ck.tensors_.size(); ++i)
-        if (!bound[i]) ck.tensors_[i].cls = is_unused_in_prefill(ck.tensors_[i].name) ? TensorClass::Unused : TensorClass::Unknown;
+        if (!bound[i])
+            ck.tensors_[i].cls =
+                is_unused_in_prefill(ck.tensors_[i].name) ? TensorClass::Unused : TensorClass::Unknown;
 
     // --- warnings: unknown tensors, index total_size ---
     std::vector<std::string> unknown = ck.unknown_tensor_names();
     if (!unknown.empty()) {
         std::string list;
-        for (size_t i = 0; i < unknown.size() && i < 5; ++i) list += (i ? ", " : "") + printable_name(unknown[i]);
+        for (size_t i = 0; i < unknown.size() && i < 5; ++i)
+            list += (i ? ", " : "") + printable_name(unknown[i]);
         if (unknown.size() > 5) list += strfmt(", ... (%zu more)", unknown.size() - 5);
-        log_warn(strfmt("%s: %zu tensor(s) are not used by the V4.1 prefill and not known to be unused (ignored): %s",
-                        model_dir.c_str(), unknown.size(), list.c_str()));
+        log_warn(strfmt(
+            "%s: %zu tensor(s) are not used by the V4.1 prefill and not known to be unused (ignored): %s",
+            model_dir.c_str(), unknown.size(), list.c_str()));
     }
     if (ck.index_total_size_ && *ck.index_total_size_ != ck.total_bytes())
-        log_warn(strfmt("%s: metadata.total_size says %llu bytes, the shards' tensors hold %llu", index_display.c_str(),
-                        (unsigned long long)*ck.index_total_size_, (unsigned long long)ck.total_bytes()));
+        log_warn(strfmt("%s: metadata.total_size says %llu bytes, the shards' tensors hold %llu",
+                        index_display.c_str(), (unsigned long long)*ck.index_total_size_,
+                        (unsigned long long)ck.total_bytes()));
 
     // --- per-layer streamed tensors ---
     ck.layer_tensors_.assign(static_cast<size_t>(ck.config_.n_layers), {});
@@ -368,16 +378,16 @@ void Checkpoint::read_run(const ByteRun& run, void* dst) const {
 }
 
 std::vector<ByteRun> Checkpoint::layer_runs(int layer) const {
-    DS4R_CHECK(layer >= 0 && static_cast<size_t>(layer) < layer_tensors_.size(), "layer %d outside [0, %zu)", layer,
-               layer_tensors_.size());
+    DS4R_CHECK(layer >= 0 && static_cast<size_t>(layer) < layer_tensors_.size(), "layer %d outside [0, %zu)",
+               layer, layer_tensors_.size());
     std::vector<const TensorLocation*> ts;
     for (size_t i : layer_tensors_[static_cast<size_t>(layer)]) ts.push_back(&tensors_[i]);
     return merge_byte_runs(std::move(ts));
 }
 
 uint64_t Checkpoint::layer_stream_bytes(int layer) const {
-    DS4R_CHECK(layer >= 0 && static_cast<size_t>(layer) < layer_tensors_.size(), "layer %d outside [0, %zu)", layer,
-               layer_tensors_.size());
+    DS4R_CHECK(layer >= 0 && static_cast<size_t>(layer) < layer_tensors_.size(), "layer %d outside [0, %zu)",
+               layer, layer_tensors_.size());
     uint64_t n = 0;
     for (size_t i : layer_tensors_[static_cast<size_t>(layer)]) n += tensors_[i].nbytes;
     return n;
@@ -390,11 +400,13 @@ uint64_t Checkpoint::layer_read_bytes(int layer) const {
 }
 
 size_t Checkpoint::layer_tensor_count(int layer) const {
-    DS4R_CHECK(layer >= 0 && static_cast<size_t>(layer) < layer_tensors_.size(), "layer %d outside [0, %zu)", layer,
-               layer_tensors_.size());
+    DS4R_CHECK(layer >= 0 && static_cast<size_t>(layer) < layer_tensors_.size(), "layer %d outside [0, %zu)",
+               layer, layer_tensors_.size());
     return layer_tensors_[static_cast<size_t>(layer)].size();
 }
 
-std::string Checkpoint::tokenizer_path() const { return path_join(dir_, "tokenizer.json"); }
+std::string Checkpoint::tokenizer_path() const {
+    return path_join(dir_, "tokenizer.json");
+}
 
 }  // namespace ds4r

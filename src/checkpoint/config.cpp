@@ -37,8 +37,8 @@ public:
 
     const json& at(const char* key) const {
         if (!has(key))
-            throw CheckpointError(strfmt("%s: missing key '%s%s' in config", path_.c_str(),
-                                         prefix_.c_str(), key));
+            throw CheckpointError(
+                strfmt("%s: missing key '%s%s' in config", path_.c_str(), prefix_.c_str(), key));
         return obj_.at(key);
     }
 
@@ -52,8 +52,8 @@ public:
             // Range check before the cast: converting an out-of-range double is undefined behaviour.
             if (d >= -9.2e18 && d <= 9.2e18 && d == std::floor(d)) return static_cast<int64_t>(d);
         }
-        throw CheckpointError(strfmt("%s: key '%s%s' must be an integer (within int64), found %s", path_.c_str(),
-                                     prefix_.c_str(), key, describe(v).c_str()));
+        throw CheckpointError(strfmt("%s: key '%s%s' must be an integer (within int64), found %s",
+                                     path_.c_str(), prefix_.c_str(), key, describe(v).c_str()));
     }
     int64_t i64(const char* key, int64_t dflt) const { return has(key) ? i64(key) : dflt; }
 
@@ -70,36 +70,34 @@ public:
         if (!has(key)) return dflt;
         const json& v = at(key);
         if (!v.is_boolean())
-            throw CheckpointError(strfmt("%s: key '%s%s' must be true/false", path_.c_str(),
-                                         prefix_.c_str(), key));
+            throw CheckpointError(
+                strfmt("%s: key '%s%s' must be true/false", path_.c_str(), prefix_.c_str(), key));
         return v.get<bool>();
     }
 
     std::string str(const char* key) const {
         const json& v = at(key);
         if (!v.is_string())
-            throw CheckpointError(strfmt("%s: key '%s%s' must be a string", path_.c_str(),
-                                         prefix_.c_str(), key));
+            throw CheckpointError(
+                strfmt("%s: key '%s%s' must be a string", path_.c_str(), prefix_.c_str(), key));
         return v.get<std::string>();
     }
-    std::string str(const char* key, const std::string& dflt) const {
-        return has(key) ? str(key) : dflt;
-    }
+    std::string str(const char* key, const std::string& dflt) const { return has(key) ? str(key) : dflt; }
 
     template <class T>
     std::vector<T> ints(const char* key) const {
         const json& v = at(key);
         if (!v.is_array())
-            throw CheckpointError(strfmt("%s: key '%s%s' must be an array of integers",
-                                         path_.c_str(), prefix_.c_str(), key));
+            throw CheckpointError(
+                strfmt("%s: key '%s%s' must be an array of integers", path_.c_str(), prefix_.c_str(), key));
         std::vector<T> out;
         for (const auto& e : v) {
             if (!e.is_number_integer())
-                throw CheckpointError(strfmt("%s: key '%s%s' must hold integers, found %s",
-                                             path_.c_str(), prefix_.c_str(), key, describe(e).c_str()));
+                throw CheckpointError(strfmt("%s: key '%s%s' must hold integers, found %s", path_.c_str(),
+                                             prefix_.c_str(), key, describe(e).c_str()));
             if (e.is_number_unsigned() && e.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX))
-                throw CheckpointError(strfmt("%s: key '%s%s' holds a value too large", path_.c_str(),
-                                             prefix_.c_str(), key));
+                throw CheckpointError(
+                    strfmt("%s: key '%s%s' holds a value too large", path_.c_str(), prefix_.c_str(), key));
             out.push_back(static_cast<T>(e.get<int64_t>()));
         }
         return out;
@@ -122,8 +120,7 @@ private:
 
 void parse_hf(const json& root, const std::string& path, ModelConfig& c) {
     const json& tc = root.at("text_config");
-    if (!tc.is_object())
-        throw CheckpointError(strfmt("%s: 'text_config' must be an object", path.c_str()));
+    if (!tc.is_object()) throw CheckpointError(strfmt("%s: 'text_config' must be an object", path.c_str()));
     Reader r(tc, path, "text_config.");
     Reader top(root, path, "");
     c.form = "hf";
@@ -134,9 +131,10 @@ void parse_hf(const json& root, const std::string& path, ModelConfig& c) {
     c.n_mtp_layers = r.i64("num_nextn_predict_layers", 0);
     c.n_heads = r.i64("num_attention_heads");
     if (r.has("num_key_value_heads") && r.i64("num_key_value_heads") != 1)
-        throw CheckpointError(strfmt("%s: text_config.num_key_value_heads must be 1 (one shared "
-                                     "KV latent), found %lld",
-                                     path.c_str(), (long long)r.i64("num_key_value_heads")));
+        throw CheckpointError(
+            strfmt("%s: text_config.num_key_value_heads must be 1 (one shared "
+                   "KV latent), found %lld",
+                   path.c_str(), (long long)r.i64("num_key_value_heads")));
     c.head_dim = r.i64("head_dim");
     c.rope_head_dim = r.i64("qk_rope_head_dim");
     c.q_lora_rank = r.i64("q_lora_rank");
@@ -194,22 +192,25 @@ void parse_hf(const json& root, const std::string& path, ModelConfig& c) {
         Reader qr(q, path, "quantization_config.");
         std::string method = qr.str("quant_method", "fp8");
         if (method != "fp8")
-            throw CheckpointError(strfmt("%s: quantization_config.quant_method must be \"fp8\", "
-                                         "found \"%s\"",
-                                         path.c_str(), method.c_str()));
+            throw CheckpointError(
+                strfmt("%s: quantization_config.quant_method must be \"fp8\", "
+                       "found \"%s\"",
+                       path.c_str(), method.c_str()));
         if (qr.has("weight_block_size")) {
             auto wb = qr.ints<int64_t>("weight_block_size");
             if (wb.size() != 2 || wb[0] != wb[1])
-                throw CheckpointError(strfmt("%s: quantization_config.weight_block_size must be "
-                                             "[b, b]",
-                                             path.c_str()));
+                throw CheckpointError(
+                    strfmt("%s: quantization_config.weight_block_size must be "
+                           "[b, b]",
+                           path.c_str()));
             c.weight_block_size = wb[0];
         }
         std::string fmt = qr.str("scale_fmt", "ue8m0");
         if (fmt != "ue8m0")
-            throw CheckpointError(strfmt("%s: quantization_config.scale_fmt must be \"ue8m0\", "
-                                         "found \"%s\"",
-                                         path.c_str(), fmt.c_str()));
+            throw CheckpointError(
+                strfmt("%s: quantization_config.scale_fmt must be \"ue8m0\", "
+                       "found \"%s\"",
+                       path.c_str(), fmt.c_str()));
         c.expert_dtype = qr.str("expert_dtype", "fp4");
     }
 }
@@ -282,14 +283,18 @@ void check_config(const ModelConfig& c, const std::string& path) {
     // Upper bounds keep every size product of the binding far from int64 overflow.
     for (int64_t d : {c.dim, c.moe_inter_dim, c.head_dim, c.q_lora_rank, c.o_lora_rank, c.index_head_dim,
                       c.engram_head_dim, c.window_size, c.index_topk})
-        need(d <= (1LL << 20), "a dimension (dim, moe_inter_dim, head_dim, q/o_lora_rank, index/engram head dims, "
-                               "window, index_topk) exceeds 2^20");
-    for (int64_t d : {c.n_heads, c.n_routed_experts, c.index_n_heads, c.o_groups, c.engram_n_heads,
-                      c.n_activated_experts, c.hc_sinkhorn_iters, c.candidate_topk_blocks, c.candidate_block_size})
-        need(d <= 65536, "a count (heads, experts, groups, Sinkhorn iterations, candidate blocks) exceeds 65536");
+        need(d <= (1LL << 20),
+             "a dimension (dim, moe_inter_dim, head_dim, q/o_lora_rank, index/engram head dims, "
+             "window, index_topk) exceeds 2^20");
+    for (int64_t d :
+         {c.n_heads, c.n_routed_experts, c.index_n_heads, c.o_groups, c.engram_n_heads, c.n_activated_experts,
+          c.hc_sinkhorn_iters, c.candidate_topk_blocks, c.candidate_block_size})
+        need(d <= 65536,
+             "a count (heads, experts, groups, Sinkhorn iterations, candidate blocks) exceeds 65536");
     for (int64_t r : c.engram_num_embeddings)
         need(r > 0 && r < (1LL << 40), "engram_num_embeddings entries must be in [1, 2^40)");
-    need(c.engram_max_ngram_size <= 8 && c.hc_mult <= 8 && c.n_layers <= 1024, "hc_mult / n-gram size out of range");
+    need(c.engram_max_ngram_size <= 8 && c.hc_mult <= 8 && c.n_layers <= 1024,
+         "hc_mult / n-gram size out of range");
     need(c.n_heads * c.head_dim <= (1LL << 24), "n_heads * head_dim exceeds 2^24");
     need(c.dim > 0 && c.dim % 32 == 0, "dim must be a positive multiple of 32");
     need(c.moe_inter_dim > 0 && c.moe_inter_dim % 32 == 0, "moe_inter_dim must be a positive multiple of 32");
@@ -345,15 +350,15 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& pa
     try {
         // config.json is a shallow object: refuse absurd nesting (a hostile file could exhaust the stack).
         json::parser_callback_t depth_guard = [&path](int depth, json::parse_event_t, json&) {
-            if (depth > 64) throw CheckpointError(strfmt("%s: JSON nested deeper than 64 levels", path.c_str()));
+            if (depth > 64)
+                throw CheckpointError(strfmt("%s: JSON nested deeper than 64 levels", path.c_str()));
             return true;
         };
         root = json::parse(json_text.begin(), json_text.end(), depth_guard);
     } catch (const json::exception& e) {
         throw CheckpointError(strfmt("%s: not valid JSON (%s)", path.c_str(), e.what()));
     }
-    if (!root.is_object())
-        throw CheckpointError(strfmt("%s: config must be a JSON object", path.c_str()));
+    if (!root.is_object()) throw CheckpointError(strfmt("%s: config must be a JSON object", path.c_str()));
     ModelConfig c;
     try {
         if (root.contains("text_config"))
@@ -369,7 +374,8 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& pa
 
 ModelConfig load_model_config(const std::string& path) {
     std::ifstream f(path, std::ios::binary);
-    if (!f) throw CheckpointError(strfmt("%s: cannot open config (%s)", path.c_str(), errno_text(errno).c_str()));
+    if (!f)
+        throw CheckpointError(strfmt("%s: cannot open config (%s)", path.c_str(), errno_text(errno).c_str()));
     std::ostringstream ss;
     ss << f.rdbuf();
     std::string text = ss.str();
@@ -402,11 +408,14 @@ std::vector<LayerRole> derive_layer_roles(const ModelConfig& c, const std::strin
         throw CheckpointError(strfmt("%s: invalid layer roles: %s", path.c_str(), msg.c_str()));
     };
     for (int l : c.kv_source_layers)
-        if (l < 0 || l >= c.n_layers) fail(strfmt("kv source layer %d outside [0, %lld)", l, (long long)c.n_layers));
+        if (l < 0 || l >= c.n_layers)
+            fail(strfmt("kv source layer %d outside [0, %lld)", l, (long long)c.n_layers));
     for (int l : c.index_source_layers)
-        if (l < 0 || l >= c.n_layers) fail(strfmt("index source layer %d outside [0, %lld)", l, (long long)c.n_layers));
+        if (l < 0 || l >= c.n_layers)
+            fail(strfmt("index source layer %d outside [0, %lld)", l, (long long)c.n_layers));
     for (int l : c.engram_layer_ids)
-        if (l < 0 || l >= c.n_layers) fail(strfmt("engram layer %d outside [0, %lld)", l, (long long)c.n_layers));
+        if (l < 0 || l >= c.n_layers)
+            fail(strfmt("engram layer %d outside [0, %lld)", l, (long long)c.n_layers));
     std::vector<LayerRole> roles;
     int last_kv = -1, last_keys = -1, last_topk = -1, last_ratio_kv = 0;
     bool candidates_built = false;
@@ -425,9 +434,11 @@ std::vector<LayerRole> derive_layer_roles(const ModelConfig& c, const std::strin
                 last_kv = l;
                 last_ratio_kv = r.ratio;
             }
-            if (last_kv < 0) fail(strfmt("layer %d has ratio %d but no KV source layer precedes it", l, r.ratio));
+            if (last_kv < 0)
+                fail(strfmt("layer %d has ratio %d but no KV source layer precedes it", l, r.ratio));
             if (last_ratio_kv != r.ratio)
-                fail(strfmt("layer %d has ratio %d but reads layer %d's KV of ratio %d", l, r.ratio, last_kv, last_ratio_kv));
+                fail(strfmt("layer %d has ratio %d but reads layer %d's KV of ratio %d", l, r.ratio, last_kv,
+                            last_ratio_kv));
             r.kv_from = last_kv;
             if (r.index_source) {
                 r.owns_index_keys = r.kv_source;
@@ -435,7 +446,10 @@ std::vector<LayerRole> derive_layer_roles(const ModelConfig& c, const std::strin
                     last_keys = l;
                 } else {
                     if (last_keys < 0 || last_keys != last_kv)
-                        fail(strfmt("index source layer %d owns no keys and no key-owning source of the same KV precedes it", l));
+                        fail(
+                            strfmt("index source layer %d owns no keys and no key-owning source of the same "
+                                   "KV precedes it",
+                                   l));
                     r.reindex = true;
                 }
                 r.index_keys_from = last_keys;
@@ -444,7 +458,8 @@ std::vector<LayerRole> derive_layer_roles(const ModelConfig& c, const std::strin
                 fail(strfmt("KV source layer %d must also be an index source", l));
             }
             if (last_topk < 0 || last_topk < last_kv)
-                fail(strfmt("layer %d reads compressed KV of layer %d but no index source of it precedes", l, last_kv));
+                fail(strfmt("layer %d reads compressed KV of layer %d but no index source of it precedes", l,
+                            last_kv));
             r.topk_from = last_topk;
             if (l == c.candidate_source_layer) {
                 if (!r.owns_index_keys) fail(strfmt("candidate source layer %d must own index keys", l));

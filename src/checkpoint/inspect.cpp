@@ -52,11 +52,21 @@ ByteSummary summarize(const Checkpoint& ck) {
     for (const auto& t : ck.tensors()) {
         b.total += t.nbytes;
         switch (t.cls) {
-            case TensorClass::Global: b.globals += t.nbytes, ++b.n_global; break;
-            case TensorClass::Layer: ++b.n_layer; break;
-            case TensorClass::EngramTable: b.engram += t.nbytes, ++b.n_engram; break;
-            case TensorClass::Unused: b.unused += t.nbytes, ++b.n_unused; break;
-            case TensorClass::Unknown: b.unknown += t.nbytes, ++b.n_unknown; break;
+            case TensorClass::Global:
+                b.globals += t.nbytes, ++b.n_global;
+                break;
+            case TensorClass::Layer:
+                ++b.n_layer;
+                break;
+            case TensorClass::EngramTable:
+                b.engram += t.nbytes, ++b.n_engram;
+                break;
+            case TensorClass::Unused:
+                b.unused += t.nbytes, ++b.n_unused;
+                break;
+            case TensorClass::Unknown:
+                b.unknown += t.nbytes, ++b.n_unknown;
+                break;
         }
     }
     return b;
@@ -68,29 +78,36 @@ std::string inspect_text(const Checkpoint& ck) {
     const ModelConfig& c = ck.config();
     std::string o;
     o += strfmt("checkpoint: %s\n", ck.dir().c_str());
-    o += strfmt("config: config.json (%s form)\n", c.form == "hf" ? "Hugging Face" : "flat inference/config.json");
-    o += strfmt("  vocab %lld, dim %lld, %lld layers (+%lld MTP, unused), %lld heads x %lld (RoPE on the last %lld)\n",
-                (long long)c.vocab_size, (long long)c.dim, (long long)c.n_layers, (long long)c.n_mtp_layers,
-                (long long)c.n_heads, (long long)c.head_dim, (long long)c.rope_head_dim);
-    o += strfmt("  q_lora %lld, o_lora %lld x %lld groups, window %lld, hc_mult %lld (%lld Sinkhorn iterations)\n",
-                (long long)c.q_lora_rank, (long long)c.o_lora_rank, (long long)c.o_groups, (long long)c.window_size,
-                (long long)c.hc_mult, (long long)c.hc_sinkhorn_iters);
+    o += strfmt("config: config.json (%s form)\n",
+                c.form == "hf" ? "Hugging Face" : "flat inference/config.json");
+    o += strfmt(
+        "  vocab %lld, dim %lld, %lld layers (+%lld MTP, unused), %lld heads x %lld (RoPE on the last "
+        "%lld)\n",
+        (long long)c.vocab_size, (long long)c.dim, (long long)c.n_layers, (long long)c.n_mtp_layers,
+        (long long)c.n_heads, (long long)c.head_dim, (long long)c.rope_head_dim);
+    o += strfmt(
+        "  q_lora %lld, o_lora %lld x %lld groups, window %lld, hc_mult %lld (%lld Sinkhorn iterations)\n",
+        (long long)c.q_lora_rank, (long long)c.o_lora_rank, (long long)c.o_groups, (long long)c.window_size,
+        (long long)c.hc_mult, (long long)c.hc_sinkhorn_iters);
     o += strfmt("  experts: %lld routed (top-%lld, %s, scale %g) + %lld shared, width %lld\n",
-                (long long)c.n_routed_experts, (long long)c.n_activated_experts, c.score_func.c_str(), c.route_scale,
-                (long long)c.n_shared_experts, (long long)c.moe_inter_dim);
-    o += strfmt("  compressed attention: KV sources %s, index sources %s, indexer %lld heads x %lld, top-%lld\n",
-                list_str(c.kv_source_layers).c_str(), list_str(c.index_source_layers).c_str(),
-                (long long)c.index_n_heads, (long long)c.index_head_dim, (long long)c.index_topk);
+                (long long)c.n_routed_experts, (long long)c.n_activated_experts, c.score_func.c_str(),
+                c.route_scale, (long long)c.n_shared_experts, (long long)c.moe_inter_dim);
+    o += strfmt(
+        "  compressed attention: KV sources %s, index sources %s, indexer %lld heads x %lld, top-%lld\n",
+        list_str(c.kv_source_layers).c_str(), list_str(c.index_source_layers).c_str(),
+        (long long)c.index_n_heads, (long long)c.index_head_dim, (long long)c.index_topk);
     if (c.candidate_source_layer >= 0)
         o += strfmt("  candidates: layer %d, %lld blocks of %lld\n", c.candidate_source_layer,
                     (long long)c.candidate_topk_blocks, (long long)c.candidate_block_size);
-    o += strfmt("  RoPE: base %g (window layers), %g with YaRN x%g from %lld (compressed layers)\n", c.rope_theta,
-                c.compress_rope_theta, c.rope_factor, (long long)c.original_seq_len);
+    o += strfmt("  RoPE: base %g (window layers), %g with YaRN x%g from %lld (compressed layers)\n",
+                c.rope_theta, c.compress_rope_theta, c.rope_factor, (long long)c.original_seq_len);
     if (!c.engram_layer_ids.empty())
-        o += strfmt("  Engram: layers %s, table rows %s x %lld, n-grams 2..%lld x %lld heads, compressed vocab %lld\n",
-                    list_str(c.engram_layer_ids).c_str(), list_str(c.engram_num_embeddings).c_str(),
-                    (long long)c.engram_head_dim, (long long)c.engram_max_ngram_size, (long long)c.engram_n_heads,
-                    (long long)c.engram_compressed_vocab_size);
+        o += strfmt(
+            "  Engram: layers %s, table rows %s x %lld, n-grams 2..%lld x %lld heads, compressed vocab "
+            "%lld\n",
+            list_str(c.engram_layer_ids).c_str(), list_str(c.engram_num_embeddings).c_str(),
+            (long long)c.engram_head_dim, (long long)c.engram_max_ngram_size, (long long)c.engram_n_heads,
+            (long long)c.engram_compressed_vocab_size);
     else
         o += "  Engram: none\n";
 
@@ -99,25 +116,29 @@ std::string inspect_text(const Checkpoint& ck) {
     for (const LayerRole& r : ck.roles()) {
         const auto runs = ck.layer_runs(r.layer);
         o += strfmt("  %5d %5d  %-44s %7zu  %s in %zu read%s\n", r.layer, r.ratio, r.describe().c_str(),
-                    ck.layer_tensor_count(r.layer), format_bytes(ck.layer_stream_bytes(r.layer)).c_str(), runs.size(),
-                    runs.size() == 1 ? "" : "s");
+                    ck.layer_tensor_count(r.layer), format_bytes(ck.layer_stream_bytes(r.layer)).c_str(),
+                    runs.size(), runs.size() == 1 ? "" : "s");
     }
 
     const ByteSummary b = summarize(ck);
     o += "bytes:\n";
-    o += strfmt("  streamed layers:  %s (%zu tensors; per layer %s .. %s)\n", format_bytes(b.streamed).c_str(),
-                b.n_layer, format_bytes(b.stream_min).c_str(), format_bytes(b.stream_max).c_str());
+    o +=
+        strfmt("  streamed layers:  %s (%zu tensors; per layer %s .. %s)\n", format_bytes(b.streamed).c_str(),
+               b.n_layer, format_bytes(b.stream_min).c_str(), format_bytes(b.stream_max).c_str());
     if (b.read != b.streamed)
-        o += strfmt("  read per pass:    %s (gaps of <= 64 KiB between tensors included)\n", format_bytes(b.read).c_str());
+        o += strfmt("  read per pass:    %s (gaps of <= 64 KiB between tensors included)\n",
+                    format_bytes(b.read).c_str());
     o += strfmt("  globals:          %s (embed, norm, head)\n", format_bytes(b.globals).c_str());
-    o += strfmt("  Engram tables:    %s (%zu tensors, gathered by row, never streamed)\n", format_bytes(b.engram).c_str(),
-                b.n_engram);
+    o += strfmt("  Engram tables:    %s (%zu tensors, gathered by row, never streamed)\n",
+                format_bytes(b.engram).c_str(), b.n_engram);
     o += strfmt("  unused (prefill): %s (%zu tensors: mtp, vision, aligner, image_*, bias_vl)\n",
                 format_bytes(b.unused).c_str(), b.n_unused);
     if (b.n_unknown)
-        o += strfmt("  unknown:          %s (%zu tensors, ignored)\n", format_bytes(b.unknown).c_str(), b.n_unknown);
+        o += strfmt("  unknown:          %s (%zu tensors, ignored)\n", format_bytes(b.unknown).c_str(),
+                    b.n_unknown);
     o += strfmt("  total:            %s in %zu tensors, %zu shard%s (%s)\n", format_bytes(b.total).c_str(),
-                ck.tensors().size(), ck.shards().size(), ck.shards().size() == 1 ? "" : "s", ck.index_file().c_str());
+                ck.tensors().size(), ck.shards().size(), ck.shards().size() == 1 ? "" : "s",
+                ck.index_file().c_str());
     o += "checkpoint OK\n";
     return o;
 }
@@ -129,8 +150,8 @@ std::string inspect_json(const Checkpoint& ck) {
     j["model_dir"] = ck.dir();
     j["index_file"] = ck.index_file();
     std::vector<int> ratios(c.compress_ratios.begin(),
-                            c.compress_ratios.begin() + std::min<size_t>(c.compress_ratios.size(),
-                                                                         static_cast<size_t>(c.n_layers)));
+                            c.compress_ratios.begin() +
+                                std::min<size_t>(c.compress_ratios.size(), static_cast<size_t>(c.n_layers)));
     j["config"] = {
         {"form", c.form},
         {"vocab_size", c.vocab_size},
@@ -191,10 +212,11 @@ std::string inspect_json(const Checkpoint& ck) {
     }
     j["layers"] = std::move(layers);
     const ByteSummary b = summarize(ck);
-    j["bytes"] = {{"streamed", b.streamed}, {"read", b.read},      {"globals", b.globals}, {"engram_tables", b.engram},
-                  {"unused", b.unused},     {"unknown", b.unknown}, {"total", b.total}};
+    j["bytes"] = {{"streamed", b.streamed},    {"read", b.read},     {"globals", b.globals},
+                  {"engram_tables", b.engram}, {"unused", b.unused}, {"unknown", b.unknown},
+                  {"total", b.total}};
     j["tensors"] = {{"total", ck.tensors().size()}, {"global", b.n_global}, {"layer", b.n_layer},
-                    {"engram_table", b.n_engram},  {"unused", b.n_unused}, {"unknown", b.n_unknown}};
+                    {"engram_table", b.n_engram},   {"unused", b.n_unused}, {"unknown", b.n_unknown}};
     json shards = json::array();
     for (const auto& s : ck.shards())
         shards.push_back({{"file", s.file_name}, {"size", s.file_size}, {"tensors", s.n_tensors}});

@@ -29,9 +29,13 @@ std::optional<TinyPreset> tiny_preset_from_name(std::string_view name) {
     return std::nullopt;
 }
 
-const char* tiny_preset_name(TinyPreset p) { return p == TinyPreset::Tiny ? "tiny" : "full-width"; }
+const char* tiny_preset_name(TinyPreset p) {
+    return p == TinyPreset::Tiny ? "tiny" : "full-width";
+}
 
-int tiny_preset_default_layers(TinyPreset p) { return p == TinyPreset::Tiny ? 6 : 4; }
+int tiny_preset_default_layers(TinyPreset p) {
+    return p == TinyPreset::Tiny ? 6 : 4;
+}
 
 namespace {
 
@@ -42,7 +46,9 @@ std::vector<int> below(std::vector<int> v, int n) {
 }
 
 // The full model's layer list lengths: the presets describe a 6-layer (tiny) or 40-layer model.
-int preset_max_layers(TinyPreset p) { return p == TinyPreset::Tiny ? 6 : 40; }
+int preset_max_layers(TinyPreset p) {
+    return p == TinyPreset::Tiny ? 6 : 40;
+}
 
 bool is_prime(int64_t n) {
     if (n < 2) return false;
@@ -253,7 +259,8 @@ std::string make_tiny_config_json(const ModelConfig& c) {
     t["num_nextn_predict_layers"] = 0;
     t["dspark_block_size"] = 5;
     t["dspark_noise_token_id"] = full ? int64_t{128799} : c.vocab_size - 6;
-    t["dspark_target_layer_ids"] = full ? below({37, 38, 39}, static_cast<int>(c.n_layers)) : std::vector<int>{};
+    t["dspark_target_layer_ids"] =
+        full ? below({37, 38, 39}, static_cast<int>(c.n_layers)) : std::vector<int>{};
     t["dspark_markov_rank"] = full ? 256 : 16;
     t["dspark_n_routed_experts"] = full ? int64_t{128} : c.n_routed_experts;
     t["dspark_num_experts_per_tok"] = 3;
@@ -279,7 +286,8 @@ MakeTinyPlan plan_make_tiny(TinyPreset preset, int layers) {
                (long long)tok.size(), (long long)c.vocab_size);
     // The compressed vocab is whatever this tokenizer's normalized keys count (MODEL.md 4.2): the
     // real tokenizer's 99,092 does not apply to a synthetic vocabulary.
-    c.engram_compressed_vocab_size = build_engram_token_map(tok, c, "tokenizer.json", /*check=*/false).num_keys;
+    c.engram_compressed_vocab_size =
+        build_engram_token_map(tok, c, "tokenizer.json", /*check=*/false).num_keys;
     if (!c.engram_layer_ids.empty()) {
         c.engram_num_embeddings = engram_table_rows(c);
         // The hashing module's own layout must agree (it throws, naming the layer, if not).
@@ -302,7 +310,8 @@ MakeTinyPlan plan_make_tiny(TinyPreset preset, int layers) {
     };
     p.shards.resize(static_cast<size_t>(total));
     for (int k = 0; k < total; ++k) p.shards[static_cast<size_t>(k)].file = shard_name(k + 1);
-    for (int k = 0; k < n_tables; ++k) p.shards[static_cast<size_t>(L + 2 + k)].sparse = preset == TinyPreset::FullWidth;
+    for (int k = 0; k < n_tables; ++k)
+        p.shards[static_cast<size_t>(L + 2 + k)].sparse = preset == TinyPreset::FullWidth;
     for (size_t i = 0; i < p.specs.size(); ++i) {
         const TensorSpec& s = p.specs[i];
         size_t k;
@@ -367,7 +376,7 @@ struct ShardWriteState {
     AsyncWrites* writes;
     tiny::WorkerPool* pool;
     std::vector<tiny::BandScratch>* scratch;  // [workers]
-    std::vector<uint8_t>* buffers;             // [2] window buffers, alternated
+    std::vector<uint8_t>* buffers;            // [2] window buffers, alternated
     int* next_buffer;
     std::atomic<uint64_t>* bytes_done;
     std::function<void()> report;
@@ -396,7 +405,8 @@ void write_tensor(ShardWriteState& st, const tiny::TensorRecipe& r, size_t wi, i
         st.pool->run(e - b, [&](int64_t i, int worker) {
             const int64_t band = b + i;
             tiny::generate_band(r, seed, band, buf.data() + (r.weight_band_offset(band) - base),
-                                scales.data() + r.scale_band_offset(band), (*st.scratch)[static_cast<size_t>(worker)]);
+                                scales.data() + r.scale_band_offset(band),
+                                (*st.scratch)[static_cast<size_t>(worker)]);
         });
         SafetensorsWriter* w = st.writer;
         std::atomic<uint64_t>* done = st.bytes_done;
@@ -418,11 +428,13 @@ void write_tensor(ShardWriteState& st, const tiny::TensorRecipe& r, size_t wi, i
 void check_out_dir(const std::string& dir, const MakeTinyPlan& plan, bool force) {
     std::error_code ec;
     if (fs::exists(dir, ec)) {
-        if (!fs::is_directory(dir, ec)) DS4R_THROW(InputError, "make-tiny: %s exists and is not a directory", dir.c_str());
+        if (!fs::is_directory(dir, ec))
+            DS4R_THROW(InputError, "make-tiny: %s exists and is not a directory", dir.c_str());
         bool empty = fs::directory_iterator(dir, ec) == fs::directory_iterator();
         if (ec) DS4R_THROW(RuntimeError, "make-tiny: cannot list %s (%s)", dir.c_str(), ec.message().c_str());
         if (!empty && !force)
-            DS4R_THROW(InputError, "make-tiny: output directory %s is not empty (use --force to overwrite)", dir.c_str());
+            DS4R_THROW(InputError, "make-tiny: output directory %s is not empty (use --force to overwrite)",
+                       dir.c_str());
         if (!empty) {
             // Shards of an earlier, different layout would confuse readers: remove them.
             static const std::regex shard_re(R"(model-\d{5}-of-\d{5}\.safetensors(\.tmp\.\d+)?)");
@@ -430,7 +442,8 @@ void check_out_dir(const std::string& dir, const MakeTinyPlan& plan, bool force)
             for (const auto& s : plan.shards) keep.push_back(s.file);
             for (const auto& ent : fs::directory_iterator(dir)) {
                 const std::string name = ent.path().filename().string();
-                if (std::regex_match(name, shard_re) && std::find(keep.begin(), keep.end(), name) == keep.end())
+                if (std::regex_match(name, shard_re) &&
+                    std::find(keep.begin(), keep.end(), name) == keep.end())
                     fs::remove(ent.path());
             }
         }
@@ -463,7 +476,8 @@ std::string make_readme(const MakeTinyPlan& p, uint64_t seed) {
         (long long)c.engram_compressed_vocab_size, p.shards.size(), p.total_tensor_bytes / 1e9);
     if (p.sparse_bytes > 0)
         s += strfmt(
-            "Engram tables are SPARSE files: only the safetensors header is written; the rows and scales are\n"
+            "Engram tables are SPARSE files: only the safetensors header is written; the rows and scales "
+            "are\n"
             "holes that read as zero bytes (e4m3 0 with e8m0 scale byte 0 = 2^-127: all-zero embeddings).\n"
             "%.1f GB apparent, almost nothing on disk; reading rows measures the page cache, not the disk.\n",
             p.sparse_bytes / 1e9);
@@ -507,7 +521,8 @@ MakeTinyResult make_tiny(const std::string& out_dir, const MakeTinyOptions& opts
         const std::string path = path_join(out_dir, sh.file);
         prog.file = sh.file;
         std::vector<SafetensorsEntry> entries;
-        for (size_t i : sh.tensors) entries.push_back({plan.specs[i].name, plan.specs[i].dtype, plan.specs[i].shape});
+        for (size_t i : sh.tensors)
+            entries.push_back({plan.specs[i].name, plan.specs[i].dtype, plan.specs[i].shape});
         SafetensorsWriter writer(path, plan_safetensors(std::move(entries)));
         const SafetensorsLayout& lay = writer.layout();
         AsyncWrites writes;
@@ -517,14 +532,16 @@ MakeTinyResult make_tiny(const std::string& out_dir, const MakeTinyOptions& opts
         for (size_t wi = 0; wi < lay.entries.size(); ++wi) {
             const std::string& name = lay.entries[wi].name;
             auto ends = [&](const std::string& suf) {
-                return name.size() > suf.size() && name.compare(name.size() - suf.size(), suf.size(), suf) == 0;
+                return name.size() > suf.size() &&
+                       name.compare(name.size() - suf.size(), suf.size(), suf) == 0;
             };
             // A `.scale` tensor is generated together with its weight.
             if (ends(".scale") && lay.find(name.substr(0, name.size() - 6) + ".weight") >= 0) continue;
             int64_t si = -1;
             if (ends(".weight")) si = lay.find(name.substr(0, name.size() - 7) + ".scale");
             const TensorSpec& wspec = plan.specs[spec_of.at(name)];
-            const TensorSpec* sspec = si >= 0 ? &plan.specs[spec_of.at(lay.entries[static_cast<size_t>(si)].name)] : nullptr;
+            const TensorSpec* sspec =
+                si >= 0 ? &plan.specs[spec_of.at(lay.entries[static_cast<size_t>(si)].name)] : nullptr;
             if (sh.sparse) {
                 // Full-width Engram tables: holes of a sparse file (the README says so).
                 writer.leave_zero(wi);

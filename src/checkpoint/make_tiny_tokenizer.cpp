@@ -31,9 +31,13 @@ const char* const kCorpus =
     "every next token: its log probability, its rank, and the entropy of the distribution.\n"
     "A layer streams from the disk, then the next layer streams while this one computes.\n"
     "Caf\xc3\xa9 au lait, cafe noir, CAF\xc3\x89 CR\xc3\x88ME, na\xc3\xafve r\xc3\xa9sum\xc3\xa9, "
-    "fa\xc3\xa7" "ade, \xc3\xbc" "ber, stra\xc3\x9f" "e, \xc3\x85ngstr\xc3\xb6m, se\xc3\xb1or, "
+    "fa\xc3\xa7"
+    "ade, \xc3\xbc"
+    "ber, stra\xc3\x9f"
+    "e, \xc3\x85ngstr\xc3\xb6m, se\xc3\xb1or, "
     "S\xc3\xa3o Paulo.\n"
-    "The \xef\xac\x81rst \xef\xac\x82oor of the o\xef\xac\x83" "ce: ligatures \xef\xac\x81 and "
+    "The \xef\xac\x81rst \xef\xac\x82oor of the o\xef\xac\x83"
+    "ce: ligatures \xef\xac\x81 and "
     "\xef\xac\x82 fold to fi and fl.\n"
     "\xef\xbc\xa6\xef\xbd\x95\xef\xbd\x8c\xef\xbd\x8c\xef\xbd\x97\xef\xbd\x89\xef\xbd\x84\xef\xbd"
     "\x94\xef\xbd\x88 letters and \xef\xbc\x91\xef\xbc\x92\xef\xbc\x93 digits, \xe2\x84\xa6 ohm and "
@@ -100,8 +104,8 @@ std::vector<std::string> pre_tokenize(const std::string& text) {
         unsigned char c = static_cast<unsigned char>(text[i]);
         if (c == ' ' || c == '\t' || c == '\n' || c == '\r') return 0;  // whitespace
         if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return 1;           // letter
-        if (c >= '0' && c <= '9') return 2;                              // digit
-        if (c < 0x80) return 3;                                          // ASCII symbol
+        if (c >= '0' && c <= '9') return 2;                             // digit
+        if (c < 0x80) return 3;                                         // ASCII symbol
         if (c >= 0xF0 || (c == 0xE2)) return 3;  // emoji and U+2000.. symbols (not letters)
         return 1;                                // other non-ASCII: letters
     };
@@ -115,7 +119,8 @@ std::vector<std::string> pre_tokenize(const std::string& text) {
             if (text[i] == ' ' && i + 1 < n && cls(i + 1) != 0) {  // " word": the space leads the word
                 const int c2 = cls(i + 1);
                 size_t k = i + 1;
-                while (k < n && cls(k) == c2) k += static_cast<size_t>(cp_len(static_cast<unsigned char>(text[k])));
+                while (k < n && cls(k) == c2)
+                    k += static_cast<size_t>(cp_len(static_cast<unsigned char>(text[k])));
                 out.push_back(text.substr(start, k - start));
                 i = k;
                 continue;
@@ -142,19 +147,27 @@ bool is_ascii_letters(const std::string& s, size_t from) {
     return true;
 }
 
-std::string jstr(const std::string& s) { return nlohmann::json(s).dump(); }
+std::string jstr(const std::string& s) {
+    return nlohmann::json(s).dump();
+}
 
 }  // namespace
 
 std::string make_tiny_tokenizer_json(int64_t vocab_size) {
-    static const char* const kHead[3] = {"<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
-                                         "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
-                                         "<\xef\xbd\x9c\xe2\x96\x81pad\xe2\x96\x81\xef\xbd\x9c>"};
+    static const char* const kHead[3] = {
+        "<\xef\xbd\x9c"
+        "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+        "<\xef\xbd\x9c"
+        "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+        "<\xef\xbd\x9c\xe2\x96\x81pad\xe2\x96\x81\xef\xbd\x9c>"};
     static const char* const kTail[5] = {"<\xef\xbd\x9cSystem\xef\xbd\x9c>", "<\xef\xbd\x9cUser\xef\xbd\x9c>",
-                                         "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>", "<think>", "</think>"};
+                                         "<\xef\xbd\x9c"
+                                         "Assistant\xef\xbd\x9c>",
+                                         "<think>", "</think>"};
     const int64_t n_merges = vocab_size - 3 - 256 - 5;
     if (n_merges < 0)
-        DS4R_THROW(InputError, "make-tiny: a vocabulary of %lld ids cannot hold the 264 special and byte tokens",
+        DS4R_THROW(InputError,
+                   "make-tiny: a vocabulary of %lld ids cannot hold the 264 special and byte tokens",
                    (long long)vocab_size);
 
     std::vector<std::string> tok;  // id -> byte-level string (vocab part)
@@ -241,7 +254,9 @@ std::string make_tiny_tokenizer_json(int64_t vocab_size) {
                        (long long)vocab_size);
         const uint64_t r = rng.next();
         const int mode = static_cast<int>(r % 10);
-        auto pick = [&](const std::vector<int>& v, uint64_t x) { return v[static_cast<size_t>(x % v.size())]; };
+        auto pick = [&](const std::vector<int>& v, uint64_t x) {
+            return v[static_cast<size_t>(x % v.size())];
+        };
         int a, b;
         if (mode == 0) {  // any two earlier tokens: byte salad, partial UTF-8 (U+FFFD keys)
             const uint64_t span = tok.size() - 3;
@@ -289,7 +304,8 @@ std::string make_tiny_tokenizer_json(int64_t vocab_size) {
     o += "\n    },\n    \"merges\": [";
     for (size_t i = 0; i < merges.size(); ++i) {
         o += i ? ",\n      [" : "\n      [";
-        o += jstr(tok[static_cast<size_t>(merges[i].first)]) + ", " + jstr(tok[static_cast<size_t>(merges[i].second)]) + "]";
+        o += jstr(tok[static_cast<size_t>(merges[i].first)]) + ", " +
+             jstr(tok[static_cast<size_t>(merges[i].second)]) + "]";
     }
     o += "\n    ]\n  }\n}\n";
     return o;

@@ -98,7 +98,9 @@ bool ends_with(const std::string& s, const char* suf) {
 }
 
 // 2^(127 - e) as fp32: the reciprocal of the e8m0 scale with byte e (exact).
-float inv_scale(uint8_t e) { return std::ldexp(1.0f, 127 - static_cast<int>(e)); }
+float inv_scale(uint8_t e) {
+    return std::ldexp(1.0f, 127 - static_cast<int>(e));
+}
 
 }  // namespace
 
@@ -113,8 +115,8 @@ uint8_t e8m0_ceil_scale(float amax, float qmax) {
     amax = std::max(amax, floor_v);
     const float q = amax * (1.0f / qmax);  // fp32(1/qmax), as the kernels multiply
     const uint32_t bits = f32_bits(q);
-    uint32_t e = (bits >> 23) & 0xffu;    // biased exponent; q is normal after the floor
-    if (bits & 0x7fffffu) ++e;            // round the power of two up (exact powers stay)
+    uint32_t e = (bits >> 23) & 0xffu;  // biased exponent; q is normal after the floor
+    if (bits & 0x7fffffu) ++e;          // round the power of two up (exact powers stay)
     return static_cast<uint8_t>(std::min<uint32_t>(e, 254u));
 }
 
@@ -155,8 +157,12 @@ TensorRecipe make_recipe(const TensorSpec& weight, const TensorSpec* scale, cons
         r.cols = weight.shape[0];
     }
     switch (weight.dtype) {
-        case DType::BF16: r.enc = Encoding::BF16; break;
-        case DType::F32: r.enc = Encoding::F32; break;
+        case DType::BF16:
+            r.enc = Encoding::BF16;
+            break;
+        case DType::F32:
+            r.enc = Encoding::F32;
+            break;
         case DType::F8_E4M3:
             r.enc = weight.use == TensorUse::EngramTable ? Encoding::FP8Row : Encoding::FP8Block;
             break;
@@ -165,16 +171,19 @@ TensorRecipe make_recipe(const TensorSpec& weight, const TensorSpec* scale, cons
             r.cols *= 2;
             break;
         default:
-            DS4R_THROW(RuntimeError, "make-tiny: no encoding for tensor '%s' of dtype %s", weight.name.c_str(),
-                       dtype_name(weight.dtype));
+            DS4R_THROW(RuntimeError, "make-tiny: no encoding for tensor '%s' of dtype %s",
+                       weight.name.c_str(), dtype_name(weight.dtype));
     }
-    const bool quantized = r.enc == Encoding::FP8Block || r.enc == Encoding::FP4Row || r.enc == Encoding::FP8Row;
+    const bool quantized =
+        r.enc == Encoding::FP8Block || r.enc == Encoding::FP4Row || r.enc == Encoding::FP8Row;
     DS4R_CHECK(quantized == (scale != nullptr), "make-tiny: tensor '%s' %s a .scale companion",
                weight.name.c_str(), quantized ? "needs" : "must not have");
     if (quantized) {
-        DS4R_CHECK(weight.shape.size() == 2 && r.cols % 32 == 0, "make-tiny: quantized tensor '%s' %s needs 32 | in",
-                   weight.name.c_str(), shape_str(weight.shape).c_str());
-        Shape want = r.enc == Encoding::FP8Block ? Shape{(r.rows + 31) / 32, r.cols / 32} : Shape{r.rows, r.cols / 32};
+        DS4R_CHECK(weight.shape.size() == 2 && r.cols % 32 == 0,
+                   "make-tiny: quantized tensor '%s' %s needs 32 | in", weight.name.c_str(),
+                   shape_str(weight.shape).c_str());
+        Shape want =
+            r.enc == Encoding::FP8Block ? Shape{(r.rows + 31) / 32, r.cols / 32} : Shape{r.rows, r.cols / 32};
         DS4R_CHECK(scale->dtype == DType::F8_E8M0 && scale->shape == want,
                    "make-tiny: scale '%s' is %s %s, expected F8_E8M0 %s", scale->name.c_str(),
                    dtype_name(scale->dtype), shape_str(scale->shape).c_str(), shape_str(want).c_str());
@@ -185,14 +194,20 @@ TensorRecipe make_recipe(const TensorSpec& weight, const TensorSpec* scale, cons
     return r;
 }
 
-int64_t TensorRecipe::band_rows(int64_t b) const { return std::min(kBandRows, rows - b * kBandRows); }
+int64_t TensorRecipe::band_rows(int64_t b) const {
+    return std::min(kBandRows, rows - b * kBandRows);
+}
 
 uint64_t TensorRecipe::weight_row_bytes() const {
     switch (enc) {
-        case Encoding::BF16: return static_cast<uint64_t>(cols) * 2;
-        case Encoding::F32: return static_cast<uint64_t>(cols) * 4;
-        case Encoding::FP4Row: return static_cast<uint64_t>(cols) / 2;
-        default: return static_cast<uint64_t>(cols);
+        case Encoding::BF16:
+            return static_cast<uint64_t>(cols) * 2;
+        case Encoding::F32:
+            return static_cast<uint64_t>(cols) * 4;
+        case Encoding::FP4Row:
+            return static_cast<uint64_t>(cols) / 2;
+        default:
+            return static_cast<uint64_t>(cols);
     }
 }
 
@@ -272,8 +287,10 @@ void generate_band(const TensorRecipe& r, uint64_t seed, int64_t band, uint8_t* 
     draw_raw(r, seed, band, n, scratch.raw);
     const uint16_t* u = scratch.raw.data();
     const float* q = normal_quantiles().data();
-    const bool quantized = r.enc == Encoding::FP8Block || r.enc == Encoding::FP4Row || r.enc == Encoding::FP8Row;
-    const bool fast = allow_fast && quantized && r.init.dist == WeightInit::Normal && r.init.a == 0.0f && r.init.b > 0.0f;
+    const bool quantized =
+        r.enc == Encoding::FP8Block || r.enc == Encoding::FP4Row || r.enc == Encoding::FP8Row;
+    const bool fast =
+        allow_fast && quantized && r.init.dist == WeightInit::Normal && r.init.a == 0.0f && r.init.b > 0.0f;
     const float sd = r.init.b;
     // Code tables of this band by scale byte (looked up once per scale value, not per block).
     const uint8_t* tables[256] = {};
@@ -294,16 +311,20 @@ void generate_band(const TensorRecipe& r, uint64_t seed, int64_t band, uint8_t* 
                 std::memcpy(wout + 2 * i, &h, 2);
             }
             break;
-        case Encoding::F32: std::memcpy(wout, x, n * 4); break;
+        case Encoding::F32:
+            std::memcpy(wout, x, n * 4);
+            break;
         case Encoding::FP8Block:
             // One e8m0 scale per 32x32 block: amax over the band's rows x 32 columns (MODEL.md 3.4).
             for (int64_t cb = 0; cb < C / 32; ++cb) {
                 float amax = 0.0f;
                 if (fast) {
-                    amax = sd * q[max_index(u + cb * 32, 32, static_cast<size_t>(C), static_cast<size_t>(nr))];
+                    amax =
+                        sd * q[max_index(u + cb * 32, 32, static_cast<size_t>(C), static_cast<size_t>(nr))];
                 } else {
                     for (int64_t i = 0; i < nr; ++i)
-                        for (int64_t j = cb * 32; j < cb * 32 + 32; ++j) amax = std::max(amax, std::fabs(x[i * C + j]));
+                        for (int64_t j = cb * 32; j < cb * 32 + 32; ++j)
+                            amax = std::max(amax, std::fabs(x[i * C + j]));
                 }
                 const uint8_t e = e8m0_ceil_scale(amax, 448.0f);
                 sout[cb] = e;
@@ -314,7 +335,8 @@ void generate_band(const TensorRecipe& r, uint64_t seed, int64_t band, uint8_t* 
                 } else {
                     const float inv = inv_scale(e);
                     for (int64_t i = 0; i < nr; ++i)
-                        for (int64_t j = cb * 32; j < cb * 32 + 32; ++j) wout[i * C + j] = f32_to_e4m3(x[i * C + j] * inv);
+                        for (int64_t j = cb * 32; j < cb * 32 + 32; ++j)
+                            wout[i * C + j] = f32_to_e4m3(x[i * C + j] * inv);
                 }
             }
             break;
@@ -331,7 +353,8 @@ void generate_band(const TensorRecipe& r, uint64_t seed, int64_t band, uint8_t* 
                     if (fast) {
                         amax = sd * q[max_index(u + at, 32, 0, 1)];
                     } else {
-                        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[at + static_cast<size_t>(j)]));
+                        for (int j = 0; j < 32; ++j)
+                            amax = std::max(amax, std::fabs(x[at + static_cast<size_t>(j)]));
                     }
                     const uint8_t e = e8m0_ceil_scale(amax, qmax);
                     sout[i * nb + cb] = e;
@@ -355,7 +378,8 @@ void generate_band(const TensorRecipe& r, uint64_t seed, int64_t band, uint8_t* 
                             for (int j = 0; j < 32; ++j) o[j] = t[u[at + static_cast<size_t>(j)]];
                         } else {
                             const float inv = inv_scale(e);
-                            for (int j = 0; j < 32; ++j) o[j] = f32_to_e4m3(x[at + static_cast<size_t>(j)] * inv);
+                            for (int j = 0; j < 32; ++j)
+                                o[j] = f32_to_e4m3(x[at + static_cast<size_t>(j)] * inv);
                         }
                     }
                 }

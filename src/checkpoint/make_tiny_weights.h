@@ -69,13 +69,13 @@ enum class Encoding {
 
 // One stored tensor and its `.scale` companion, as a generation job.
 struct TensorRecipe {
-    TensorSpec weight;       // the value tensor
+    TensorSpec weight;  // the value tensor
     bool has_scale = false;
-    TensorSpec scale;        // its `.scale` tensor when has_scale
+    TensorSpec scale;  // its `.scale` tensor when has_scale
     Encoding enc = Encoding::F32;
     WeightInit init;
-    int64_t rows = 1;        // logical rows (dim 0; 1 for a 1-D tensor)
-    int64_t cols = 1;        // logical columns = input features (FP4Row: 2 x stored columns)
+    int64_t rows = 1;  // logical rows (dim 0; 1 for a 1-D tensor)
+    int64_t cols = 1;  // logical columns = input features (FP4Row: 2 x stored columns)
     static constexpr int64_t kBandRows = 32;
 
     int64_t bands() const { return (rows + kBandRows - 1) / kBandRows; }

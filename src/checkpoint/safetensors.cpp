@@ -44,7 +44,9 @@ const SafetensorsTensor* SafetensorsHeader::find(std::string_view name) const {
 namespace {
 
 // nlohmann parse-error texts quote the bytes last read, which may be binary garbage.
-std::string printable_message(const std::string& s) { return printable_name(s.substr(0, 300)); }
+std::string printable_message(const std::string& s) {
+    return printable_name(s.substr(0, 300));
+}
 
 // A header entry while it is being read.
 struct PendingTensor {
@@ -104,7 +106,9 @@ public:
     bool start_object(std::size_t) {
         if (skip_) return ++skip_, true;
         switch (state_) {
-            case State::Start: state_ = State::Root; return true;
+            case State::Start:
+                state_ = State::Root;
+                return true;
             case State::Root:
                 if (entry_is_metadata_) {
                     state_ = State::Metadata;
@@ -115,7 +119,8 @@ public:
             case State::Tensor:
                 if (field_ == Field::Unknown) return ++skip_, true;
                 break;
-            default: break;
+            default:
+                break;
         }
         return scalar("an object");
     }
@@ -161,7 +166,8 @@ public:
             entry_is_metadata_ = (k == "__metadata__");
             if (entry_is_metadata_) {
                 if (seen_metadata_)
-                    throw CheckpointError(strfmt("%s: '__metadata__' appears twice in the header", path_.c_str()));
+                    throw CheckpointError(
+                        strfmt("%s: '__metadata__' appears twice in the header", path_.c_str()));
                 seen_metadata_ = true;
             }
             cur_ = PendingTensor();
@@ -194,8 +200,8 @@ public:
         return true;  // unreachable: keys only occur inside objects handled above
     }
     bool parse_error(std::size_t pos, const std::string&, const nlohmann::detail::exception& ex) {
-        throw CheckpointError(strfmt("%s: header is not valid JSON (at byte %zu of the header: %s)", path_.c_str(),
-                                     pos, printable_message(ex.what()).c_str()));
+        throw CheckpointError(strfmt("%s: header is not valid JSON (at byte %zu of the header: %s)",
+                                     path_.c_str(), pos, printable_message(ex.what()).c_str()));
     }
 
 private:
@@ -219,52 +225,64 @@ private:
     [[noreturn]] void fail_value(const std::string& what) {
         switch (state_) {
             case State::Start:
-                throw CheckpointError(strfmt("%s: header must be a JSON object, found %s", path_.c_str(), what.c_str()));
+                throw CheckpointError(
+                    strfmt("%s: header must be a JSON object, found %s", path_.c_str(), what.c_str()));
             case State::Root:
-                throw CheckpointError(strfmt("%s: header entry '%s' must be an object, found %s", path_.c_str(),
-                                             printable_name(cur_.name).c_str(), what.c_str()));
+                throw CheckpointError(strfmt("%s: header entry '%s' must be an object, found %s",
+                                             path_.c_str(), printable_name(cur_.name).c_str(), what.c_str()));
             case State::Metadata:
                 throw CheckpointError(strfmt("%s: '__metadata__' entry '%s' must be a string, found %s",
                                              path_.c_str(), printable_name(meta_key_).c_str(), what.c_str()));
             case State::Tensor:
-                throw CheckpointError(strfmt("%s: tensor '%s': field '%s' must be %s, found %s", path_.c_str(),
-                                             printable_name(cur_.name).c_str(), field_name(),
+                throw CheckpointError(strfmt("%s: tensor '%s': field '%s' must be %s, found %s",
+                                             path_.c_str(), printable_name(cur_.name).c_str(), field_name(),
                                              field_ == Field::Dtype ? "a string" : "an array of integers",
                                              what.c_str()));
             case State::Shape:
-                throw CheckpointError(strfmt("%s: tensor '%s': shape must hold non-negative integers, found %s",
-                                             path_.c_str(), printable_name(cur_.name).c_str(), what.c_str()));
+                throw CheckpointError(
+                    strfmt("%s: tensor '%s': shape must hold non-negative integers, found %s", path_.c_str(),
+                           printable_name(cur_.name).c_str(), what.c_str()));
             case State::Offsets:
-                throw CheckpointError(strfmt("%s: tensor '%s': data_offsets must hold non-negative integers, found %s",
-                                             path_.c_str(), printable_name(cur_.name).c_str(), what.c_str()));
-            case State::Done: break;
+                throw CheckpointError(
+                    strfmt("%s: tensor '%s': data_offsets must hold non-negative integers, found %s",
+                           path_.c_str(), printable_name(cur_.name).c_str(), what.c_str()));
+            case State::Done:
+                break;
         }
-        throw CheckpointError(strfmt("%s: unexpected %s after the header object", path_.c_str(), what.c_str()));
+        throw CheckpointError(
+            strfmt("%s: unexpected %s after the header object", path_.c_str(), what.c_str()));
     }
 
     const char* field_name() const {
         switch (field_) {
-            case Field::Dtype: return "dtype";
-            case Field::Shape: return "shape";
-            case Field::Offsets: return "data_offsets";
-            default: return "?";
+            case Field::Dtype:
+                return "dtype";
+            case Field::Shape:
+                return "shape";
+            case Field::Offsets:
+                return "data_offsets";
+            default:
+                return "?";
         }
     }
 
     bool push_number(uint64_t v) {
         if (state_ == State::Shape) {
             if (cur_.shape.size() >= kSafetensorsMaxRank)
-                throw CheckpointError(strfmt("%s: tensor '%s': shape has more than %zu dimensions", path_.c_str(),
-                                             printable_name(cur_.name).c_str(), kSafetensorsMaxRank));
+                throw CheckpointError(strfmt("%s: tensor '%s': shape has more than %zu dimensions",
+                                             path_.c_str(), printable_name(cur_.name).c_str(),
+                                             kSafetensorsMaxRank));
             if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-                throw CheckpointError(strfmt("%s: tensor '%s': shape dimension %llu is too large", path_.c_str(),
-                                             printable_name(cur_.name).c_str(), (unsigned long long)v));
+                throw CheckpointError(strfmt("%s: tensor '%s': shape dimension %llu is too large",
+                                             path_.c_str(), printable_name(cur_.name).c_str(),
+                                             (unsigned long long)v));
             cur_.shape.push_back(static_cast<int64_t>(v));
         } else {
             if (cur_.offsets.size() >= 2)
-                throw CheckpointError(strfmt("%s: tensor '%s': data_offsets must be [begin, end], found more than "
-                                             "2 numbers",
-                                             path_.c_str(), printable_name(cur_.name).c_str()));
+                throw CheckpointError(
+                    strfmt("%s: tensor '%s': data_offsets must be [begin, end], found more than "
+                           "2 numbers",
+                           path_.c_str(), printable_name(cur_.name).c_str()));
             cur_.offsets.push_back(v);
         }
         return true;
@@ -273,12 +291,16 @@ private:
     void finish_tensor() {
         const std::string nm = printable_name(cur_.name);
         if (!cur_.has_dtype || !cur_.has_shape || !cur_.has_offsets)
-            throw CheckpointError(strfmt("%s: tensor '%s' needs dtype, shape and data_offsets; '%s' is missing",
-                                         path_.c_str(), nm.c_str(),
-                                         !cur_.has_dtype ? "dtype" : !cur_.has_shape ? "shape" : "data_offsets"));
+            throw CheckpointError(
+                strfmt("%s: tensor '%s' needs dtype, shape and data_offsets; '%s' is missing", path_.c_str(),
+                       nm.c_str(),
+                       !cur_.has_dtype   ? "dtype"
+                       : !cur_.has_shape ? "shape"
+                                         : "data_offsets"));
         if (cur_.offsets.size() != 2)
-            throw CheckpointError(strfmt("%s: tensor '%s': data_offsets must be [begin, end], found %zu number(s)",
-                                         path_.c_str(), nm.c_str(), cur_.offsets.size()));
+            throw CheckpointError(
+                strfmt("%s: tensor '%s': data_offsets must be [begin, end], found %zu number(s)",
+                       path_.c_str(), nm.c_str(), cur_.offsets.size()));
         tensors.push_back(std::move(cur_));
         cur_ = PendingTensor();
         field_ = Field::None;
@@ -314,24 +336,28 @@ uint64_t sat_add(uint64_t a, uint64_t b) {
 
 }  // namespace
 
-uint64_t safetensors_header_length(const uint8_t* bytes, size_t n, uint64_t file_size, const std::string& path) {
+uint64_t safetensors_header_length(const uint8_t* bytes, size_t n, uint64_t file_size,
+                                   const std::string& path) {
     if (file_size < 8)
-        throw CheckpointError(strfmt("%s: file is %llu bytes, too short for a safetensors file (needs at least the "
-                                     "8-byte header length; truncated shard?)",
-                                     path.c_str(), (unsigned long long)file_size));
+        throw CheckpointError(
+            strfmt("%s: file is %llu bytes, too short for a safetensors file (needs at least the "
+                   "8-byte header length; truncated shard?)",
+                   path.c_str(), (unsigned long long)file_size));
     if (n < 8 || bytes == nullptr)
-        throw CheckpointError(strfmt("%s: only %zu bytes of the 8-byte header length are available (truncated read)",
-                                     path.c_str(), n));
+        throw CheckpointError(
+            strfmt("%s: only %zu bytes of the 8-byte header length are available (truncated read)",
+                   path.c_str(), n));
     uint64_t len = 0;
     for (int i = 7; i >= 0; --i) len = (len << 8) | bytes[i];  // little endian
     if (len > kSafetensorsMaxHeaderBytes)
-        throw CheckpointError(strfmt("%s: header length %llu exceeds the %llu-byte (100 MiB) limit (corrupt header?)",
-                                     path.c_str(), (unsigned long long)len,
-                                     (unsigned long long)kSafetensorsMaxHeaderBytes));
+        throw CheckpointError(
+            strfmt("%s: header length %llu exceeds the %llu-byte (100 MiB) limit (corrupt header?)",
+                   path.c_str(), (unsigned long long)len, (unsigned long long)kSafetensorsMaxHeaderBytes));
     if (len > file_size - 8)
-        throw CheckpointError(strfmt("%s: header length %llu runs past the end of the file (%llu bytes; truncated or "
-                                     "corrupt shard?)",
-                                     path.c_str(), (unsigned long long)len, (unsigned long long)file_size));
+        throw CheckpointError(
+            strfmt("%s: header length %llu runs past the end of the file (%llu bytes; truncated or "
+                   "corrupt shard?)",
+                   path.c_str(), (unsigned long long)len, (unsigned long long)file_size));
     return len;
 }
 
@@ -355,7 +381,8 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t n, uint6
     } catch (const CheckpointError&) {
         throw;
     } catch (const json::exception& e) {
-        throw CheckpointError(strfmt("%s: header is not valid JSON (%s)", path.c_str(), printable_message(e.what()).c_str()));
+        throw CheckpointError(
+            strfmt("%s: header is not valid JSON (%s)", path.c_str(), printable_message(e.what()).c_str()));
     }
 
     h.metadata = std::move(sax.metadata);
@@ -366,23 +393,27 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t n, uint6
         const std::string nm = printable_name(p.name);
         auto dt = dtype_from_name(p.dtype);
         if (!dt)
-            throw CheckpointError(strfmt("%s: tensor '%s' has unknown dtype '%s' (expected one of BF16 F16 F32 F64 I8 U8 "
-                                         "I16 I32 I64 BOOL F8_E4M3 F8_E5M2 F8_E8M0)",
-                                         path.c_str(), nm.c_str(), printable_name(p.dtype).c_str()));
+            throw CheckpointError(
+                strfmt("%s: tensor '%s' has unknown dtype '%s' (expected one of BF16 F16 F32 F64 I8 U8 "
+                       "I16 I32 I64 BOOL F8_E4M3 F8_E5M2 F8_E8M0)",
+                       path.c_str(), nm.c_str(), printable_name(p.dtype).c_str()));
         const uint64_t begin = p.offsets[0], end = p.offsets[1];
         if (begin > end)
-            throw CheckpointError(strfmt("%s: tensor '%s': data_offsets [%llu, %llu] has begin > end", path.c_str(),
-                                         nm.c_str(), (unsigned long long)begin, (unsigned long long)end));
+            throw CheckpointError(strfmt("%s: tensor '%s': data_offsets [%llu, %llu] has begin > end",
+                                         path.c_str(), nm.c_str(), (unsigned long long)begin,
+                                         (unsigned long long)end));
         auto nbytes = checked_nbytes(p.shape, dtype_size(*dt));
         if (!nbytes)
-            throw CheckpointError(strfmt("%s: tensor '%s': shape %s x %zu bytes overflows 64 bits", path.c_str(),
-                                         nm.c_str(), shape_str(p.shape).c_str(), dtype_size(*dt)));
+            throw CheckpointError(strfmt("%s: tensor '%s': shape %s x %zu bytes overflows 64 bits",
+                                         path.c_str(), nm.c_str(), shape_str(p.shape).c_str(),
+                                         dtype_size(*dt)));
         if (end - begin != *nbytes)
-            throw CheckpointError(strfmt("%s: tensor '%s': data_offsets [%llu, %llu] span %llu bytes, expected %llu "
-                                         "(%s %s)",
-                                         path.c_str(), nm.c_str(), (unsigned long long)begin, (unsigned long long)end,
-                                         (unsigned long long)(end - begin), (unsigned long long)*nbytes,
-                                         dtype_name(*dt), shape_str(p.shape).c_str()));
+            throw CheckpointError(
+                strfmt("%s: tensor '%s': data_offsets [%llu, %llu] span %llu bytes, expected %llu "
+                       "(%s %s)",
+                       path.c_str(), nm.c_str(), (unsigned long long)begin, (unsigned long long)end,
+                       (unsigned long long)(end - begin), (unsigned long long)*nbytes, dtype_name(*dt),
+                       shape_str(p.shape).c_str()));
         if (end > max_end) {
             max_end = end;
             max_end_name = nm;
@@ -396,10 +427,11 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t n, uint6
         h.tensors.push_back(std::move(t));
     }
     if (max_end > data_size)
-        throw CheckpointError(strfmt("%s: file is %llu bytes but its header says data ends at byte %llu (tensor '%s'; "
-                                     "truncated shard?)",
-                                     path.c_str(), (unsigned long long)file_size,
-                                     (unsigned long long)sat_add(h.data_begin, max_end), max_end_name.c_str()));
+        throw CheckpointError(
+            strfmt("%s: file is %llu bytes but its header says data ends at byte %llu (tensor '%s'; "
+                   "truncated shard?)",
+                   path.c_str(), (unsigned long long)file_size,
+                   (unsigned long long)sat_add(h.data_begin, max_end), max_end_name.c_str()));
     h.data_end = h.data_begin + max_end;
 
     // Duplicate names (the JSON object would silently keep one of them).
@@ -424,12 +456,12 @@ SafetensorsHeader parse_safetensors_header(const uint8_t* bytes, size_t n, uint6
     for (const auto& t : h.tensors) {
         if (t.nbytes == 0) continue;
         if (t.offset < reach)
-            throw CheckpointError(strfmt("%s: tensors '%s' (bytes [%llu, %llu)) and '%s' (bytes [%llu, %llu)) overlap",
-                                         path.c_str(), printable_name(reach_by->name).c_str(),
-                                         (unsigned long long)(reach_by->offset - h.data_begin),
-                                         (unsigned long long)(reach_by->offset + reach_by->nbytes - h.data_begin),
-                                         printable_name(t.name).c_str(), (unsigned long long)(t.offset - h.data_begin),
-                                         (unsigned long long)(t.offset + t.nbytes - h.data_begin)));
+            throw CheckpointError(strfmt(
+                "%s: tensors '%s' (bytes [%llu, %llu)) and '%s' (bytes [%llu, %llu)) overlap", path.c_str(),
+                printable_name(reach_by->name).c_str(), (unsigned long long)(reach_by->offset - h.data_begin),
+                (unsigned long long)(reach_by->offset + reach_by->nbytes - h.data_begin),
+                printable_name(t.name).c_str(), (unsigned long long)(t.offset - h.data_begin),
+                (unsigned long long)(t.offset + t.nbytes - h.data_begin)));
         reach = t.offset + t.nbytes;
         reach_by = &t;
     }
@@ -480,13 +512,15 @@ SafetensorsIndex parse_safetensors_index(std::string_view text, const std::strin
         auto cb = [&](int depth, json::parse_event_t ev, json& parsed) -> bool {
             if ((ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start) &&
                 depth >= kIndexMaxDepth)
-                throw CheckpointError(strfmt("%s: JSON nested deeper than %d levels", path.c_str(), kIndexMaxDepth));
+                throw CheckpointError(
+                    strfmt("%s: JSON nested deeper than %d levels", path.c_str(), kIndexMaxDepth));
             if (ev == json::parse_event_t::key) {
                 if (depth == 1) {
                     top_key = parsed.get<std::string>();
                 } else if (depth == 2 && top_key == "weight_map") {
                     if (!names.insert(parsed.get<std::string>()).second)
-                        throw CheckpointError(strfmt("%s: tensor '%s' is listed twice in weight_map", path.c_str(),
+                        throw CheckpointError(strfmt("%s: tensor '%s' is listed twice in weight_map",
+                                                     path.c_str(),
                                                      printable_name(parsed.get<std::string>()).c_str()));
                 }
             }
@@ -496,7 +530,8 @@ SafetensorsIndex parse_safetensors_index(std::string_view text, const std::strin
     } catch (const CheckpointError&) {
         throw;
     } catch (const json::exception& e) {
-        throw CheckpointError(strfmt("%s: not valid JSON (%s)", path.c_str(), printable_message(e.what()).c_str()));
+        throw CheckpointError(
+            strfmt("%s: not valid JSON (%s)", path.c_str(), printable_message(e.what()).c_str()));
     }
     if (!root.is_object())
         throw CheckpointError(strfmt("%s: must be a JSON object, found %s", path.c_str(), root.type_name()));
@@ -504,23 +539,27 @@ SafetensorsIndex parse_safetensors_index(std::string_view text, const std::strin
     if (wm == root.end())
         throw CheckpointError(strfmt("%s: no 'weight_map' object (tensor name -> shard file)", path.c_str()));
     if (!wm->is_object())
-        throw CheckpointError(strfmt("%s: 'weight_map' must be an object, found %s", path.c_str(), wm->type_name()));
+        throw CheckpointError(
+            strfmt("%s: 'weight_map' must be an object, found %s", path.c_str(), wm->type_name()));
     idx.weight_map.reserve(wm->size());
     for (auto it = wm->begin(); it != wm->end(); ++it) {
         if (!it.value().is_string())
             throw CheckpointError(strfmt("%s: weight_map['%s'] must be a shard file name (string), found %s",
-                                         path.c_str(), printable_name(it.key()).c_str(), it.value().type_name()));
+                                         path.c_str(), printable_name(it.key()).c_str(),
+                                         it.value().type_name()));
         const std::string& file = it.value().get_ref<const std::string&>();
         if (!plain_file_name(file))
-            throw CheckpointError(strfmt("%s: weight_map['%s'] = '%s' is not a plain file name in the model directory",
-                                         path.c_str(), printable_name(it.key()).c_str(), printable_name(file).c_str()));
+            throw CheckpointError(
+                strfmt("%s: weight_map['%s'] = '%s' is not a plain file name in the model directory",
+                       path.c_str(), printable_name(it.key()).c_str(), printable_name(file).c_str()));
         idx.weight_map.emplace_back(it.key(), file);
     }
     std::sort(idx.weight_map.begin(), idx.weight_map.end());
     auto md = root.find("metadata");
     if (md != root.end() && !md->is_null()) {
         if (!md->is_object())
-            throw CheckpointError(strfmt("%s: 'metadata' must be an object, found %s", path.c_str(), md->type_name()));
+            throw CheckpointError(
+                strfmt("%s: 'metadata' must be an object, found %s", path.c_str(), md->type_name()));
         auto ts = md->find("total_size");
         if (ts != md->end() && !ts->is_null()) {
             if (ts->is_number_unsigned()) {
@@ -529,8 +568,9 @@ SafetensorsIndex parse_safetensors_index(std::string_view text, const std::strin
                        ts->get<double>() == static_cast<double>(static_cast<uint64_t>(ts->get<double>()))) {
                 idx.total_size = static_cast<uint64_t>(ts->get<double>());  // some writers emit 1.2e+10
             } else {
-                throw CheckpointError(strfmt("%s: metadata.total_size must be a non-negative integer, found %s",
-                                             path.c_str(), ts->type_name()));
+                throw CheckpointError(
+                    strfmt("%s: metadata.total_size must be a non-negative integer, found %s", path.c_str(),
+                           ts->type_name()));
             }
         }
     }
@@ -541,8 +581,8 @@ SafetensorsIndex read_safetensors_index(const std::string& path) {
     FileHandle f(path, O_RDONLY, 0644, /*checkpoint=*/true);
     const uint64_t size = f.size();
     if (size > kIndexMaxBytes)
-        throw CheckpointError(strfmt("%s: %llu bytes, more than the %zu MiB allowed for an index", path.c_str(),
-                                     (unsigned long long)size, kIndexMaxBytes >> 20));
+        throw CheckpointError(strfmt("%s: %llu bytes, more than the %zu MiB allowed for an index",
+                                     path.c_str(), (unsigned long long)size, kIndexMaxBytes >> 20));
     std::string text(static_cast<size_t>(size), '\0');
     size_t got = f.pread_some(text.data(), text.size(), 0);
     text.resize(got);

@@ -7,18 +7,27 @@ namespace ds4r::cli {
 void add_bench_command(CLI::App& root, std::vector<Command>& out) {
     auto opt = std::make_shared<BenchOptions>();
     auto no_prefetch = std::make_shared<bool>(false);
-    CLI::App* app = root.add_subcommand("bench", "Streaming and kernel benchmarks on a full-width checkpoint (prints a table, writes CSV)");
+    CLI::App* app = root.add_subcommand(
+        "bench", "Streaming and kernel benchmarks on a full-width checkpoint (prints a table, writes CSV)");
     opt->model_dir = default_model_dir();
-    app->add_option("--model", opt->model_dir, "Model directory (make-tiny --preset full-width for real shapes)")->capture_default_str();
-    app->add_option("--workloads", opt->workloads, "Comma-separated: kernels, a (4x512), b (80x1800), c (1x32768)")->capture_default_str();
+    app->add_option("--model", opt->model_dir,
+                    "Model directory (make-tiny --preset full-width for real shapes)")
+        ->capture_default_str();
+    app->add_option("--workloads", opt->workloads,
+                    "Comma-separated: kernels, a (4x512), b (80x1800), c (1x32768)")
+        ->capture_default_str();
     app->add_option("--csv", opt->csv, "Write every measurement as CSV here");
-    app->add_option("--backend", opt->backend, "auto, cuda or cpu")->check(CLI::IsMember({"auto", "cuda", "cpu"}))->capture_default_str();
+    app->add_option("--backend", opt->backend, "auto, cuda or cpu")
+        ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
+        ->capture_default_str();
     app->add_option("--device", opt->device, "CUDA device index")->capture_default_str();
     app->add_option("--max-batch-tokens", opt->max_batch_tokens, "Rows per chunk (0 = from free memory)");
     app->add_flag("--no-prefetch", *no_prefetch, "Read layers synchronously (no overlap) for comparison");
-    app->add_option("--b-sequences", opt->b_sequences, "Workload b: number of sequences")->capture_default_str();
+    app->add_option("--b-sequences", opt->b_sequences, "Workload b: number of sequences")
+        ->capture_default_str();
     app->add_option("--b-tokens", opt->b_tokens, "Workload b: tokens per sequence")->capture_default_str();
-    app->add_option("--c-tokens", opt->c_tokens, "Workload c: tokens of the one sequence")->capture_default_str();
+    app->add_option("--c-tokens", opt->c_tokens, "Workload c: tokens of the one sequence")
+        ->capture_default_str();
     app->add_option("--kernel-rows", opt->kernel_rows, "M of the kernel benchmarks")->capture_default_str();
     app->add_option("--iters", opt->iters, "Timed iterations per kernel")->capture_default_str();
     Command c;

@@ -10,7 +10,8 @@ void add_compare_command(CLI::App& root, std::vector<Command>& out) {
     auto model = std::make_shared<std::string>();
     auto quiet_seq = std::make_shared<bool>(false);
     CLI::App* app = root.add_subcommand(
-        "compare", "Fidelity statistics between two result files (ds4replay records or served-API top-k logprobs)");
+        "compare",
+        "Fidelity statistics between two result files (ds4replay records or served-API top-k logprobs)");
     app->add_option("a", opt->file_a, "First results file (JSONL)")->required();
     app->add_option("b", opt->file_b, "Second results file (JSONL)")->required();
     app->add_option("--tokenizer", opt->tokenizer_path, "tokenizer.json to map API token text to ids");
@@ -20,7 +21,8 @@ void add_compare_command(CLI::App& root, std::vector<Command>& out) {
     Command c;
     c.app = app;
     c.run = [opt, model, quiet_seq]() {
-        if (opt->tokenizer_path.empty() && !model->empty()) opt->tokenizer_path = path_join(*model, "tokenizer.json");
+        if (opt->tokenizer_path.empty() && !model->empty())
+            opt->tokenizer_path = path_join(*model, "tokenizer.json");
         opt->per_sequence = !*quiet_seq;
         return run_compare(*opt, stdout);
     };

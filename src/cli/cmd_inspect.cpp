@@ -14,7 +14,8 @@ void add_inspect_command(CLI::App& root, std::vector<Command>& out) {
     auto opts = std::make_shared<Opts>();
     opts->model = default_model_dir();
     Command c;
-    c.app = root.add_subcommand("inspect", "Validate a checkpoint and print its layout, layer roles and bytes");
+    c.app =
+        root.add_subcommand("inspect", "Validate a checkpoint and print its layout, layer roles and bytes");
     c.app->add_option("--model", opts->model, "Model directory (original HF checkpoint)")
         ->capture_default_str();
     c.app->add_flag("--json", opts->json, "Print the report as one JSON object");

@@ -40,8 +40,9 @@ public:
         const double pct = p.bytes_total ? 100.0 * static_cast<double>(p.bytes_done) / p.bytes_total : 100.0;
         const bool gb = p.bytes_total >= 1000000000ull;
         const double unit = gb ? 1e9 : 1e6;
-        std::fprintf(stderr, "%smake-tiny: %.2f / %.2f %s (%5.1f%%)  %s%s", tty_ ? "\r" : "", p.bytes_done / unit,
-                     p.bytes_total / unit, gb ? "GB" : "MB", pct, p.file.c_str(), tty_ ? "   " : "\n");
+        std::fprintf(stderr, "%smake-tiny: %.2f / %.2f %s (%5.1f%%)  %s%s", tty_ ? "\r" : "",
+                     p.bytes_done / unit, p.bytes_total / unit, gb ? "GB" : "MB", pct, p.file.c_str(),
+                     tty_ ? "   " : "\n");
         std::fflush(stderr);
     }
     void finish() {
@@ -60,17 +61,22 @@ private:
 void add_make_tiny_command(CLI::App& root, std::vector<Command>& out) {
     auto a = std::make_shared<MakeTinyArgs>();
     Command c;
-    c.app = root.add_subcommand("make-tiny", "Write a random checkpoint in the released layout (tests, benchmarks)");
+    c.app = root.add_subcommand("make-tiny",
+                                "Write a random checkpoint in the released layout (tests, benchmarks)");
     c.app->add_option("OUT_DIR", a->out_dir, "Output directory (must be empty or absent unless --force)")
         ->required();
-    c.app->add_option("--preset", a->preset,
-                      "tiny: the golden tiny-a dimensions; full-width: the real dimensions with --layers layers")
+    c.app
+        ->add_option(
+            "--preset", a->preset,
+            "tiny: the golden tiny-a dimensions; full-width: the real dimensions with --layers layers")
         ->check(CLI::IsMember({"tiny", "full-width"}));
     c.app->add_option("--layers", a->layers, "Number of layers (default: tiny 6, full-width 4)")
         ->check(CLI::Range(1, 40));
     c.app->add_option("--seed", a->seed, "Random seed (same seed => byte-identical output; default 0)");
     c.app->add_flag("--force", a->force, "Write into a non-empty OUT_DIR (its stale shards are removed)");
-    c.app->add_option("--threads", a->threads, "Generator threads (default: all cores; the bytes do not depend on it)")
+    c.app
+        ->add_option("--threads", a->threads,
+                     "Generator threads (default: all cores; the bytes do not depend on it)")
         ->check(CLI::Range(0, 1024));
     c.run = [a]() -> int {
         MakeTinyOptions o;
@@ -84,8 +90,8 @@ void add_make_tiny_command(CLI::App& root, std::vector<Command>& out) {
         MakeTinyResult r = make_tiny(a->out_dir, o);
         printer->finish();
         std::fprintf(stderr, "%s", r.readme.c_str());
-        std::fprintf(stderr, "make-tiny: wrote %zu files (%.3f GB apparent) to %s in %.1f s\n", r.files.size(),
-                     r.bytes_on_disk / 1e9, a->out_dir.c_str(), r.seconds);
+        std::fprintf(stderr, "make-tiny: wrote %zu files (%.3f GB apparent) to %s in %.1f s\n",
+                     r.files.size(), r.bytes_on_disk / 1e9, a->out_dir.c_str(), r.seconds);
         return 0;
     };
     out.push_back(c);

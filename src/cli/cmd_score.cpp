@@ -34,21 +34,26 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
     auto layers = std::make_shared<std::string>();
     auto mode = std::make_shared<std::string>("mean");
     auto positional = std::make_shared<std::string>();
-    CLI::App* app = root.add_subcommand("score", "Score token sequences: logprob, rank, entropy and top-k per position");
+    CLI::App* app =
+        root.add_subcommand("score", "Score token sequences: logprob, rank, entropy and top-k per position");
     opt->model_dir = default_model_dir();
     app->add_option("input_file", *positional, "Input tokens.jsonl (same as --input)");
     app->add_option("--model", opt->model_dir, "Model directory (HF checkpoint)")->capture_default_str();
     app->add_option("--input", opt->input, "Input JSONL, '-' for stdin")->capture_default_str();
     app->add_option("--output", opt->output, "Output JSONL, '-' for stdout")->capture_default_str();
     app->add_option("--top-k", opt->top_k, "Alternatives per position")->capture_default_str();
-    app->add_option("--capture-layers", *layers, "Comma-separated layers whose input residual stream is saved (N = final)");
+    app->add_option("--capture-layers", *layers,
+                    "Comma-separated layers whose input residual stream is saved (N = final)");
     app->add_option("--hidden-dir", opt->hidden_dir, "Directory for hidden-state .npy files");
     app->add_option("--hidden-mode", *mode, "mean (fp16 mean of the 4 copies) or copies (all 4, bf16 bits)")
         ->check(CLI::IsMember({"mean", "copies"}))
         ->capture_default_str();
-    app->add_option("--backend", opt->backend, "auto, cuda or cpu")->check(CLI::IsMember({"auto", "cuda", "cpu"}))->capture_default_str();
+    app->add_option("--backend", opt->backend, "auto, cuda or cpu")
+        ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
+        ->capture_default_str();
     app->add_option("--device", opt->device, "CUDA device index")->capture_default_str();
-    app->add_option("--max-batch-tokens", opt->max_batch_tokens, "Rows per chunk (0 = from free memory); never changes results")
+    app->add_option("--max-batch-tokens", opt->max_batch_tokens,
+                    "Rows per chunk (0 = from free memory); never changes results")
         ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
     app->add_option("--pass-tokens", opt->pass_tokens, "Tokens per pass (0 = from available memory)")
         ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
@@ -56,7 +61,8 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
         ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
     app->add_flag("--resume", opt->resume, "Skip ids already in the output and append the rest");
     app->add_flag("--seed-check", opt->seed_check,
-                  "Verify the Engram hash multipliers (numpy default_rng(10007*L)) against the released model's values first");
+                  "Verify the Engram hash multipliers (numpy default_rng(10007*L)) against the released "
+                  "model's values first");
     app->add_flag("--skip-bad", opt->skip_bad, "Write an error record for a bad input line and go on");
     app->add_option("--progress", opt->progress, "auto, bar, plain or none")
         ->check(CLI::IsMember({"auto", "bar", "plain", "none"}))
@@ -82,11 +88,12 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
                          (long long)e.sequences_saved);
             return 130;
         }
-        log_info(strfmt("scored %lld sequences (%lld tokens) in %lld passes on %s in %.2fs (%.0f tokens/s)%s%s",
-                        (long long)s.sequences, (long long)s.tokens, (long long)s.passes, s.backend.c_str(), s.seconds,
-                        s.seconds > 0 ? s.tokens / s.seconds : 0.0,
-                        s.resumed ? strfmt(", %lld already done", (long long)s.resumed).c_str() : "",
-                        s.bad_lines ? strfmt(", %lld bad lines", (long long)s.bad_lines).c_str() : ""));
+        log_info(
+            strfmt("scored %lld sequences (%lld tokens) in %lld passes on %s in %.2fs (%.0f tokens/s)%s%s",
+                   (long long)s.sequences, (long long)s.tokens, (long long)s.passes, s.backend.c_str(),
+                   s.seconds, s.seconds > 0 ? s.tokens / s.seconds : 0.0,
+                   s.resumed ? strfmt(", %lld already done", (long long)s.resumed).c_str() : "",
+                   s.bad_lines ? strfmt(", %lld bad lines", (long long)s.bad_lines).c_str() : ""));
         return 0;
     };
     out.push_back(c);

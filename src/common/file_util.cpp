@@ -25,7 +25,9 @@ FileHandle::~FileHandle() {
     if (fd_ >= 0) ::close(fd_);
 }
 
-FileHandle::FileHandle(FileHandle&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
+FileHandle::FileHandle(FileHandle&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) {
+    o.fd_ = -1;
+}
 
 FileHandle& FileHandle::operator=(FileHandle&& o) noexcept {
     if (this != &o) {
@@ -111,7 +113,8 @@ std::string read_text_file(const std::string& path, size_t max_bytes) {
 }
 
 AtomicFileWriter::AtomicFileWriter(const std::string& path)
-    : path_(path), tmp_(path + ".tmp." + std::to_string(::getpid())),
+    : path_(path),
+      tmp_(path + ".tmp." + std::to_string(::getpid())),
       fh_(tmp_, O_WRONLY | O_CREAT | O_TRUNC, 0644) {}
 
 AtomicFileWriter::~AtomicFileWriter() {
@@ -121,14 +124,16 @@ AtomicFileWriter::~AtomicFileWriter() {
     }
 }
 
-void AtomicFileWriter::write(const void* data, size_t n) { fh_.write_all(data, n); }
+void AtomicFileWriter::write(const void* data, size_t n) {
+    fh_.write_all(data, n);
+}
 
 void AtomicFileWriter::commit() {
     fh_.fsync_or_throw();
     fh_.close();
     if (::rename(tmp_.c_str(), path_.c_str()) != 0)
-        throw RuntimeError(strfmt("%s: rename from %s failed (%s)", path_.c_str(), tmp_.c_str(),
-                                  errno_text(errno).c_str()));
+        throw RuntimeError(
+            strfmt("%s: rename from %s failed (%s)", path_.c_str(), tmp_.c_str(), errno_text(errno).c_str()));
     done_ = true;
     fsync_parent_dir(path_);
 }
@@ -159,7 +164,8 @@ void make_dirs(const std::string& path) {
     size_t p = path.find_last_of('/');
     if (p != std::string::npos && p > 0) make_dirs(path.substr(0, p));
     if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
-        throw RuntimeError(strfmt("%s: cannot create directory (%s)", path.c_str(), errno_text(errno).c_str()));
+        throw RuntimeError(
+            strfmt("%s: cannot create directory (%s)", path.c_str(), errno_text(errno).c_str()));
 }
 
 std::string path_join(const std::string& a, const std::string& b) {

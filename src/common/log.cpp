@@ -21,11 +21,17 @@ spdlog::logger& logger() {
     }();
     return *l;
 }
-bool on(LogLevel l) { return static_cast<int>(l) >= static_cast<int>(g_level.load()); }
+bool on(LogLevel l) {
+    return static_cast<int>(l) >= static_cast<int>(g_level.load());
+}
 }  // namespace
 
-void log_set_level(LogLevel level) { g_level = level; }
-LogLevel log_level() { return g_level; }
+void log_set_level(LogLevel level) {
+    g_level = level;
+}
+LogLevel log_level() {
+    return g_level;
+}
 void log_debug(const std::string& m) {
     if (on(LogLevel::Debug)) logger().debug("{}", m);
 }

@@ -65,9 +65,11 @@ NpyArray parse_npy(const uint8_t* b, size_t n, const std::string& path) {
     std::string h(reinterpret_cast<const char*>(b + hoff), hlen);
     NpyArray a;
     std::string v;
-    if (!header_value(h, "descr", v) || v.size() < 5 || v.front() != '\'' || v.back() != '\'') fail("no descr");
+    if (!header_value(h, "descr", v) || v.size() < 5 || v.front() != '\'' || v.back() != '\'')
+        fail("no descr");
     a.descr = v.substr(1, v.size() - 2);
-    if (a.descr.size() < 3 || (a.descr[0] != '<' && a.descr[0] != '|')) fail("only little-endian dtypes are supported");
+    if (a.descr.size() < 3 || (a.descr[0] != '<' && a.descr[0] != '|'))
+        fail("only little-endian dtypes are supported");
     if (!header_value(h, "fortran_order", v)) fail("no fortran_order");
     if (v.find("True") != std::string::npos) fail("fortran order is not supported");
     if (!header_value(h, "shape", v)) fail("no shape");

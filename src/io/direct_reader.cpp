@@ -18,8 +18,9 @@ std::atomic<bool> g_fallback_logged{false};
 
 void log_fallback_once(const std::string& path, int err) {
     if (!g_fallback_logged.exchange(true))
-        log_warn(strfmt("O_DIRECT refused for %s (%s): reading shards through the page cache (buffered pread)",
-                        path.c_str(), errno_text(err).c_str()));
+        log_warn(
+            strfmt("O_DIRECT refused for %s (%s): reading shards through the page cache (buffered pread)",
+                   path.c_str(), errno_text(err).c_str()));
 }
 
 int open_or_throw(const std::string& path, int flags) {
@@ -42,7 +43,8 @@ DirectReader::DirectReader(std::string path, Mode mode) : path_(std::move(path))
         return;
     }
     const int err = errno;
-    if (err != EINVAL) DS4R_THROW(RuntimeError, "%s: cannot open (%s)", path_.c_str(), errno_text(err).c_str());
+    if (err != EINVAL)
+        DS4R_THROW(RuntimeError, "%s: cannot open (%s)", path_.c_str(), errno_text(err).c_str());
     log_fallback_once(path_, err);
     buffered_fd_ = open_or_throw(path_, O_RDONLY | O_CLOEXEC);
 }
@@ -84,7 +86,8 @@ size_t DirectReader::read_aligned(void* buf, uint64_t offset, size_t len, bool* 
             r = -1;
             errno = EINVAL;
         } else {
-            r = ::pread(d ? direct_fd_ : buffered_fd_, p + done, len - done, static_cast<off_t>(offset + done));
+            r = ::pread(d ? direct_fd_ : buffered_fd_, p + done, len - done,
+                        static_cast<off_t>(offset + done));
         }
         if (r < 0) {
             const int err = errno;
@@ -93,8 +96,8 @@ size_t DirectReader::read_aligned(void* buf, uint64_t offset, size_t len, bool* 
                 fall_back(err);
                 continue;
             }
-            DS4R_THROW(RuntimeError, "%s: read of %zu bytes at offset %llu failed (%s)", path_.c_str(), len - done,
-                       (unsigned long long)(offset + done), errno_text(err).c_str());
+            DS4R_THROW(RuntimeError, "%s: read of %zu bytes at offset %llu failed (%s)", path_.c_str(),
+                       len - done, (unsigned long long)(offset + done), errno_text(err).c_str());
         }
         if (r == 0) break;  // end of file
         done += static_cast<size_t>(r);

@@ -47,14 +47,18 @@ private:
     void fall_back(int err);
 
     std::string path_;
-    int direct_fd_ = -1;  // O_DIRECT descriptor (fixed after construction; -1 when refused / not asked)
+    int direct_fd_ = -1;    // O_DIRECT descriptor (fixed after construction; -1 when refused / not asked)
     int buffered_fd_ = -1;  // written once, before direct_ turns false (release), under fallback_mu_
     std::atomic<bool> direct_{false};
     bool refuse_for_test_ = false;
     std::mutex fallback_mu_;
 };
 
-inline uint64_t align_down(uint64_t x, uint64_t a) { return x / a * a; }
-inline uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+inline uint64_t align_down(uint64_t x, uint64_t a) {
+    return x / a * a;
+}
+inline uint64_t align_up(uint64_t x, uint64_t a) {
+    return (x + a - 1) / a * a;
+}
 
 }  // namespace ds4r

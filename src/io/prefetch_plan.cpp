@@ -41,8 +41,8 @@ size_t run_shift(const ByteRun& run) {
 // Tensors of the run placed at run_off + (offset - run.begin) unless `misplaced` says they need their
 // own aligned copy (then they go to `misaligned`, placed later).
 template <class Misplaced>
-void place_tensors(const ByteRun& run, size_t run_off, LayerPlan& plan, std::vector<const TensorLocation*>& misaligned,
-                   Misplaced misplaced) {
+void place_tensors(const ByteRun& run, size_t run_off, LayerPlan& plan,
+                   std::vector<const TensorLocation*>& misaligned, Misplaced misplaced) {
     for (const TensorLocation* t : run.tensors) {
         plan.tensor_bytes += t->nbytes;
         const size_t off = run_off + static_cast<size_t>(t->offset - run.begin);
@@ -105,7 +105,8 @@ void plan_upload(const std::vector<ByteRun>& runs, size_t staging, LayerPlan& pl
                 const uint64_t lo = std::max(d.begin, p.file_begin), hi = std::min(d.end, p.file_end);
                 if (lo >= hi) continue;
                 b.copies.push_back(SlotCopy{p.buf_off + static_cast<size_t>(lo - p.file_begin),
-                                            d.slot_off + static_cast<size_t>(lo - d.begin), static_cast<size_t>(hi - lo)});
+                                            d.slot_off + static_cast<size_t>(lo - d.begin),
+                                            static_cast<size_t>(hi - lo)});
                 plan.upload_bytes += hi - lo;
             }
         }
@@ -158,7 +159,8 @@ std::vector<ByteRun> plan_runs(const Checkpoint& ckpt, int layer) {
 
 LayerPlan make_layer_plan(const Checkpoint& ckpt, int layer, bool upload, size_t staging_bytes) {
     DS4R_CHECK(staging_bytes >= DirectReader::kAlign && staging_bytes % DirectReader::kAlign == 0,
-               "prefetch plan: staging size %zu is not a positive multiple of %zu", staging_bytes, DirectReader::kAlign);
+               "prefetch plan: staging size %zu is not a positive multiple of %zu", staging_bytes,
+               DirectReader::kAlign);
     LayerPlan plan;
     plan.layer = layer;
     plan.upload = upload;

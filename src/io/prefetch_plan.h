@@ -52,17 +52,17 @@ struct TensorPlacement {
 };
 
 struct LayerPlan {
-    int layer = 0;                      // layer id or kHeadLayer
-    bool upload = true;                 // upload mode (staging + copies) or direct mode (reads into the slot)
+    int layer = 0;       // layer id or kHeadLayer
+    bool upload = true;  // upload mode (staging + copies) or direct mode (reads into the slot)
     std::vector<PlanBatch> batches;
     std::vector<SlotCopy> private_copies;  // direct mode: slot -> slot, after every read of the layer
     std::unordered_map<std::string, TensorPlacement> tensors;
     std::vector<std::string> shard_paths;  // indexed like Checkpoint::shards() (for messages)
-    size_t slot_bytes = 0;       // bytes from the aligned base the layer needs
-    uint64_t tensor_bytes = 0;   // sum of the tensors' nbytes
-    uint64_t read_bytes = 0;     // sum of the reads' lengths (aligned)
-    uint64_t upload_bytes = 0;   // sum of the copies' lengths (upload mode)
-    size_t private_tensors = 0;  // tensors given their own aligned copy
+    size_t slot_bytes = 0;                 // bytes from the aligned base the layer needs
+    uint64_t tensor_bytes = 0;             // sum of the tensors' nbytes
+    uint64_t read_bytes = 0;               // sum of the reads' lengths (aligned)
+    uint64_t upload_bytes = 0;             // sum of the copies' lengths (upload mode)
+    size_t private_tensors = 0;            // tensors given their own aligned copy
 };
 
 // The byte runs of a layer (Checkpoint::layer_runs) or of the head (norm.weight + head.weight).

@@ -45,7 +45,9 @@ double now_s() {
     return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
-std::string layer_label(int layer) { return layer == kHeadLayer ? std::string("head") : strfmt("layer %d", layer); }
+std::string layer_label(int layer) {
+    return layer == kHeadLayer ? std::string("head") : strfmt("layer %d", layer);
+}
 
 // The same kind of error with `context` in front of the message (a CheckpointError stays exit code 3).
 std::exception_ptr with_context(std::exception_ptr e, const std::string& context) {
@@ -54,9 +56,12 @@ std::exception_ptr with_context(std::exception_ptr e, const std::string& context
     } catch (const Error& err) {
         const std::string msg = context + ": " + err.what();
         switch (err.kind()) {
-            case ErrorKind::Checkpoint: return std::make_exception_ptr(CheckpointError(msg));
-            case ErrorKind::Usage: return std::make_exception_ptr(InputError(msg));
-            case ErrorKind::Runtime: break;
+            case ErrorKind::Checkpoint:
+                return std::make_exception_ptr(CheckpointError(msg));
+            case ErrorKind::Usage:
+                return std::make_exception_ptr(InputError(msg));
+            case ErrorKind::Runtime:
+                break;
         }
         return std::make_exception_ptr(RuntimeError(msg));
     } catch (const std::bad_alloc&) {
@@ -101,8 +106,8 @@ struct Core {
 
 class PrefetchedLayer : public ResidentLayer {
 public:
-    PrefetchedLayer(std::shared_ptr<Core> core, size_t slot, uint64_t load_id, std::shared_ptr<const LayerPlan> plan,
-                    uint8_t* base)
+    PrefetchedLayer(std::shared_ptr<Core> core, size_t slot, uint64_t load_id,
+                    std::shared_ptr<const LayerPlan> plan, uint8_t* base)
         : core_(std::move(core)), slot_(slot), load_id_(load_id), plan_(std::move(plan)), base_(base) {}
 
     ~PrefetchedLayer() override {
@@ -115,8 +120,8 @@ public:
     Tensor get(const std::string& name) const override {
         auto it = plan_->tensors.find(name);
         if (it == plan_->tensors.end())
-            throw CheckpointError(strfmt("tensor '%s' is not part of the resident %s (binding bug?)", name.c_str(),
-                                         layer_label(plan_->layer).c_str()));
+            throw CheckpointError(strfmt("tensor '%s' is not part of the resident %s (binding bug?)",
+                                         name.c_str(), layer_label(plan_->layer).c_str()));
         return tensor_view(base_ + it->second.slot_off, it->second.dtype, it->second.shape);
     }
 
@@ -142,8 +147,8 @@ private:
         std::shared_ptr<void> mem;
         uint8_t* base = nullptr;  // kAlign aligned
         // Under mu.
-        bool busy = false;   // being filled, or its copies are in flight
-        int reads_left = 0;  // claimed requests into it not finished yet
+        bool busy = false;    // being filled, or its copies are in flight
+        int reads_left = 0;   // claimed requests into it not finished yet
         bool sealed = false;  // no further request will be claimed into it (all claimed, or dropped)
     };
     struct PendingFence {
@@ -197,7 +202,7 @@ private:
                         std::exception_ptr err);
     void hand_over_staging(std::unique_lock<std::mutex>& lk, const ReadRequest& rq);
     void complete_direct_load(std::unique_lock<std::mutex>& lk, const ReadRequest& rq);
-    void record_error(std::exception_ptr e, uint64_t pos);  // under mu
+    void record_error(std::exception_ptr e, uint64_t pos);                        // under mu
     bool load_failed(uint64_t pos) const { return error_ && pos >= error_pos_; }  // under mu
     DirectReader& reader(int shard, const LayerPlan& plan);
 
@@ -228,7 +233,7 @@ private:
     std::deque<PendingFence> pending_;
     bool stop_ = false, completion_stop_ = false;
     std::exception_ptr error_;
-    uint64_t error_pos_ = 0;  // schedule position of the failed load: earlier ones are still delivered
+    uint64_t error_pos_ = 0;   // schedule position of the failed load: earlier ones are still delivered
     int reads_in_flight_ = 0;  // claimed requests not finished (for stats_.read_seconds)
     double busy_since_ = 0;    // when reads_in_flight_ last left 0
     WeightSourceStats stats_;
@@ -248,25 +253,30 @@ bool direct_io_setting(bool option) {
     if (!env || !*env) return option;
     const std::string v = env;
     if (v != "direct" && v != "buffered")
-        DS4R_THROW(InputError, "DS4R_IO=%s: expected 'direct' (O_DIRECT reads) or 'buffered' (page-cache reads)",
+        DS4R_THROW(InputError,
+                   "DS4R_IO=%s: expected 'direct' (O_DIRECT reads) or 'buffered' (page-cache reads)",
                    v.c_str());
-    log_info(strfmt("weights: DS4R_IO=%s: %s shard reads", v.c_str(), v == "direct" ? "O_DIRECT" : "buffered"));
+    log_info(
+        strfmt("weights: DS4R_IO=%s: %s shard reads", v.c_str(), v == "direct" ? "O_DIRECT" : "buffered"));
     return v == "direct";
 }
 
 PrefetchWeightSource::PrefetchWeightSource(Backend& be, const Checkpoint& ckpt, const PrefetchOptions& opt)
     : be_(be), opt_(opt), core_(std::make_shared<Core>()) {
     t0_ = now_s();
-    DS4R_CHECK(opt.staging_count >= 2 && opt.staging_count <= 32, "prefetch: staging_count %d outside [2, 32]",
-               opt.staging_count);
+    DS4R_CHECK(opt.staging_count >= 2 && opt.staging_count <= 32,
+               "prefetch: staging_count %d outside [2, 32]", opt.staging_count);
     DS4R_CHECK(opt.read_threads >= 1 && opt.read_threads <= 32, "prefetch: read_threads %d outside [1, 32]",
                opt.read_threads);
     direct_io_ = direct_io_setting(opt.direct_io);
-    staging_bytes_ = static_cast<size_t>(align_up(std::max<size_t>(opt.staging_bytes, 1), DirectReader::kAlign));
-    read_request_ = static_cast<size_t>(align_up(std::max<size_t>(opt.read_request_bytes, 1), DirectReader::kAlign));
+    staging_bytes_ =
+        static_cast<size_t>(align_up(std::max<size_t>(opt.staging_bytes, 1), DirectReader::kAlign));
+    read_request_ =
+        static_cast<size_t>(align_up(std::max<size_t>(opt.read_request_bytes, 1), DirectReader::kAlign));
     upload_ = opt.mode == PrefetchOptions::Mode::Upload ||
               (opt.mode == PrefetchOptions::Mode::Auto && !be.host_memory());
-    DS4R_CHECK(upload_ || be.host_memory(), "prefetch: direct mode needs a host-memory backend (%s)", be.name().c_str());
+    DS4R_CHECK(upload_ || be.host_memory(), "prefetch: direct mode needs a host-memory backend (%s)",
+               be.name().c_str());
 
     // Plans of every layer and the head; the slots fit the largest.
     size_t capacity = 0, private_tensors = 0;
@@ -280,9 +290,11 @@ PrefetchWeightSource::PrefetchWeightSource(Backend& be, const Checkpoint& ckpt, 
         plans_[L] = std::move(plan);
     }
     if (private_tensors > 0)
-        log_info(strfmt("weights: %zu tensors are not aligned in their shard (%s): each gets its own aligned copy in "
-                        "the layer slot",
-                        private_tensors, upload_ ? "file offset off a 16-byte boundary" : "offset not a multiple of the dtype size"));
+        log_info(strfmt(
+            "weights: %zu tensors are not aligned in their shard (%s): each gets its own aligned copy in "
+            "the layer slot",
+            private_tensors,
+            upload_ ? "file offset off a 16-byte boundary" : "offset not a multiple of the dtype size"));
 
     for (Slot& s : core_->slots) {
         if (upload_) {
@@ -321,7 +333,9 @@ PrefetchWeightSource::PrefetchWeightSource(Backend& be, const Checkpoint& ckpt, 
     }
 }
 
-PrefetchWeightSource::~PrefetchWeightSource() { shutdown(); }
+PrefetchWeightSource::~PrefetchWeightSource() {
+    shutdown();
+}
 
 void PrefetchWeightSource::shutdown() {
     {
@@ -400,7 +414,8 @@ void PrefetchWeightSource::resync(std::unique_lock<std::mutex>&, int layer) {
 void PrefetchWeightSource::set_schedule(const std::vector<int>& order) {
     DS4R_CHECK(!order.empty(), "weights: empty schedule");
     for (int L : order)
-        DS4R_CHECK(plans_.count(L), "weights: schedule entry %d is neither a layer of the checkpoint nor the head", L);
+        DS4R_CHECK(plans_.count(L),
+                   "weights: schedule entry %d is neither a layer of the checkpoint nor the head", L);
     std::lock_guard<std::mutex> lk(core_->mu);
     if (error_) std::rethrow_exception(error_);
     discard_prefetched(UINT64_MAX);
@@ -412,7 +427,8 @@ void PrefetchWeightSource::set_schedule(const std::vector<int>& order) {
 
 std::shared_ptr<ResidentLayer> PrefetchWeightSource::acquire(int layer) {
     const double t_begin = now_s();
-    DS4R_CHECK(plans_.count(layer), "weights: acquire(%d): neither a layer of the checkpoint nor the head", layer);
+    DS4R_CHECK(plans_.count(layer), "weights: acquire(%d): neither a layer of the checkpoint nor the head",
+               layer);
     std::unique_lock<std::mutex> lk(core_->mu);
     DS4R_CHECK(scheduled_, "weights: acquire(%s) before set_schedule()", layer_label(layer).c_str());
     recycle_released(lk);
@@ -443,10 +459,11 @@ std::shared_ptr<ResidentLayer> PrefetchWeightSource::acquire(int layer) {
             continue;
         }
         if (all_held)
-            DS4R_THROW(RuntimeError,
-                       "weights: acquire(%s) while the handles of both weight slots are held: destroy the previous "
-                       "layer's handle before acquiring the next",
-                       layer_label(layer).c_str());
+            DS4R_THROW(
+                RuntimeError,
+                "weights: acquire(%s) while the handles of both weight slots are held: destroy the previous "
+                "layer's handle before acquiring the next",
+                layer_label(layer).c_str());
         core_->cv.wait(lk);
     }
     Slot& s = core_->slots[si];
@@ -565,8 +582,16 @@ bool PrefetchWeightSource::claim_request(ReadRequest& rq) {
         const ReadPiece& p = batch.reads[cursor_.read];
         const uint64_t piece_len = p.file_end - p.file_begin;
         const size_t n = static_cast<size_t>(std::min<uint64_t>(read_request_, piece_len - cursor_.done));
-        rq = ReadRequest{cursor_.slot, cursor_.load_id, cursor_.pos, cursor_.plan, cursor_.batch, cursor_.staging,
-                         p.shard,      p.file_begin + cursor_.done, n, p.need_end,
+        rq = ReadRequest{cursor_.slot,
+                         cursor_.load_id,
+                         cursor_.pos,
+                         cursor_.plan,
+                         cursor_.batch,
+                         cursor_.staging,
+                         p.shard,
+                         p.file_begin + cursor_.done,
+                         n,
+                         p.need_end,
                          buf + p.buf_off + static_cast<size_t>(cursor_.done)};
         if (upload_) {
             ++staging_[static_cast<size_t>(cursor_.staging)].reads_left;
@@ -600,7 +625,9 @@ DirectReader& PrefetchWeightSource::reader(int shard, const LayerPlan& plan) {
     auto it = readers_.find(shard);
     if (it == readers_.end()) {
         const auto mode = direct_io_ ? DirectReader::Mode::Auto : DirectReader::Mode::Buffered;
-        it = readers_.emplace(shard, std::make_unique<DirectReader>(plan.shard_paths.at(static_cast<size_t>(shard)), mode))
+        it = readers_
+                 .emplace(shard, std::make_unique<DirectReader>(
+                                     plan.shard_paths.at(static_cast<size_t>(shard)), mode))
                  .first;
     }
     return *it->second;
@@ -616,14 +643,15 @@ void PrefetchWeightSource::run_request(const ReadRequest& rq) {
         got = r.read_aligned(rq.dst, rq.offset, rq.len, &direct);
         // Bytes past need_end may be missing (past the end of the file); those before it must be there.
         if (rq.offset + got < std::min<uint64_t>(rq.offset + rq.len, rq.need_end))
-            DS4R_THROW(CheckpointError,
-                       "%s: truncated shard: the %s needs its bytes up to offset %llu but the file ends at %llu",
-                       r.path().c_str(), layer_label(rq.plan->layer).c_str(), (unsigned long long)rq.need_end,
-                       (unsigned long long)r.file_size());
+            DS4R_THROW(
+                CheckpointError,
+                "%s: truncated shard: the %s needs its bytes up to offset %llu but the file ends at %llu",
+                r.path().c_str(), layer_label(rq.plan->layer).c_str(), (unsigned long long)rq.need_end,
+                (unsigned long long)r.file_size());
     } catch (...) {
-        err = with_context(std::current_exception(), strfmt("weights: loading the %s (schedule position %llu)",
-                                                            layer_label(rq.plan->layer).c_str(),
-                                                            (unsigned long long)rq.pos));
+        err = with_context(std::current_exception(),
+                           strfmt("weights: loading the %s (schedule position %llu)",
+                                  layer_label(rq.plan->layer).c_str(), (unsigned long long)rq.pos));
     }
     finish_request(rq, got, direct, t_begin, now_s(), err);
 }
@@ -692,9 +720,9 @@ void PrefetchWeightSource::hand_over_staging(std::unique_lock<std::mutex>& lk, c
         }
         fence = queue_->fence();
     } catch (...) {
-        err = with_context(std::current_exception(), strfmt("weights: uploading the %s (schedule position %llu)",
-                                                            layer_label(rq.plan->layer).c_str(),
-                                                            (unsigned long long)rq.pos));
+        err = with_context(std::current_exception(),
+                           strfmt("weights: uploading the %s (schedule position %llu)",
+                                  layer_label(rq.plan->layer).c_str(), (unsigned long long)rq.pos));
     }
     lk.lock();  // queue_mu_ before Core::mu
     --s.inflight;
@@ -702,8 +730,8 @@ void PrefetchWeightSource::hand_over_staging(std::unique_lock<std::mutex>& lk, c
         record_error(err, rq.pos);  // b stays busy: copies already queued may still read it
         return;
     }
-    pending_.push_back(PendingFence{fence, static_cast<size_t>(rq.staging), rq.slot, rq.load_id, issued, bytes,
-                                    rq.plan->layer});
+    pending_.push_back(PendingFence{fence, static_cast<size_t>(rq.staging), rq.slot, rq.load_id, issued,
+                                    bytes, rq.plan->layer});
 }
 
 // Direct mode, the layer's last request is in: its private copies (slot -> slot), then Ready.
@@ -712,7 +740,8 @@ void PrefetchWeightSource::complete_direct_load(std::unique_lock<std::mutex>& lk
     if (stop_ || load_failed(rq.pos)) return;
     ++s.inflight;
     lk.unlock();
-    for (const SlotCopy& c : rq.plan->private_copies) std::memcpy(s.base + c.dst_off, s.base + c.src_off, c.bytes);
+    for (const SlotCopy& c : rq.plan->private_copies)
+        std::memcpy(s.base + c.dst_off, s.base + c.src_off, c.bytes);
     lk.lock();
     --s.inflight;
     if (s.load_id == rq.load_id && s.state == SlotState::Loading) {
@@ -746,7 +775,8 @@ void PrefetchWeightSource::completion_loop() {
         Slot& s = core_->slots[p.slot];
         if (err) {
             if (!error_ || error_pos_ > 0) {  // a failed copy queue is fatal: every further acquire() throws
-                error_ = with_context(err, strfmt("weights: waiting for the upload of the %s", layer_label(p.layer).c_str()));
+                error_ = with_context(
+                    err, strfmt("weights: waiting for the upload of the %s", layer_label(p.layer).c_str()));
                 error_pos_ = 0;
             }
         } else {

@@ -26,7 +26,8 @@ public:
     Tensor get(const std::string& name) const override {
         auto it = map_.find(name);
         if (it == map_.end())
-            throw CheckpointError(strfmt("tensor '%s' is not part of the resident layer (binding bug?)", name.c_str()));
+            throw CheckpointError(
+                strfmt("tensor '%s' is not part of the resident layer (binding bug?)", name.c_str()));
         return it->second;
     }
     std::unordered_map<std::string, Tensor> map_;
@@ -69,7 +70,9 @@ private:
     const FileHandle& shard_file(int shard) {
         auto it = files_.find(shard);
         if (it == files_.end())
-            it = files_.emplace(shard, FileHandle(ckpt_.shards().at(static_cast<size_t>(shard)).path, O_RDONLY, 0, true))
+            it = files_
+                     .emplace(shard, FileHandle(ckpt_.shards().at(static_cast<size_t>(shard)).path, O_RDONLY,
+                                                0, true))
                      .first;
         return it->second;
     }

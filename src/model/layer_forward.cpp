@@ -9,7 +9,9 @@ namespace ds4r {
 
 namespace {
 
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t cdiv(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
 
 // A view of `count` elements-shaped `shape` at element offset `off` of a flat arena.
 Tensor flat_view(const Tensor& base, int64_t off, Shape shape) {
@@ -55,10 +57,12 @@ const Tensor& rope_table_for(const PassContext& ctx, const LayerRole& role) {
 }
 
 // Copies rows [src_row, src_row + n) of src into rows [dst_row, ...) of dst (same row width).
-void copy_rows(Backend& be, const Tensor& dst, int64_t dst_row, const Tensor& src, int64_t src_row, int64_t n) {
+void copy_rows(Backend& be, const Tensor& dst, int64_t dst_row, const Tensor& src, int64_t src_row,
+               int64_t n) {
     if (n <= 0) return;
     const size_t row_bytes = static_cast<size_t>(src.row_numel()) * dtype_size(src.dtype);
-    DS4R_CHECK(row_bytes == static_cast<size_t>(dst.row_numel()) * dtype_size(dst.dtype), "copy_rows: row width mismatch");
+    DS4R_CHECK(row_bytes == static_cast<size_t>(dst.row_numel()) * dtype_size(dst.dtype),
+               "copy_rows: row width mismatch");
     be.copy(dst, static_cast<size_t>(dst_row) * row_bytes, src, static_cast<size_t>(src_row) * row_bytes,
             static_cast<size_t>(n) * row_bytes);
 }
@@ -96,8 +100,8 @@ void PassContext::setup(const std::vector<int64_t>& lens) {
     rope_plain = be.alloc(DType::F32, {max_len, rd / 2, 2});
     rope_yarn = be.alloc(DType::F32, {max_len, rd / 2, 2});
     be.rope_table(cfg.rope_theta, 1.0, 0, cfg.beta_fast, cfg.beta_slow, rd, rope_plain);
-    be.rope_table(cfg.compress_rope_theta, cfg.rope_factor, cfg.original_seq_len, cfg.beta_fast, cfg.beta_slow, rd,
-                  rope_yarn);
+    be.rope_table(cfg.compress_rope_theta, cfg.rope_factor, cfg.original_seq_len, cfg.beta_fast,
+                  cfg.beta_slow, rd, rope_yarn);
 }
 
 Tensor PassContext::seq_topk(int i) const {
@@ -115,7 +119,8 @@ Tensor PassContext::seq_cand(int i) const {
 void begin_layer(PassContext& ctx, const LayerRole& role) {
     if (role.ratio == 0) return;
     for (auto& s : ctx.seqs) {
-        if (role.kv_source) s.cmp_rows = s.len / role.ratio;  // floor: an odd last token is not compressed (4.6.1)
+        if (role.kv_source)
+            s.cmp_rows = s.len / role.ratio;  // floor: an odd last token is not compressed (4.6.1)
         if (role.index_source)
             // K_c = min(index_topk, T); T = 0 publishes an empty top-k (4.6.2, 8.4).
             s.topk_width = s.cmp_rows > 0 ? std::min<int64_t>(ctx.cfg.index_topk, s.cmp_rows) : 0;
@@ -134,7 +139,8 @@ void engram_chunk(PassContext& ctx, const LayerWeights& w, const Tensor& X, cons
     ctx.be.engram_update(X, kv, w.eng_q, w.eng_k, static_cast<float>(c.norm_eps));
 }
 
-void kv_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, const Tensor& X, const Tensor& P) {
+void kv_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, const Tensor& X,
+              const Tensor& P) {
     Backend& be = ctx.be;
     const ModelConfig& c = ctx.cfg;
     const LayerRole& role = w.role;
@@ -182,15 +188,16 @@ void kv_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, co
             const int64_t s = ctx.seqs[static_cast<size_t>(sg.seq)].len;
             const int64_t tend = std::min(sg.t1, (s / 2) * 2);  // the odd last token is not compressed
             if (tend <= sg.t0) continue;
-            DS4R_CHECK(sg.t0 % 2 == 0, "ratio-2 compressor: chunk segment starts at odd position %lld", (long long)sg.t0);
+            DS4R_CHECK(sg.t0 % 2 == 0, "ratio-2 compressor: chunk segment starts at odd position %lld",
+                       (long long)sg.t0);
             pieces.push_back({sg.seq, sg.t0 / 2, (tend - sg.t0) / 2, total, sg.row});
             total += (tend - sg.t0) / 2;
         }
         if (total == 0) return;
         lat = be.alloc(DType::BF16, {total, hd});
         for (const Piece& p : pieces) {
-            be.compress_pool2(kvf.rows(p.src_row, p.src_row + 2 * p.n), sc.rows(p.src_row, p.src_row + 2 * p.n),
-                              lat.rows(p.lat_row, p.lat_row + p.n));
+            be.compress_pool2(kvf.rows(p.src_row, p.src_row + 2 * p.n),
+                              sc.rows(p.src_row, p.src_row + 2 * p.n), lat.rows(p.lat_row, p.lat_row + p.n));
             for (int64_t j = 0; j < p.n; ++j) cpos.push_back(static_cast<int32_t>((p.j0 + j) * 2));
         }
     } else {
@@ -221,8 +228,8 @@ void kv_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, co
         copy_rows(be, ctx.cmp_kv, ctx.seqs[static_cast<size_t>(p.seq)].row0 + p.j0, lat, p.lat_row, p.n);
 }
 
-void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, const Tensor& X, const Tensor& P,
-                const LayerTaps* taps) {
+void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, const Tensor& X,
+                const Tensor& P, const LayerTaps* taps) {
     Backend& be = ctx.be;
     const ModelConfig& c = ctx.cfg;
     const LayerRole& role = w.role;
@@ -257,7 +264,7 @@ void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, 
         // softmax_scale * n_heads^-0.5 = 128^-0.5 * 32^-0.5 = 1/64 for V4.1 (2.4), evaluated like
         // the reference: in double, then used as an fp32 scalar.
         be.mul_scalar_bf16(hw, static_cast<float>(std::pow(static_cast<double>(ihd), -0.5) *
-                                                   std::pow(static_cast<double>(nih), -0.5)));
+                                                  std::pow(static_cast<double>(nih), -0.5)));
         for (const Segment& sg : rows.segs) {
             const SeqInfo& si = ctx.seqs[static_cast<size_t>(sg.seq)];
             const int64_t T = si.cmp_rows, m = sg.t1 - sg.t0;
@@ -265,14 +272,16 @@ void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, 
             Tensor pos = rows.pos.rows(sg.row, sg.row + m);
             ph("indexer.scores");
             Tensor score = be.alloc(DType::BF16, {m, T});
-            be.index_scores(qi.rows(sg.row, sg.row + m).reshape({m, nih, ihd}), ctx.index_k.rows(si.row0, si.row0 + T),
-                            hw.rows(sg.row, sg.row + m), pos, role.ratio, score);
+            be.index_scores(qi.rows(sg.row, sg.row + m).reshape({m, nih, ihd}),
+                            ctx.index_k.rows(si.row0, si.row0 + T), hw.rows(sg.row, sg.row + m), pos,
+                            role.ratio, score);
             ph("indexer.topk");
             if (role.candidate_source)
                 be.candidate_blocks(score, pos, role.ratio, c.candidate_block_size, c.candidate_topk_blocks,
                                     ctx.seq_cand(sg.seq).rows(sg.t0, sg.t1));
             if (role.reindex && si.cand_words > 0)
-                be.apply_candidate_mask(score, ctx.seq_cand(sg.seq).rows(sg.t0, sg.t1), c.candidate_block_size);
+                be.apply_candidate_mask(score, ctx.seq_cand(sg.seq).rows(sg.t0, sg.t1),
+                                        c.candidate_block_size);
             be.index_topk(score, pos, role.ratio, si.len, ctx.seq_topk(sg.seq).rows(sg.t0, sg.t1));
         }
     }
@@ -290,9 +299,11 @@ void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, 
         Tensor idx = be.alloc(DType::I32, {m, W + kc});
         Tensor tk = compressed ? ctx.seq_topk(sg.seq).rows(sg.t0, sg.t1) : empty_tensor(DType::I32, {m, 0});
         be.attn_indices(pos, c.window_size, tk, idx);
-        Tensor cmp = compressed ? ctx.cmp_kv.rows(si.row0, si.row0 + si.cmp_rows) : empty_tensor(DType::BF16, {0, hd});
-        be.sparse_attn(q.rows(sg.row, sg.row + m).reshape({m, H, hd}), ctx.win_kv.rows(si.row0, si.row0 + si.len), cmp,
-                       w.attn_sink, idx, scale, o.rows(sg.row, sg.row + m).reshape({m, H, hd}));
+        Tensor cmp =
+            compressed ? ctx.cmp_kv.rows(si.row0, si.row0 + si.cmp_rows) : empty_tensor(DType::BF16, {0, hd});
+        be.sparse_attn(q.rows(sg.row, sg.row + m).reshape({m, H, hd}),
+                       ctx.win_kv.rows(si.row0, si.row0 + si.len), cmp, w.attn_sink, idx, scale,
+                       o.rows(sg.row, sg.row + m).reshape({m, H, hd}));
     }
     // (e) de-rotate, (f) grouped wo_a then wo_b.
     ph("attn.out_proj");
@@ -332,8 +343,8 @@ void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, 
     be.copy(P, 0, f_pre, 0, f_pre.nbytes());  // f_pre is the next block's attention pre-mix
 }
 
-void head_chunk(PassContext& ctx, const GlobalWeights& g, const Tensor& X, const Tensor& P, const Tensor& targets,
-                int k, const Tensor& collapsed, const HeadStatsOut& out) {
+void head_chunk(PassContext& ctx, const GlobalWeights& g, const Tensor& X, const Tensor& P,
+                const Tensor& targets, int k, const Tensor& collapsed, const HeadStatsOut& out) {
     Backend& be = ctx.be;
     const int64_t M = X.dim(0);
     Phase ph(be);

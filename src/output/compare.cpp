@@ -47,8 +47,10 @@ public:
         for (const char* k : {"token_id", "id"})
             if (entry.contains(k)) {
                 const json& v = entry.at(k);
-                if (!v.is_number_integer() || (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0))
-                    fail(std::string("top_logprobs entry: \"") + k + "\" must be a non-negative integer, found " + v.dump());
+                if (!v.is_number_integer() ||
+                    (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0))
+                    fail(std::string("top_logprobs entry: \"") + k +
+                         "\" must be a non-negative integer, found " + v.dump());
                 return v.get<int64_t>();
             }
         if (!entry.contains("token") || !entry.at("token").is_string())
@@ -56,7 +58,8 @@ public:
         const std::string t = entry.at("token").get<std::string>();
         if (t.rfind("token_id:", 0) == 0) {
             const std::string digits = t.substr(9);
-            if (digits.empty() || digits.size() > 12 || digits.find_first_not_of("0123456789") != std::string::npos)
+            if (digits.empty() || digits.size() > 12 ||
+                digits.find_first_not_of("0123456789") != std::string::npos)
                 fail("bad token " + json(t).dump() + " (expected \"token_id:<decimal id>\")");
             return std::stoll(digits);
         }
@@ -73,7 +76,9 @@ private:
     void load() {
         if (loaded_) return;
         if (path_.empty())
-            throw InputError("API records carry token text: give --tokenizer tokenizer.json (or --model DIR) to map it to ids");
+            throw InputError(
+                "API records carry token text: give --tokenizer tokenizer.json (or --model DIR) to map it to "
+                "ids");
         Tokenizer tok = Tokenizer::load(path_);
         for (int64_t i = 0; i < tok.size(); ++i) {
             if (!tok.has_token(i)) continue;
@@ -116,7 +121,8 @@ std::vector<Seq> read_file(const std::string& path, TokenMapper& mapper) {
             throw InputError(strfmt("%s:%lld: not valid JSON (%s)", path.c_str(), (long long)ln, e.what()));
         }
         if (!v.is_object() || !v.contains("id"))
-            throw InputError(strfmt("%s:%lld: expected a JSON object with an \"id\"", path.c_str(), (long long)ln));
+            throw InputError(
+                strfmt("%s:%lld: expected a JSON object with an \"id\"", path.c_str(), (long long)ln));
         Seq s;
         s.id = v.at("id").dump();
         s.line = ln;
@@ -148,13 +154,15 @@ std::vector<Seq> read_file(const std::string& path, TokenMapper& mapper) {
                             if (l <= -9999.0) continue;  // the API's "below top-k" sentinel
                             p.topk.emplace_back(mapper.id_of(a, path, ln), l);
                         }
-                    std::sort(p.topk.begin(), p.topk.end(),
-                              [](const auto& x, const auto& y) { return x.second > y.second || (x.second == y.second && x.first < y.first); });
+                    std::sort(p.topk.begin(), p.topk.end(), [](const auto& x, const auto& y) {
+                        return x.second > y.second || (x.second == y.second && x.first < y.first);
+                    });
                     s.pos.push_back(std::move(p));
                 }
             } else {
-                throw InputError(strfmt("%s:%lld: neither a ds4replay record (\"logprob\") nor an API record (\"logprobs\")",
-                                        path.c_str(), (long long)ln));
+                throw InputError(strfmt(
+                    "%s:%lld: neither a ds4replay record (\"logprob\") nor an API record (\"logprobs\")",
+                    path.c_str(), (long long)ln));
             }
         } catch (const json::exception& e) {
             throw InputError(strfmt("%s:%lld: malformed record (%s)", path.c_str(), (long long)ln, e.what()));
@@ -236,13 +244,23 @@ struct Acc {
 
 json stats_json(const CompareStats& s) {
     auto num = [](double x) { return std::isnan(x) ? json(nullptr) : json(x); };
-    return json{{"sequences", s.sequences},   {"positions", s.positions},      {"median_abs_dlogprob", s.median_abs},
-                {"mean_abs_dlogprob", s.mean_abs}, {"p95_abs_dlogprob", s.p95_abs}, {"max_abs_dlogprob", s.max_abs},
-                {"top1_agreement", num(s.top1_agreement)}, {"rank_agreement", num(s.rank_agreement)},
-                {"kl_positions", s.kl_positions}, {"kl_mean", s.kl_mean}, {"kl_median", s.kl_median}, {"kl_max", s.kl_max}};
+    return json{{"sequences", s.sequences},
+                {"positions", s.positions},
+                {"median_abs_dlogprob", s.median_abs},
+                {"mean_abs_dlogprob", s.mean_abs},
+                {"p95_abs_dlogprob", s.p95_abs},
+                {"max_abs_dlogprob", s.max_abs},
+                {"top1_agreement", num(s.top1_agreement)},
+                {"rank_agreement", num(s.rank_agreement)},
+                {"kl_positions", s.kl_positions},
+                {"kl_mean", s.kl_mean},
+                {"kl_median", s.kl_median},
+                {"kl_max", s.kl_max}};
 }
 
-std::string pct(double x) { return std::isnan(x) ? std::string("-") : strfmt("%.1f%%", 100 * x); }
+std::string pct(double x) {
+    return std::isnan(x) ? std::string("-") : strfmt("%.1f%%", 100 * x);
+}
 
 }  // namespace
 
@@ -267,7 +285,8 @@ int run_compare(const CompareOptions& opt, std::FILE* out) {
         }
         const Seq& sb = *it->second;
         if (sa.api && sb.api)
-            throw InputError(strfmt("id %s: both files hold API records; one must be ds4replay results", sa.id.c_str()));
+            throw InputError(
+                strfmt("id %s: both files hold API records; one must be ds4replay results", sa.id.c_str()));
         ++matched;
         Acc one;
         // Align: API records cover the last positions of the replayed sequence.
@@ -275,12 +294,13 @@ int run_compare(const CompareOptions& opt, std::FILE* out) {
         const Seq& other = sa.api ? sa : sb;
         const int64_t n = static_cast<int64_t>(rep.pos.size()), m = static_cast<int64_t>(other.pos.size());
         if (m > n)
-            throw InputError(strfmt("id %s: %lld compared positions but the replay record has only %lld", sa.id.c_str(),
-                                    (long long)m, (long long)n));
+            throw InputError(strfmt("id %s: %lld compared positions but the replay record has only %lld",
+                                    sa.id.c_str(), (long long)m, (long long)n));
         const int64_t off = other.api ? n - m : 0;
         if (!other.api && m != n)
-            throw InputError(strfmt("id %s: %lld positions in %s but %lld in %s", sa.id.c_str(), (long long)sa.pos.size(),
-                                    opt.file_a.c_str(), (long long)sb.pos.size(), opt.file_b.c_str()));
+            throw InputError(strfmt("id %s: %lld positions in %s but %lld in %s", sa.id.c_str(),
+                                    (long long)sa.pos.size(), opt.file_a.c_str(), (long long)sb.pos.size(),
+                                    opt.file_b.c_str()));
         for (int64_t i = 0; i < m; ++i) {
             const Pos& pr = rep.pos[static_cast<size_t>(off + i)];
             const Pos& po = other.pos[static_cast<size_t>(i)];
@@ -301,8 +321,8 @@ int run_compare(const CompareOptions& opt, std::FILE* out) {
                 per.push_back(j);
             } else {
                 text += strfmt("  %-24s %6lld pos  |d| median %.4f mean %.4f max %.4f  top-1 %s  KL %.4g\n",
-                               sa.id.substr(0, 24).c_str(), (long long)s.positions, s.median_abs, s.mean_abs, s.max_abs,
-                               pct(s.top1_agreement).c_str(), s.kl_mean);
+                               sa.id.substr(0, 24).c_str(), (long long)s.positions, s.median_abs, s.mean_abs,
+                               s.max_abs, pct(s.top1_agreement).c_str(), s.kl_mean);
             }
         }
     }
@@ -318,15 +338,18 @@ int run_compare(const CompareOptions& opt, std::FILE* out) {
         if (opt.per_sequence) j["per_sequence"] = per;
         std::fprintf(out, "%s\n", j.dump().c_str());
     } else {
-        std::fprintf(out, "compare %s vs %s: %lld sequences, %lld positions%s%s\n", opt.file_a.c_str(), opt.file_b.c_str(),
-                     (long long)s.sequences, (long long)s.positions,
-                     missing ? strfmt(" (%lld ids of A not in B)", (long long)missing).c_str() : "",
-                     missing_in_a ? strfmt(" (%lld ids of B not in A)", (long long)missing_in_a).c_str() : "");
+        std::fprintf(
+            out, "compare %s vs %s: %lld sequences, %lld positions%s%s\n", opt.file_a.c_str(),
+            opt.file_b.c_str(), (long long)s.sequences, (long long)s.positions,
+            missing ? strfmt(" (%lld ids of A not in B)", (long long)missing).c_str() : "",
+            missing_in_a ? strfmt(" (%lld ids of B not in A)", (long long)missing_in_a).c_str() : "");
         if (mapper.ambiguous())
-            std::fprintf(out, "  %lld API top-k entries had a text shared by several token ids (left out of top-1 / KL)\n",
-                         (long long)mapper.ambiguous());
-        std::fprintf(out, "  |d logprob|  median %.4f  mean %.4f  p95 %.4f  max %.4f\n", s.median_abs, s.mean_abs, s.p95_abs,
-                     s.max_abs);
+            std::fprintf(
+                out,
+                "  %lld API top-k entries had a text shared by several token ids (left out of top-1 / KL)\n",
+                (long long)mapper.ambiguous());
+        std::fprintf(out, "  |d logprob|  median %.4f  mean %.4f  p95 %.4f  max %.4f\n", s.median_abs,
+                     s.mean_abs, s.p95_abs, s.max_abs);
         std::fprintf(out, "  top-1 agreement %s  rank agreement %s\n", pct(s.top1_agreement).c_str(),
                      pct(s.rank_agreement).c_str());
         std::fprintf(out, "  KL(A||B) over shared top-k (%lld positions): mean %.4g median %.4g max %.4g\n",

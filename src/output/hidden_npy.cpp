@@ -18,7 +18,9 @@ HiddenNpyWriter::HiddenNpyWriter(std::string dir, int n_layers, HiddenMode mode,
     make_dirs(dir_);
 }
 
-std::string HiddenNpyWriter::file_name(int layer) const { return "hidden_L" + std::to_string(layer) + ".npy"; }
+std::string HiddenNpyWriter::file_name(int layer) const {
+    return "hidden_L" + std::to_string(layer) + ".npy";
+}
 
 void HiddenNpyWriter::open_layer(int layer, int64_t rows_kept) {
     LayerFile lf;
@@ -31,8 +33,9 @@ void HiddenNpyWriter::open_layer(int layer, int64_t rows_kept) {
     lf.fh = FileHandle(path, O_RDWR | O_CREAT, 0644);
     const uint64_t keep = kHeaderBytes + static_cast<uint64_t>(rows_kept * lf.row_elems) * 2;
     if (rows_kept > 0 && lf.fh.size() < keep)
-        throw RuntimeError(strfmt("%s: holds fewer rows than the results file references (%lld); cannot resume",
-                                  path.c_str(), (long long)rows_kept));
+        throw RuntimeError(
+            strfmt("%s: holds fewer rows than the results file references (%lld); cannot resume",
+                   path.c_str(), (long long)rows_kept));
     if (::ftruncate(lf.fh.fd(), static_cast<off_t>(keep)) != 0)
         throw RuntimeError(strfmt("%s: ftruncate failed (%s)", path.c_str(), errno_text(errno).c_str()));
     lf.rows = rows_kept;
@@ -67,7 +70,8 @@ void HiddenNpyWriter::add_rows(int layer, int seq, const uint16_t* data, int64_t
         ssize_t w = ::pwrite(f.fh.fd(), p + done, bytes - done, static_cast<off_t>(off + done));
         if (w < 0) {
             if (errno == EINTR) continue;
-            throw RuntimeError(strfmt("%s: write failed (%s)", f.fh.path().c_str(), errno_text(errno).c_str()));
+            throw RuntimeError(
+                strfmt("%s: write failed (%s)", f.fh.path().c_str(), errno_text(errno).c_str()));
         }
         done += static_cast<size_t>(w);
     }
@@ -80,7 +84,9 @@ std::vector<HiddenRef> HiddenNpyWriter::refs_for(int seq) const {
     return it == refs_.end() ? std::vector<HiddenRef>{} : it->second;
 }
 
-void HiddenNpyWriter::clear_refs() { refs_.clear(); }
+void HiddenNpyWriter::clear_refs() {
+    refs_.clear();
+}
 
 void HiddenNpyWriter::commit() {
     for (auto& [layer, f] : files_) {
@@ -100,7 +106,8 @@ void HiddenNpyWriter::rollback() {
         if (f.rows == f.committed_rows) continue;
         const uint64_t keep = kHeaderBytes + static_cast<uint64_t>(f.committed_rows * f.row_elems) * 2;
         if (::ftruncate(f.fh.fd(), static_cast<off_t>(keep)) != 0)
-            throw RuntimeError(strfmt("%s: ftruncate failed (%s)", f.fh.path().c_str(), errno_text(errno).c_str()));
+            throw RuntimeError(
+                strfmt("%s: ftruncate failed (%s)", f.fh.path().c_str(), errno_text(errno).c_str()));
         f.rows = f.committed_rows;
         f.fh.fsync_or_throw();
     }

@@ -28,16 +28,27 @@ namespace {
 // JSON string literal of `raw`; invalid UTF-8 (an error message quoting the bytes of a bad input
 // line) becomes U+FFFD so the record stays valid JSON.
 void append_json_string(std::string& out, const std::string& raw) {
-    const bool ascii = std::all_of(raw.begin(), raw.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+    const bool ascii =
+        std::all_of(raw.begin(), raw.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
     const std::string s = ascii ? raw : utf8_from_bytes_lossy(raw);
     out += '"';
     for (unsigned char c : s) {
         switch (c) {
-            case '"': out += "\\\""; break;
-            case '\\': out += "\\\\"; break;
-            case '\n': out += "\\n"; break;
-            case '\r': out += "\\r"; break;
-            case '\t': out += "\\t"; break;
+            case '"':
+                out += "\\\"";
+                break;
+            case '\\':
+                out += "\\\\";
+                break;
+            case '\n':
+                out += "\\n";
+                break;
+            case '\r':
+                out += "\\r";
+                break;
+            case '\t':
+                out += "\\t";
+                break;
             default:
                 if (c < 0x20) {
                     char b[8];
@@ -61,7 +72,9 @@ void append_array(std::string& out, const T* v, size_t n, F fmt) {
     out += ']';
 }
 
-std::string fmt_int(int32_t v) { return std::to_string(v); }
+std::string fmt_int(int32_t v) {
+    return std::to_string(v);
+}
 
 // Inserts the members of a JSON object text ("{...}") before the closing brace of `out`.
 void append_extra(std::string& out, const std::string& extra_json) {
@@ -107,7 +120,8 @@ std::string format_record(const std::string& id_json, const SequenceScores& s, i
             if (i) out += ", ";
             out += "{\"layer\": " + std::to_string(hidden[i].layer) + ", \"file\": ";
             append_json_string(out, hidden[i].file);
-            out += ", \"rows\": [" + std::to_string(hidden[i].row_begin) + ", " + std::to_string(hidden[i].row_end) + "]}";
+            out += ", \"rows\": [" + std::to_string(hidden[i].row_begin) + ", " +
+                   std::to_string(hidden[i].row_end) + "]}";
         }
         out += "]";
     }
@@ -141,7 +155,8 @@ void ResultWriter::append(const std::string& line) {
 void ResultWriter::commit() {
     if (pending_.empty()) return;
     if (stdout_) {
-        if (std::fwrite(pending_.data(), 1, pending_.size(), stdout) != pending_.size() || std::fflush(stdout) != 0)
+        if (std::fwrite(pending_.data(), 1, pending_.size(), stdout) != pending_.size() ||
+            std::fflush(stdout) != 0)
             throw RuntimeError("writing results to stdout failed");
     } else {
         fh_.write_all(pending_.data(), pending_.size());

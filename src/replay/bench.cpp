@@ -1,9 +1,9 @@
 #include "ds4r/bench.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <random>
@@ -36,26 +36,28 @@ struct Csv {
             f << "section,name,layer,tokens,m,n,k,value,unit,extra\n";
         }
     }
-    void row(const std::string& section, const std::string& name, int layer, int64_t tokens, int64_t m, int64_t n,
-             int64_t k, double value, const std::string& unit, const std::string& extra = "") {
+    void row(const std::string& section, const std::string& name, int layer, int64_t tokens, int64_t m,
+             int64_t n, int64_t k, double value, const std::string& unit, const std::string& extra = "") {
         if (!f.is_open()) return;
-        f << section << ',' << name << ',' << layer << ',' << tokens << ',' << m << ',' << n << ',' << k << ','
-          << strfmt("%.6g", value) << ',' << unit << ',' << extra << '\n';
+        f << section << ',' << name << ',' << layer << ',' << tokens << ',' << m << ',' << n << ',' << k
+          << ',' << strfmt("%.6g", value) << ',' << unit << ',' << extra << '\n';
     }
 };
 
 // GEMM FLOPs per token of one layer (all linears + attention core with `slots` attended per query).
 double layer_flops_per_token(const ModelConfig& c, const LayerRole& r, double slots) {
-    const double D = static_cast<double>(c.dim), H = static_cast<double>(c.n_heads), hd = static_cast<double>(c.head_dim);
+    const double D = static_cast<double>(c.dim), H = static_cast<double>(c.n_heads),
+                 hd = static_cast<double>(c.head_dim);
     const double I = static_cast<double>(c.moe_inter_dim);
-    double p = 0;  // multiply-adds
-    p += c.q_lora_rank * D + H * hd * c.q_lora_rank + hd * D;           // wq_a, wq_b, wkv
-    p += H * hd * c.o_lora_rank + D * c.o_groups * c.o_lora_rank;        // wo_a (grouped), wo_b
-    p += (c.n_activated_experts + c.n_shared_experts) * 3.0 * I * D;     // routed + shared experts
-    p += c.n_routed_experts * D + 2.0 * c.mix_hc() * c.hc_dim();         // router, mHC mixes
+    double p = 0;                                                     // multiply-adds
+    p += c.q_lora_rank * D + H * hd * c.q_lora_rank + hd * D;         // wq_a, wq_b, wkv
+    p += H * hd * c.o_lora_rank + D * c.o_groups * c.o_lora_rank;     // wo_a (grouped), wo_b
+    p += (c.n_activated_experts + c.n_shared_experts) * 3.0 * I * D;  // routed + shared experts
+    p += c.n_routed_experts * D + 2.0 * c.mix_hc() * c.hc_dim();      // router, mHC mixes
     if (r.index_source) p += c.index_n_heads * c.index_head_dim * c.q_lora_rank + c.index_n_heads * D;
-    if (r.kv_source) p += (r.ratio == 2 ? 2.0 : 1.0) * hd * D + (r.owns_index_keys ? c.index_head_dim * hd / r.ratio : 0);
-    p += H * slots * hd * 2.0;                                           // QK and PV
+    if (r.kv_source)
+        p += (r.ratio == 2 ? 2.0 : 1.0) * hd * D + (r.owns_index_keys ? c.index_head_dim * hd / r.ratio : 0);
+    p += H * slots * hd * 2.0;  // QK and PV
     if (r.engram) p += D * (c.hc_mult + 1) * c.engram_hash_cols() * c.engram_head_dim;
     return 2.0 * p;
 }
@@ -87,19 +89,23 @@ void bench_kernels(CudaBackend& cb, const ModelConfig& c, const BenchOptions& op
     const double peak = bench_cublas_bf16_tflops(cb, 8192, 8192, 8192, it);
     const double mma_peak = bench_mma_sync_peak_tflops(cb);
     *bf16_peak = peak;
-    std::fprintf(out, "\nkernels (M = %lld rows): cuBLAS bf16 8192^3 measured %.1f TFLOP/s; mma.sync bf16 instruction "
-                 "ceiling (the portable path's limit) %.1f TFLOP/s\n", (long long)opt.kernel_rows, peak, mma_peak);
+    std::fprintf(
+        out,
+        "\nkernels (M = %lld rows): cuBLAS bf16 8192^3 measured %.1f TFLOP/s; mma.sync bf16 instruction "
+        "ceiling (the portable path's limit) %.1f TFLOP/s\n",
+        (long long)opt.kernel_rows, peak, mma_peak);
     csv.row("kernels", "cublas_bf16_8192", -1, 0, 8192, 8192, 8192, peak, "TFLOP/s");
     csv.row("kernels", "mma_sync_peak", -1, 0, 0, 0, 0, mma_peak, "TFLOP/s");
-    std::fprintf(out, "  %-32s %6s %6s %6s %10s %10s %8s %8s %9s\n", "shape", "M", "N", "K", "ours TF/s", "cuBLAS",
-                 "ratio", "of peak", "of mma");
+    std::fprintf(out, "  %-32s %6s %6s %6s %10s %10s %8s %8s %9s\n", "shape", "M", "N", "K", "ours TF/s",
+                 "cuBLAS", "ratio", "of peak", "of mma");
     struct Shape {
         const char* name;
         int64_t m, n, k;
         int kind;  // 0 fp8, 1 fp4, 2 bf16
     };
     const int64_t M = opt.kernel_rows;
-    const int64_t per_expert = std::max<int64_t>(16, M * c.n_activated_experts / std::max<int64_t>(1, c.n_routed_experts));
+    const int64_t per_expert =
+        std::max<int64_t>(16, M * c.n_activated_experts / std::max<int64_t>(1, c.n_routed_experts));
     const Shape shapes[] = {
         {"attn.wq_a fp8", M, c.q_lora_rank, c.dim, 0},
         {"attn.wq_b fp8", M, c.n_heads * c.head_dim, c.q_lora_rank, 0},
@@ -116,8 +122,9 @@ void bench_kernels(CudaBackend& cb, const ModelConfig& c, const BenchOptions& op
                       : s.kind == 1 ? bench_linear_fp4_tflops(cb, s.m, s.n, s.k, it)
                                     : bench_linear_bf16_tflops(cb, s.m, s.n, s.k, it);
         double ref = bench_cublas_bf16_tflops(cb, s.m, s.n, s.k, it);
-        std::fprintf(out, "  %-32s %6lld %6lld %6lld %10.1f %10.1f %7.0f%% %7.0f%% %8.0f%%\n", s.name, (long long)s.m,
-                     (long long)s.n, (long long)s.k, ours, ref, 100 * ours / ref, 100 * ours / peak, 100 * ours / mma_peak);
+        std::fprintf(out, "  %-32s %6lld %6lld %6lld %10.1f %10.1f %7.0f%% %7.0f%% %8.0f%%\n", s.name,
+                     (long long)s.m, (long long)s.n, (long long)s.k, ours, ref, 100 * ours / ref,
+                     100 * ours / peak, 100 * ours / mma_peak);
         csv.row("kernels", s.name, -1, 0, s.m, s.n, s.k, ours, "TFLOP/s", strfmt("cublas=%.3f", ref));
     }
     // The routed experts as the MoE runs them: all experts of a chunk in one grouped launch, each with
@@ -130,10 +137,12 @@ void bench_kernels(CudaBackend& cb, const ModelConfig& c, const BenchOptions& op
     const Grouped grouped[] = {{"experts w1+w3 fp4 (grouped)", c.moe_inter_dim, c.dim, 2},
                                {"experts w2 fp4 (grouped)", c.dim, c.moe_inter_dim, 1}};
     for (const Grouped& g : grouped) {
-        const double ours = bench_grouped_fp4_tflops(cb, c.n_routed_experts, per_expert, g.n, g.k, g.proj, it);
+        const double ours =
+            bench_grouped_fp4_tflops(cb, c.n_routed_experts, per_expert, g.n, g.k, g.proj, it);
         const double ref = bench_cublas_bf16_tflops(cb, per_expert, g.n, g.k, it);
-        std::fprintf(out, "  %-32s %6lld %6lld %6lld %10.1f %10.1f %7.0f%% %7.0f%% %8.0f%%\n", g.name, (long long)per_expert,
-                     (long long)g.n, (long long)g.k, ours, ref, 100 * ours / ref, 100 * ours / peak, 100 * ours / mma_peak);
+        std::fprintf(out, "  %-32s %6lld %6lld %6lld %10.1f %10.1f %7.0f%% %7.0f%% %8.0f%%\n", g.name,
+                     (long long)per_expert, (long long)g.n, (long long)g.k, ours, ref, 100 * ours / ref,
+                     100 * ours / peak, 100 * ours / mma_peak);
         csv.row("kernels", g.name, -1, 0, per_expert, g.n, g.k, ours, "TFLOP/s",
                 strfmt("experts=%lld cublas_one_expert=%.3f", (long long)c.n_routed_experts, ref));
     }
@@ -148,14 +157,16 @@ void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* en
     // DS4R_READ_THREADS / DS4R_READ_REQUEST_MB tune the prefetcher (DS4R_IO picks direct / buffered reads).
     PrefetchOptions po;
     if (const char* e = std::getenv("DS4R_READ_THREADS")) po.read_threads = std::atoi(e);
-    if (const char* e = std::getenv("DS4R_READ_REQUEST_MB")) po.read_request_bytes = static_cast<size_t>(std::atoi(e)) << 20;
+    if (const char* e = std::getenv("DS4R_READ_REQUEST_MB"))
+        po.read_request_bytes = static_cast<size_t>(std::atoi(e)) << 20;
     std::unique_ptr<WeightSource> ws =
         opt.prefetch ? make_prefetch_weight_source(be, ck, po) : make_sync_weight_source(be, ck);
     ReplayOptions ro;
     const int64_t per_row = (14 + c.hc_mult) * c.dim * 4 + c.n_heads * c.head_dim * 8;
-    ro.max_batch_tokens = opt.max_batch_tokens > 0
-                              ? opt.max_batch_tokens
-                              : std::clamp<int64_t>(static_cast<int64_t>(be.free_memory() / 4) / per_row, 64, 8192);
+    ro.max_batch_tokens =
+        opt.max_batch_tokens > 0
+            ? opt.max_batch_tokens
+            : std::clamp<int64_t>(static_cast<int64_t>(be.free_memory() / 4) / per_row, 64, 8192);
 #ifdef DS4R_HAVE_CUDA
     auto* cb = dynamic_cast<CudaBackend*>(&be);
     if (cb) cb->reset_high_water();
@@ -167,11 +178,11 @@ void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* en
     runner.run(seqs, nullptr, [&](const LayerTiming& t) { timings.push_back(t); });
     const double wall = now_s() - t0;
     const WeightSourceStats st = ws->stats();
-    std::fprintf(out, "\nworkload %s: %lld x %lld tokens (%lld), chunks of %lld rows, %s weights\n", w.name.c_str(),
-                 (long long)w.sequences, (long long)w.tokens, (long long)total, (long long)ro.max_batch_tokens,
-                 opt.prefetch ? "prefetched" : "synchronous");
-    std::fprintf(out, "  %-6s %9s %8s %8s %8s %8s %8s %7s %9s %7s\n", "layer", "GB", "read s", "upload s", "compute s",
-                 "stall s", "wall s", "overlap", "TFLOP/s", "of bf16");
+    std::fprintf(out, "\nworkload %s: %lld x %lld tokens (%lld), chunks of %lld rows, %s weights\n",
+                 w.name.c_str(), (long long)w.sequences, (long long)w.tokens, (long long)total,
+                 (long long)ro.max_batch_tokens, opt.prefetch ? "prefetched" : "synchronous");
+    std::fprintf(out, "  %-6s %9s %8s %8s %8s %8s %8s %7s %9s %7s\n", "layer", "GB", "read s", "upload s",
+                 "compute s", "stall s", "wall s", "overlap", "TFLOP/s", "of bf16");
     double sum_wall = 0, sum_bound = 0, sum_compute = 0, sum_flops = 0;
     int n_layers = 0;
     const double slots = std::min<double>(static_cast<double>(c.window_size), static_cast<double>(w.tokens)) +
@@ -185,15 +196,18 @@ void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* en
         const double bound = std::max({read_s, up_s, t.compute_s});
         double flops = 0;
         if (t.layer >= 0)
-            flops = layer_flops_per_token(c, ck.roles()[static_cast<size_t>(t.layer)], slots) * static_cast<double>(total);
+            flops = layer_flops_per_token(c, ck.roles()[static_cast<size_t>(t.layer)], slots) *
+                    static_cast<double>(total);
         else
-            flops = 2.0 * static_cast<double>(c.vocab_size) * static_cast<double>(c.dim) * static_cast<double>(total);
+            flops = 2.0 * static_cast<double>(c.vocab_size) * static_cast<double>(c.dim) *
+                    static_cast<double>(total);
         const double tf = t.compute_s > 0 ? flops / t.compute_s / 1e12 : 0;
         std::fprintf(out, "  %-6s %9.2f %8.2f %8.2f %8.2f %8.2f %8.2f %6.2fx %9.1f %7s\n",
-                     t.layer < 0 ? "head" : std::to_string(t.layer).c_str(), gb, read_s, up_s, t.compute_s, t.wait_s, lwall,
-                     bound > 0 ? lwall / bound : 0.0, tf, percent_of(tf, bf16_peak).c_str());
+                     t.layer < 0 ? "head" : std::to_string(t.layer).c_str(), gb, read_s, up_s, t.compute_s,
+                     t.wait_s, lwall, bound > 0 ? lwall / bound : 0.0, tf, percent_of(tf, bf16_peak).c_str());
         const std::string name = t.layer < 0 ? "head" : "layer";
-        csv.row("workload_" + w.name, name + "_read_s", t.layer, total, 0, 0, 0, read_s, "s", strfmt("bytes=%.0f", gb * 1e9));
+        csv.row("workload_" + w.name, name + "_read_s", t.layer, total, 0, 0, 0, read_s, "s",
+                strfmt("bytes=%.0f", gb * 1e9));
         csv.row("workload_" + w.name, name + "_upload_s", t.layer, total, 0, 0, 0, up_s, "s");
         csv.row("workload_" + w.name, name + "_compute_s", t.layer, total, 0, 0, 0, t.compute_s, "s");
         csv.row("workload_" + w.name, name + "_stall_s", t.layer, total, 0, 0, 0, t.wait_s, "s");
@@ -221,31 +235,41 @@ void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* en
         return 0.0;
     };
     const auto& roles = ck.roles();
-    if (roles.size() >= 4 && roles[0].ratio == 0 && !roles[0].engram && roles[1].engram && roles[2].index_source &&
-        roles[3].ratio > 0 && !roles[3].index_source) {
+    if (roles.size() >= 4 && roles[0].ratio == 0 && !roles[0].engram && roles[1].engram &&
+        roles[2].index_source && roles[3].ratio > 0 && !roles[3].index_source) {
         const double engram_extra = std::max(0.0, lw(1) - lw(0));
         projected = lw(0) + lw(1) + 8 * lw(2) + 30 * lw(3) + engram_extra + head_s;
         how = "by role: L0 + L1 + 8 x L2 + 30 x L3 + Engram(L1 - L0) + head";
     }
-    const double host_per_token = static_cast<double>(c.hc_mult * c.dim * 2 + c.hc_mult * 4 +
-                                                      static_cast<int64_t>(c.engram_layer_ids.size()) * c.engram_hash_cols() * 8);
-    std::fprintf(out, "  total %.2f s, %.0f tokens/s; %.2f s per layer (overlap wall/max(read,upload,compute) %.2f); "
-                 "layer GEMM work %.1f TFLOP/s (%s of measured bf16)\n",
-                 wall, tps, per_layer, sum_bound > 0 ? sum_wall / sum_bound : 0, sum_compute > 0 ? sum_flops / sum_compute / 1e12 : 0,
-                 percent_of(sum_compute > 0 ? sum_flops / sum_compute / 1e12 : 0, bf16_peak).c_str());
-    std::fprintf(out, "  projected to 40 layers (%s): %.1f s per pass, %.0f tokens/s\n", how.c_str(), projected,
-                 projected > 0 ? static_cast<double>(total) / projected : 0.0);
+    const double host_per_token =
+        static_cast<double>(c.hc_mult * c.dim * 2 + c.hc_mult * 4 +
+                            static_cast<int64_t>(c.engram_layer_ids.size()) * c.engram_hash_cols() * 8);
+    std::fprintf(
+        out,
+        "  total %.2f s, %.0f tokens/s; %.2f s per layer (overlap wall/max(read,upload,compute) %.2f); "
+        "layer GEMM work %.1f TFLOP/s (%s of measured bf16)\n",
+        wall, tps, per_layer, sum_bound > 0 ? sum_wall / sum_bound : 0,
+        sum_compute > 0 ? sum_flops / sum_compute / 1e12 : 0,
+        percent_of(sum_compute > 0 ? sum_flops / sum_compute / 1e12 : 0, bf16_peak).c_str());
+    std::fprintf(out, "  projected to 40 layers (%s): %.1f s per pass, %.0f tokens/s\n", how.c_str(),
+                 projected, projected > 0 ? static_cast<double>(total) / projected : 0.0);
     double gpu_hw = 0;
 #ifdef DS4R_HAVE_CUDA
     if (cb) gpu_hw = static_cast<double>(cb->high_water());
 #endif
-    std::fprintf(out, "  weights read: %.2f GB in %.2f s of reading (%.2f GB/s; %llu requests, %.0f%% O_DIRECT, %d reader threads)\n",
+    std::fprintf(out,
+                 "  weights read: %.2f GB in %.2f s of reading (%.2f GB/s; %llu requests, %.0f%% O_DIRECT, "
+                 "%d reader threads)\n",
                  static_cast<double>(st.bytes_read) / 1e9, st.read_seconds,
                  st.read_seconds > 0 ? static_cast<double>(st.bytes_read) / 1e9 / st.read_seconds : 0.0,
                  (unsigned long long)st.read_requests,
-                 st.bytes_read ? 100.0 * static_cast<double>(st.bytes_read_direct) / static_cast<double>(st.bytes_read) : 0.0,
+                 st.bytes_read
+                     ? 100.0 * static_cast<double>(st.bytes_read_direct) / static_cast<double>(st.bytes_read)
+                     : 0.0,
                  opt.prefetch ? po.read_threads : 1);
-    std::fprintf(out, "  GPU memory high-water %.2f GB (weights slots %.2f GB); host state %.1f KB/token + %.2f GB pinned staging\n",
+    std::fprintf(out,
+                 "  GPU memory high-water %.2f GB (weights slots %.2f GB); host state %.1f KB/token + %.2f "
+                 "GB pinned staging\n",
                  gpu_hw / 1e9, static_cast<double>(st.device_bytes) / 1e9, host_per_token / 1024,
                  static_cast<double>(st.host_bytes) / 1e9);
     if (profiling_enabled()) {
@@ -253,7 +277,9 @@ void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* en
         std::sort(prof.begin(), prof.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
         double sum = 0;
         for (auto& [n, v] : prof) sum += v;
-        std::fprintf(out, "  profile (backend time per region, all layers + head; DS4R_PROFILE=1): total %.2f s\n", sum);
+        std::fprintf(out,
+                     "  profile (backend time per region, all layers + head; DS4R_PROFILE=1): total %.2f s\n",
+                     sum);
         for (auto& [n, v] : prof) {
             std::fprintf(out, "    %-22s %8.3f s %5.1f%%\n", n.c_str(), v, sum > 0 ? 100 * v / sum : 0.0);
             csv.row("profile_" + w.name, n, -1, total, 0, 0, 0, v, "s");
@@ -261,7 +287,8 @@ void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* en
     }
     csv.row("workload_" + w.name, "tokens_per_s", -1, total, 0, 0, 0, tps, "tokens/s");
     csv.row("workload_" + w.name, "s_per_layer", -1, total, 0, 0, 0, per_layer, "s");
-    csv.row("workload_" + w.name, "overlap", -1, total, 0, 0, 0, sum_bound > 0 ? sum_wall / sum_bound : 0, "ratio");
+    csv.row("workload_" + w.name, "overlap", -1, total, 0, 0, 0, sum_bound > 0 ? sum_wall / sum_bound : 0,
+            "ratio");
     csv.row("workload_" + w.name, "projected_40_layers_s", -1, total, 0, 0, 0, projected, "s");
     csv.row("workload_" + w.name, "gpu_high_water", -1, total, 0, 0, 0, gpu_hw, "bytes");
     csv.row("workload_" + w.name, "host_bytes_per_token", -1, total, 0, 0, 0, host_per_token, "bytes");
@@ -273,8 +300,9 @@ int run_bench(const BenchOptions& opt, std::FILE* out) {
     Checkpoint ck = Checkpoint::open(opt.model_dir);
     const ModelConfig& c = ck.config();
     auto be = select_backend(opt.backend, opt.device);
-    std::fprintf(out, "ds4replay bench: %s, %lld layers, dim %lld, %lld experts; backend %s\n", opt.model_dir.c_str(),
-                 (long long)c.n_layers, (long long)c.dim, (long long)c.n_routed_experts, be->name().c_str());
+    std::fprintf(out, "ds4replay bench: %s, %lld layers, dim %lld, %lld experts; backend %s\n",
+                 opt.model_dir.c_str(), (long long)c.n_layers, (long long)c.dim,
+                 (long long)c.n_routed_experts, be->name().c_str());
     Csv csv(opt.csv);
     std::vector<std::string> wl;
     {
@@ -300,7 +328,8 @@ int run_bench(const BenchOptions& opt, std::FILE* out) {
     // kernel benchmarks did not.
     if (auto* cb = dynamic_cast<CudaBackend*>(be.get()); cb && bf16_peak <= 0) {
         bf16_peak = bench_cublas_bf16_tflops(*cb, 8192, 8192, 8192, opt.iters);
-        std::fprintf(out, "\ncuBLAS bf16 8192^3 measured %.1f TFLOP/s (the workloads' reference rate)\n", bf16_peak);
+        std::fprintf(out, "\ncuBLAS bf16 8192^3 measured %.1f TFLOP/s (the workloads' reference rate)\n",
+                     bf16_peak);
         csv.row("kernels", "cublas_bf16_8192", -1, 0, 8192, 8192, 8192, bf16_peak, "TFLOP/s");
     }
 #endif

@@ -19,8 +19,9 @@ using json = nlohmann::json;
 namespace {
 
 // Output fields of a record: an input field with one of these names cannot be carried through.
-const char* const kReserved[] = {"id", "tokens", "input_ids", "n_tokens", "logprob", "rank", "entropy",
-                                 "topk_ids", "topk_logprobs", "final", "sum_logprob", "hidden", "error", "line"};
+const char* const kReserved[] = {"id",          "tokens",  "input_ids", "n_tokens",      "logprob",
+                                 "rank",        "entropy", "topk_ids",  "topk_logprobs", "final",
+                                 "sum_logprob", "hidden",  "error",     "line"};
 bool reserved(const std::string& k) {
     for (const char* r : kReserved)
         if (k == r) return true;
@@ -30,8 +31,8 @@ bool reserved(const std::string& k) {
 constexpr size_t kReadChunk = size_t{1} << 20;
 
 bool starts_with_bom(const std::string& s) {
-    return s.size() >= 3 && static_cast<unsigned char>(s[0]) == 0xEF && static_cast<unsigned char>(s[1]) == 0xBB &&
-           static_cast<unsigned char>(s[2]) == 0xBF;
+    return s.size() >= 3 && static_cast<unsigned char>(s[0]) == 0xEF &&
+           static_cast<unsigned char>(s[1]) == 0xBB && static_cast<unsigned char>(s[2]) == 0xBF;
 }
 
 // Deepest [ / { nesting outside strings (a cheap bound before parsing: the parsed value's
@@ -84,7 +85,8 @@ InputReader::InputReader(const std::string& path, int64_t vocab, int64_t max_len
         do {
             fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
         } while (fd_ < 0 && errno == EINTR);
-        if (fd_ < 0) throw InputError(strfmt("%s: cannot open input (%s)", path.c_str(), errno_text(errno).c_str()));
+        if (fd_ < 0)
+            throw InputError(strfmt("%s: cannot open input (%s)", path.c_str(), errno_text(errno).c_str()));
         own_fd_ = true;
     }
     struct stat st {};
@@ -191,14 +193,18 @@ bool InputReader::next(InputRecord& rec, std::string* bad_line_id) {
     };
     if (too_long) fail(strfmt("line longer than %zu bytes", kMaxLineBytes));
     if (line_no_ == 1 && starts_with_bom(line))
-        fail("the file starts with a UTF-8 byte order mark (EF BB BF); remove it, e.g. sed -i '1s/^\\xEF\\xBB\\xBF//' FILE");
-    if (line.back() == '\r') fail("the line ends with CRLF; convert the file to LF line ends (e.g. dos2unix FILE)");
+        fail(
+            "the file starts with a UTF-8 byte order mark (EF BB BF); remove it, e.g. sed -i "
+            "'1s/^\\xEF\\xBB\\xBF//' FILE");
+    if (line.back() == '\r')
+        fail("the line ends with CRLF; convert the file to LF line ends (e.g. dos2unix FILE)");
     if (max_nesting(line) > kMaxNesting) fail(strfmt("JSON nested deeper than %d levels", kMaxNesting));
     json v;
     try {
         v = json::parse(line);
     } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers such as 1e400
-        if (!nl) fail(strfmt("the last line is not valid JSON and has no newline: truncated? (%s)", e.what()));
+        if (!nl)
+            fail(strfmt("the last line is not valid JSON and has no newline: truncated? (%s)", e.what()));
         fail(strfmt("not valid JSON (%s)", e.what()));
     }
     rec = InputRecord();
@@ -222,8 +228,8 @@ bool InputReader::next(InputRecord& rec, std::string* bad_line_id) {
         if (!has_t && !has_i) fail("no \"tokens\" array (expected {\"id\": ..., \"tokens\": [int, ...]})");
         toks = &v.at(has_t ? "tokens" : "input_ids");
         if (!toks->is_array())
-            fail(std::string("\"") + (has_t ? "tokens" : "input_ids") + "\" must be an array of integers, found " +
-                 toks->dump().substr(0, 40));
+            fail(std::string("\"") + (has_t ? "tokens" : "input_ids") +
+                 "\" must be an array of integers, found " + toks->dump().substr(0, 40));
         json extra = json::object();
         for (auto it = v.begin(); it != v.end(); ++it)
             if (!reserved(it.key())) extra[it.key()] = it.value();
@@ -240,16 +246,17 @@ bool InputReader::next(InputRecord& rec, std::string* bad_line_id) {
     rec.tokens.reserve(toks->size());
     for (size_t i = 0; i < toks->size(); ++i) {
         const json& t = (*toks)[i];
-        if (t.is_number_float() && std::fabs(t.get<double>()) >= 9.2e18)  // an integer literal too large for 64 bits
+        if (t.is_number_float() &&
+            std::fabs(t.get<double>()) >= 9.2e18)  // an integer literal too large for 64 bits
             fail(strfmt("token %zu is a number too large for a token id (%s); ids lie in [0, %lld)", i,
                         t.dump().substr(0, 40).c_str(), (long long)vocab_));
         if (!t.is_number_integer())
-            fail(strfmt("token %zu is %s, expected an integer id in [0, %lld)", i, t.dump().substr(0, 40).c_str(),
-                        (long long)vocab_));
+            fail(strfmt("token %zu is %s, expected an integer id in [0, %lld)", i,
+                        t.dump().substr(0, 40).c_str(), (long long)vocab_));
         if (t.is_number_unsigned() ? t.get<uint64_t>() >= static_cast<uint64_t>(vocab_)
                                    : (t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab_))
-            fail(strfmt("token %zu is %s, outside the vocabulary [0, %lld)", i, t.dump().substr(0, 40).c_str(),
-                        (long long)vocab_));
+            fail(strfmt("token %zu is %s, outside the vocabulary [0, %lld)", i,
+                        t.dump().substr(0, 40).c_str(), (long long)vocab_));
         rec.tokens.push_back(static_cast<int32_t>(t.get<int64_t>()));
     }
     return true;

@@ -2,10 +2,10 @@
 #include <fcntl.h>
 
 #include <algorithm>
-#include <thread>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "ds4r/checkpoint.h"
 #include "ds4r/file_util.h"
@@ -36,17 +36,24 @@ std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt) {
         const TensorLocation& w = ckpt.at(layer_tensor_name(L, "engram.embed.weight"));
         const TensorLocation& s = ckpt.at(layer_tensor_name(L, "engram.embed.scale"));
         if (w.shard != s.shard)
-            throw CheckpointError(strfmt("layer %d: engram.embed.weight and .scale are in different shards", L));
-        res->tables.push_back(std::make_unique<EngramTable>(ckpt.shards().at(static_cast<size_t>(w.shard)).path,
-                                                            w.offset, s.offset, w.shape[0], w.shape[1]));
+            throw CheckpointError(
+                strfmt("layer %d: engram.embed.weight and .scale are in different shards", L));
+        res->tables.push_back(std::make_unique<EngramTable>(
+            ckpt.shards().at(static_cast<size_t>(w.shard)).path, w.offset, s.offset, w.shape[0], w.shape[1]));
     }
     return res;
 }
 
-PassRunner::PassRunner(Backend& be, const Checkpoint& ckpt, WeightSource& weights, const EngramResources* engram,
-                       ReplayOptions opt)
-    : be_(be), ckpt_(ckpt), weights_(weights), engram_(engram), opt_(std::move(opt)), cfg_(ckpt.config()),
-      roles_(ckpt.roles()), ctx_(be, ckpt.config()) {
+PassRunner::PassRunner(Backend& be, const Checkpoint& ckpt, WeightSource& weights,
+                       const EngramResources* engram, ReplayOptions opt)
+    : be_(be),
+      ckpt_(ckpt),
+      weights_(weights),
+      engram_(engram),
+      opt_(std::move(opt)),
+      cfg_(ckpt.config()),
+      roles_(ckpt.roles()),
+      ctx_(be, ckpt.config()) {
     DS4R_CHECK(opt_.max_batch_tokens >= 2, "max_batch_tokens must be >= 2");
     if (!cfg_.engram_layer_ids.empty())
         DS4R_CHECK(engram_ != nullptr, "the model has Engram layers but no Engram resources were loaded");
@@ -62,12 +69,15 @@ PassRunner::~PassRunner() {
 }
 
 uint16_t* PassRunner::stream(int seq) {
-    return static_cast<uint16_t*>(stream_.get()) + row0_.at(static_cast<size_t>(seq)) * cfg_.hc_mult * cfg_.dim;
+    return static_cast<uint16_t*>(stream_.get()) +
+           row0_.at(static_cast<size_t>(seq)) * cfg_.hc_mult * cfg_.dim;
 }
 float* PassRunner::premix(int seq) {
     return static_cast<float*>(premix_.get()) + row0_.at(static_cast<size_t>(seq)) * cfg_.hc_mult;
 }
-int64_t PassRunner::seq_len(int seq) const { return static_cast<int64_t>(tokens_.at(static_cast<size_t>(seq)).size()); }
+int64_t PassRunner::seq_len(int seq) const {
+    return static_cast<int64_t>(tokens_.at(static_cast<size_t>(seq)).size());
+}
 
 void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs) {
     // A gather of the previous pass still running reads hashes_: finish it before they change.
@@ -81,7 +91,8 @@ void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs) {
     for (const auto& s : seqs) {
         DS4R_CHECK(!s.empty(), "empty sequence");
         for (int32_t t : s)
-            DS4R_CHECK(t >= 0 && t < cfg_.vocab_size, "token id %d outside [0, %lld)", t, (long long)cfg_.vocab_size);
+            DS4R_CHECK(t >= 0 && t < cfg_.vocab_size, "token id %d outside [0, %lld)", t,
+                       (long long)cfg_.vocab_size);
         row0_.push_back(total_rows_);
         total_rows_ += static_cast<int64_t>(s.size());
         lens.push_back(static_cast<int64_t>(s.size()));
@@ -100,8 +111,10 @@ void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs) {
     int64_t r = 0;
     for (const auto& s : seqs)
         for (int32_t t : s) {
-            f.pread_exact(row.data(), static_cast<size_t>(D) * 2, emb.offset + static_cast<uint64_t>(t) * D * 2);
-            for (int64_t k = 0; k < hc; ++k) std::memcpy(X + (r * hc + k) * D, row.data(), static_cast<size_t>(D) * 2);
+            f.pread_exact(row.data(), static_cast<size_t>(D) * 2,
+                          emb.offset + static_cast<uint64_t>(t) * D * 2);
+            for (int64_t k = 0; k < hc; ++k)
+                std::memcpy(X + (r * hc + k) * D, row.data(), static_cast<size_t>(D) * 2);
             for (int64_t k = 0; k < hc; ++k) P[r * hc + k] = k == 0 ? 1.0f : 0.0f;  // one-hot on copy 0
             ++r;
         }
@@ -142,7 +155,8 @@ void PassRunner::start_engram_gather(int ei) {
                 std::vector<int64_t> ids(static_cast<size_t>((r1 - r0) * cols));
                 for (int64_t r = r0; r < r1; ++r)
                     for (int64_t c = 0; c < cols; ++c)
-                        ids[static_cast<size_t>((r - r0) * cols + c)] = (*hashes)[static_cast<size_t>((r * ne + ei) * cols + c)];
+                        ids[static_cast<size_t>((r - r0) * cols + c)] =
+                            (*hashes)[static_cast<size_t>((r * ne + ei) * cols + c)];
                 table->gather_bf16(ids.data(), ids.size(), out.data() + r0 * cols * ehd);
             }));
         }
@@ -191,14 +205,16 @@ void PassRunner::plan_chunks() {
 void PassRunner::upload_chunk(const Chunk& ch, const Tensor& X, const Tensor& P) {
     ProfileRange pr(be_, "io.chunk_upload");
     const int64_t hc = cfg_.hc_mult, D = cfg_.dim, M = ch.r1 - ch.r0;
-    be_.upload(X, 0, static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D, static_cast<size_t>(M * hc * D) * 2);
+    be_.upload(X, 0, static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D,
+               static_cast<size_t>(M * hc * D) * 2);
     be_.upload(P, 0, static_cast<float*>(premix_.get()) + ch.r0 * hc, static_cast<size_t>(M * hc) * 4);
 }
 
 void PassRunner::download_chunk(const Chunk& ch, const Tensor& X, const Tensor& P) {
     ProfileRange pr(be_, "io.chunk_download");
     const int64_t hc = cfg_.hc_mult, D = cfg_.dim, M = ch.r1 - ch.r0;
-    be_.download(static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D, X, 0, static_cast<size_t>(M * hc * D) * 2);
+    be_.download(static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D, X, 0,
+                 static_cast<size_t>(M * hc * D) * 2);
     be_.download(static_cast<float*>(premix_.get()) + ch.r0 * hc, P, 0, static_cast<size_t>(M * hc) * 4);
 }
 
@@ -221,7 +237,8 @@ void PassRunner::run_engram(const LayerWeights& w) {
         Tensor P = be_.alloc(DType::F32, {M, hc});
         upload_chunk(ch, X, P);
         engram_chunk(ctx_, w, X, e);
-        be_.download(static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D, X, 0, static_cast<size_t>(M * hc * D) * 2);
+        be_.download(static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D, X, 0,
+                     static_cast<size_t>(M * hc * D) * 2);
     }
     be_.synchronize();
     rows = {};
@@ -263,10 +280,14 @@ void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {
         main_chunk(ctx_, w, ch.rows, X, P, host_taps ? &taps : nullptr);
         download_chunk(ch, X, P);
         if (host_taps) {
-            be_.download(host_taps->attn_out.data() + ch.r0 * D, taps.attn_out, 0, static_cast<size_t>(M * D) * 2);
-            be_.download(host_taps->moe_out.data() + ch.r0 * D, taps.moe_out, 0, static_cast<size_t>(M * D) * 2);
-            be_.download(host_taps->route_idx.data() + ch.r0 * k, taps.route_idx, 0, static_cast<size_t>(M * k) * 4);
-            be_.download(host_taps->route_w.data() + ch.r0 * k, taps.route_w, 0, static_cast<size_t>(M * k) * 4);
+            be_.download(host_taps->attn_out.data() + ch.r0 * D, taps.attn_out, 0,
+                         static_cast<size_t>(M * D) * 2);
+            be_.download(host_taps->moe_out.data() + ch.r0 * D, taps.moe_out, 0,
+                         static_cast<size_t>(M * D) * 2);
+            be_.download(host_taps->route_idx.data() + ch.r0 * k, taps.route_idx, 0,
+                         static_cast<size_t>(M * k) * 4);
+            be_.download(host_taps->route_w.data() + ch.r0 * k, taps.route_w, 0,
+                         static_cast<size_t>(M * k) * 4);
         }
     }
     be_.synchronize();
@@ -309,8 +330,8 @@ std::vector<SequenceScores> PassRunner::finish(const GlobalWeights& g, HiddenSin
         s.topk_ids.resize(static_cast<size_t>(n * K));
         s.topk_logprobs.resize(static_cast<size_t>(n * K));
     }
-    const bool cap_final =
-        sink && std::find(opt_.capture_layers.begin(), opt_.capture_layers.end(), cfg_.n_layers) != opt_.capture_layers.end();
+    const bool cap_final = sink && std::find(opt_.capture_layers.begin(), opt_.capture_layers.end(),
+                                             cfg_.n_layers) != opt_.capture_layers.end();
     std::vector<uint16_t> collapsed_host(static_cast<size_t>(cap_final ? total_rows_ * D : 0));
     for (Chunk& ch : chunks_) {
         const int64_t M = ch.r1 - ch.r0;
@@ -344,7 +365,8 @@ std::vector<SequenceScores> PassRunner::finish(const GlobalWeights& g, HiddenSin
         be_.download(rk.data(), hs.rank, 0, rk.size() * 4);
         be_.download(ki.data(), hs.topk_ids, 0, ki.size() * 4);
         be_.download(kl.data(), hs.topk_logit, 0, kl.size() * 4);
-        if (cap_final) be_.download(collapsed_host.data() + ch.r0 * D, collapsed, 0, static_cast<size_t>(M * D) * 2);
+        if (cap_final)
+            be_.download(collapsed_host.data() + ch.r0 * D, collapsed, 0, static_cast<size_t>(M * D) * 2);
         for (const Segment& sg : ch.rows.segs) {
             auto& s = out[static_cast<size_t>(sg.seq)];
             for (int64_t t = sg.t0; t < sg.t1; ++t) {
@@ -357,7 +379,8 @@ std::vector<SequenceScores> PassRunner::finish(const GlobalWeights& g, HiddenSin
                 s.entropy[static_cast<size_t>(t)] = ent[r];
                 for (int64_t j = 0; j < K; ++j) {
                     s.topk_ids[static_cast<size_t>(t * K + j)] = ki[r * K + static_cast<size_t>(j)];
-                    s.topk_logprobs[static_cast<size_t>(t * K + j)] = static_cast<double>(kl[r * K + static_cast<size_t>(j)]) - lse[r];
+                    s.topk_logprobs[static_cast<size_t>(t * K + j)] =
+                        static_cast<double>(kl[r * K + static_cast<size_t>(j)]) - lse[r];
                 }
             }
         }
@@ -368,7 +391,8 @@ std::vector<SequenceScores> PassRunner::finish(const GlobalWeights& g, HiddenSin
             const int64_t n = static_cast<int64_t>(tokens_[i].size());
             std::vector<uint16_t> h(static_cast<size_t>(n * D));
             for (int64_t j = 0; j < n * D; ++j)
-                h[static_cast<size_t>(j)] = f32_to_f16(bf16_to_f32(collapsed_host[static_cast<size_t>(row0_[i] * D + j)]));
+                h[static_cast<size_t>(j)] =
+                    f32_to_f16(bf16_to_f32(collapsed_host[static_cast<size_t>(row0_[i] * D + j)]));
             sink->add_rows(static_cast<int>(cfg_.n_layers), static_cast<int>(i), h.data(), n, D);
         }
     }
@@ -379,7 +403,8 @@ std::vector<SequenceScores> PassRunner::run(const std::vector<std::vector<int32_
                                             const std::function<void(const LayerTiming&)>& on_layer) {
     begin(seqs);
     auto captured = [&](int L) {
-        return std::find(opt_.capture_layers.begin(), opt_.capture_layers.end(), L) != opt_.capture_layers.end();
+        return std::find(opt_.capture_layers.begin(), opt_.capture_layers.end(), L) !=
+               opt_.capture_layers.end();
     };
     for (int L = 0; L < cfg_.n_layers; ++L) {
         LayerTiming tm;

@@ -30,7 +30,9 @@ std::string format_eta(double s) {
 }
 
 Progress::Progress(const std::string& mode, int n_layers, std::FILE* out, std::function<double()> clock)
-    : n_layers_(n_layers), out_(out), clock_(clock ? std::move(clock) : std::function<double()>(steady_now_s)) {
+    : n_layers_(n_layers),
+      out_(out),
+      clock_(clock ? std::move(clock) : std::function<double()>(steady_now_s)) {
     if (mode == "none")
         mode_ = Mode::None;
     else if (mode == "plain")
@@ -56,7 +58,8 @@ void Progress::begin_pass(int64_t sequences, int64_t tokens, uint64_t input_byte
 
 double Progress::run_fraction(double pass_frac) const {
     if (input_size_ <= 0) return -1;
-    const double done = static_cast<double>(input_skipped_ + input_done_) + static_cast<double>(pass_input_bytes_) * pass_frac;
+    const double done = static_cast<double>(input_skipped_ + input_done_) +
+                        static_cast<double>(pass_input_bytes_) * pass_frac;
     return std::min(1.0, done / static_cast<double>(input_size_));
 }
 
@@ -77,21 +80,27 @@ std::string Progress::layer_line(const LayerTiming& t) const {
     const double pass_eta = frac > 0 && el > 0 ? el / frac - el : -1;
     const double tps = el > 0 ? static_cast<double>(tokens_) * frac / el : 0;
     const double gbs = el > 0 ? static_cast<double>(bytes_read_ - bytes_at_pass_start_) / el / 1e9 : 0;
-    const std::string what = t.layer < 0 ? std::string("head") : strfmt("layer %d/%d", t.layer + 1, n_layers_);
+    const std::string what =
+        t.layer < 0 ? std::string("head") : strfmt("layer %d/%d", t.layer + 1, n_layers_);
     const double rf = run_fraction(frac);
-    return strfmt("pass %d %s: %lld tokens, %.0f tok/s, read %.2f GB/s, wait %.2fs, compute %.2fs, pass ETA %s, run %s ETA %s",
-                  pass_, what.c_str(), (long long)tokens_, tps, gbs, t.wait_s, t.compute_s, format_eta(pass_eta).c_str(),
-                  rf < 0 ? "?" : strfmt("%.0f%%", 100 * rf).c_str(), format_eta(run_eta(frac)).c_str());
+    return strfmt(
+        "pass %d %s: %lld tokens, %.0f tok/s, read %.2f GB/s, wait %.2fs, compute %.2fs, pass ETA %s, run %s "
+        "ETA %s",
+        pass_, what.c_str(), (long long)tokens_, tps, gbs, t.wait_s, t.compute_s,
+        format_eta(pass_eta).c_str(), rf < 0 ? "?" : strfmt("%.0f%%", 100 * rf).c_str(),
+        format_eta(run_eta(frac)).c_str());
 }
 
 std::string Progress::pass_done_line() const {
     const double el = pass_end_t_ - pass_t0_, tot = pass_end_t_ - run_t0_;
     const double rf = run_fraction(0);
-    return strfmt("pass %d done: %lld sequences, %lld tokens in %.2fs (%.0f tok/s); run: %lld tokens in %.1fs (%.0f tok/s), "
-                  "%s of input, ETA %s",
-                  pass_, (long long)seqs_, (long long)tokens_, el, el > 0 ? tokens_ / el : 0.0,
-                  (long long)tokens_done_total_, tot, tot > 0 ? tokens_done_total_ / tot : 0.0,
-                  rf < 0 ? "?" : strfmt("%.0f%%", 100 * rf).c_str(), format_eta(run_eta(0)).c_str());
+    return strfmt(
+        "pass %d done: %lld sequences, %lld tokens in %.2fs (%.0f tok/s); run: %lld tokens in %.1fs (%.0f "
+        "tok/s), "
+        "%s of input, ETA %s",
+        pass_, (long long)seqs_, (long long)tokens_, el, el > 0 ? tokens_ / el : 0.0,
+        (long long)tokens_done_total_, tot, tot > 0 ? tokens_done_total_ / tot : 0.0,
+        rf < 0 ? "?" : strfmt("%.0f%%", 100 * rf).c_str(), format_eta(run_eta(0)).c_str());
 }
 
 void Progress::layer_done(const LayerTiming& t) {
@@ -131,7 +140,8 @@ extern "C" void on_interrupt_signal(int sig) {
     const int n = g_interrupts.fetch_add(1) + 1;
     if (n == 1) {
         static const char msg[] =
-            "\nds4replay: stopping at the next layer boundary (nothing half-written); interrupt again to quit now\n";
+            "\nds4replay: stopping at the next layer boundary (nothing half-written); interrupt again to "
+            "quit now\n";
         ssize_t w = ::write(STDERR_FILENO, msg, sizeof msg - 1);
         (void)w;
         return;
@@ -153,12 +163,19 @@ void install_interrupt_handlers() {
     sa.sa_flags = SA_RESTART;
     for (int sig : {SIGINT, SIGTERM})
         if (::sigaction(sig, &sa, nullptr) != 0)
-            throw RuntimeError(strfmt("cannot install the handler of signal %d (%s)", sig, errno_text(errno).c_str()));
+            throw RuntimeError(
+                strfmt("cannot install the handler of signal %d (%s)", sig, errno_text(errno).c_str()));
 }
 
-bool interrupt_requested() { return g_interrupts.load(std::memory_order_relaxed) > 0; }
-void request_interrupt() { g_interrupts.fetch_add(1); }
-void clear_interrupt() { g_interrupts.store(0); }
+bool interrupt_requested() {
+    return g_interrupts.load(std::memory_order_relaxed) > 0;
+}
+void request_interrupt() {
+    g_interrupts.fetch_add(1);
+}
+void clear_interrupt() {
+    g_interrupts.store(0);
+}
 
 void throw_if_interrupted() {
     if (interrupt_requested()) throw Interrupted(0);

@@ -7,10 +7,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <cstring>
 #include <unordered_map>
 
 #include "ds4r/checkpoint.h"
@@ -42,9 +42,9 @@ uint64_t host_available_bytes() {
 
 // What an existing results file already holds (for --resume).
 struct ResumeState {
-    int64_t records = 0;                              // complete lines (records and error records)
-    std::unordered_map<std::string, int64_t> ids;     // id JSON text -> how many records carry it
-    std::map<int, int64_t> hidden_rows;               // layer -> rows referenced by complete records
+    int64_t records = 0;                           // complete lines (records and error records)
+    std::unordered_map<std::string, int64_t> ids;  // id JSON text -> how many records carry it
+    std::map<int, int64_t> hidden_rows;            // layer -> rows referenced by complete records
 
     // True (and one use consumed) when the output already holds a record for this id. Records are
     // written in input order, one per input line, so the k-th input line with an id matches the k-th
@@ -63,7 +63,8 @@ void note_record(ResumeState& st, const std::string& line, const std::string& pa
     try {
         v = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception&) {
-        throw InputError(where + "existing results line is not valid JSON; cannot resume (remove the line or the file)");
+        throw InputError(
+            where + "existing results line is not valid JSON; cannot resume (remove the line or the file)");
     }
     if (!v.is_object() || !v.contains("id"))
         throw InputError(where + "existing results line has no \"id\"; cannot resume");
@@ -77,7 +78,8 @@ void note_record(ResumeState& st, const std::string& line, const std::string& pa
             st.hidden_rows[L] = std::max(st.hidden_rows[L], end);
         }
     } catch (const nlohmann::json::exception& e) {
-        throw InputError(where + "existing results line has a malformed \"hidden\" entry; cannot resume (" + e.what() + ")");
+        throw InputError(where + "existing results line has a malformed \"hidden\" entry; cannot resume (" +
+                         e.what() + ")");
     }
 }
 
@@ -91,12 +93,14 @@ ResumeState scan_existing_output(const std::string& path) {
     uint64_t off = 0, line_start = 0;
     int64_t line_no = 0;
     while (off < size) {
-        const size_t n = f.pread_some(chunk.data(), static_cast<size_t>(std::min<uint64_t>(chunk.size(), size - off)), off);
+        const size_t n = f.pread_some(chunk.data(),
+                                      static_cast<size_t>(std::min<uint64_t>(chunk.size(), size - off)), off);
         if (n == 0) break;
         size_t p = 0;
         while (p < n) {
             const void* nl = std::memchr(chunk.data() + p, '\n', n - p);
-            const size_t take = nl ? static_cast<size_t>(static_cast<const char*>(nl) - (chunk.data() + p)) : n - p;
+            const size_t take =
+                nl ? static_cast<size_t>(static_cast<const char*>(nl) - (chunk.data() + p)) : n - p;
             line.append(chunk.data() + p, take);
             p += take;
             if (!nl) break;
@@ -119,8 +123,10 @@ ResumeState scan_existing_output(const std::string& path) {
 }
 
 bool same_file(const std::string& a, const std::string& b) {
-    struct stat sa {}, sb {};
-    return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    struct stat sa {
+    }, sb{};
+    return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
 }
 
 // Without --skip-bad, a regular input file is checked completely before any compute: a bad line at
@@ -133,8 +139,8 @@ void validate_whole_input(const std::string& path, int64_t vocab, int64_t max_le
     while (r.next(rec)) {
         auto [pos, fresh] = seen.emplace(rec.id_json, rec.line);
         if (!fresh)
-            throw InputError(strfmt("%s:%lld: duplicate id %s (first on line %lld)", r.path().c_str(), (long long)rec.line,
-                                    rec.id_json.c_str(), (long long)pos->second));
+            throw InputError(strfmt("%s:%lld: duplicate id %s (first on line %lld)", r.path().c_str(),
+                                    (long long)rec.line, rec.id_json.c_str(), (long long)pos->second));
     }
 }
 
@@ -149,19 +155,23 @@ static void check_engram_seeds(const ModelConfig& cfg) {
     }
     for (int L : cfg.engram_layer_ids) {
         const auto got = engram_multipliers(L, cfg.engram_compressed_vocab_size, cfg.engram_max_ngram_size);
-        const auto want = released_engram_multipliers(L, cfg.engram_compressed_vocab_size, cfg.engram_max_ngram_size);
+        const auto want =
+            released_engram_multipliers(L, cfg.engram_compressed_vocab_size, cfg.engram_max_ngram_size);
         std::string vals;
         for (int64_t v : got) vals += (vals.empty() ? "" : ", ") + std::to_string(v);
         if (want.empty()) {
-            log_info(strfmt("seed check: layer %d multipliers [%s] (default_rng(%d)); no published values for this "
-                            "configuration to compare with",
-                            L, vals.c_str(), 10007 * L));
+            log_info(strfmt(
+                "seed check: layer %d multipliers [%s] (default_rng(%d)); no published values for this "
+                "configuration to compare with",
+                L, vals.c_str(), 10007 * L));
         } else if (got != want) {
-            throw RuntimeError(strfmt("seed check: layer %d Engram multipliers [%s] differ from the released model's "
-                                      "published values (MODEL.md 4.2)",
-                                      L, vals.c_str()));
+            throw RuntimeError(
+                strfmt("seed check: layer %d Engram multipliers [%s] differ from the released model's "
+                       "published values (MODEL.md 4.2)",
+                       L, vals.c_str()));
         } else {
-            log_info(strfmt("seed check: layer %d multipliers [%s] equal the released model's", L, vals.c_str()));
+            log_info(
+                strfmt("seed check: layer %d multipliers [%s] equal the released model's", L, vals.c_str()));
         }
     }
 }
@@ -181,7 +191,8 @@ std::unique_ptr<Backend> select_backend(const std::string& kind, int device) {
 
 ScoreSummary run_score(const ScoreOptions& opt) {
     const double t_start = now_s();
-    if (opt.resume && opt.output == "-") throw InputError("--resume needs --output FILE (it cannot continue stdout)");
+    if (opt.resume && opt.output == "-")
+        throw InputError("--resume needs --output FILE (it cannot continue stdout)");
     if (opt.top_k < 1 || opt.top_k > 1024) throw InputError("--top-k must be in [1, 1024]");
     if (!opt.capture_layers.empty() && opt.hidden_dir.empty())
         throw InputError("--capture-layers needs --hidden-dir DIR");
@@ -191,10 +202,12 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     const ModelConfig& cfg = ckpt.config();
     for (int L : opt.capture_layers)
         if (L < 0 || L > cfg.n_layers)
-            throw InputError(strfmt("--capture-layers: layer %d outside [0, %lld]", L, (long long)cfg.n_layers));
+            throw InputError(
+                strfmt("--capture-layers: layer %d outside [0, %lld]", L, (long long)cfg.n_layers));
     if (opt.top_k > cfg.vocab_size) throw InputError("--top-k is larger than the vocabulary");
-    const int64_t max_len = opt.max_seq_len > 0 ? opt.max_seq_len
-                                                : (cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 65536);
+    const int64_t max_len = opt.max_seq_len > 0
+                                ? opt.max_seq_len
+                                : (cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 65536);
 
     // Input and output problems surface before the (slow) backend and table setup.
     InputReader reader(opt.input, cfg.vocab_size, max_len);
@@ -203,21 +216,24 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     ResumeState resume;
     struct stat ost {};
     if (opt.output != "-" && ::stat(opt.output.c_str(), &ost) == 0) {
-        if (S_ISDIR(ost.st_mode)) throw RuntimeError(opt.output + ": is a directory, expected the results file");
+        if (S_ISDIR(ost.st_mode))
+            throw RuntimeError(opt.output + ": is a directory, expected the results file");
         if (S_ISREG(ost.st_mode)) {
             if (ost.st_size > 0 && !opt.resume)
-                throw InputError(opt.output + ": exists and is not empty; use --resume to continue it, or remove it");
+                throw InputError(opt.output +
+                                 ": exists and is not empty; use --resume to continue it, or remove it");
             if (opt.resume) resume = scan_existing_output(opt.output);
         } else if (opt.resume) {
             throw InputError(opt.output + ": --resume needs a regular results file");
         }
     }
-    if (resume.records) log_info(strfmt("resume: %lld records already in %s", (long long)resume.records, opt.output.c_str()));
+    if (resume.records)
+        log_info(strfmt("resume: %lld records already in %s", (long long)resume.records, opt.output.c_str()));
     ResultWriter out(opt.output);
     std::unique_ptr<HiddenNpyWriter> hidden;
     if (!opt.capture_layers.empty()) {
-        hidden = std::make_unique<HiddenNpyWriter>(opt.hidden_dir, static_cast<int>(cfg.n_layers), opt.hidden_mode,
-                                                   cfg.dim, cfg.hc_mult);
+        hidden = std::make_unique<HiddenNpyWriter>(opt.hidden_dir, static_cast<int>(cfg.n_layers),
+                                                   opt.hidden_mode, cfg.dim, cfg.hc_mult);
         for (int L : opt.capture_layers) {
             auto it = resume.hidden_rows.find(L);
             hidden->open_layer(L, it == resume.hidden_rows.end() ? 0 : it->second);
@@ -236,12 +252,14 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     // Per-row activation footprint of a chunk is ~ (14 + hc) * D * 4 bytes plus attention scores;
     // keep chunks to a quarter of the free backend memory.
     const int64_t per_row = (14 + cfg.hc_mult) * cfg.dim * 4 + cfg.n_heads * cfg.head_dim * 8;
-    ro.max_batch_tokens = opt.max_batch_tokens > 0
-                              ? opt.max_batch_tokens
-                              : std::clamp<int64_t>(static_cast<int64_t>(be->free_memory() / 4) / per_row, 64, 8192);
+    ro.max_batch_tokens =
+        opt.max_batch_tokens > 0
+            ? opt.max_batch_tokens
+            : std::clamp<int64_t>(static_cast<int64_t>(be->free_memory() / 4) / per_row, 64, 8192);
     // Pass size: host state ~ hc*D*2 + hashes per token (<= 64 KB, DESIGN.md 5), half of MemAvailable.
-    const int64_t host_per_token = cfg.hc_mult * cfg.dim * 2 + cfg.hc_mult * 4 +
-                                   static_cast<int64_t>(cfg.engram_layer_ids.size()) * cfg.engram_hash_cols() * 8 + 64;
+    const int64_t host_per_token =
+        cfg.hc_mult * cfg.dim * 2 + cfg.hc_mult * 4 +
+        static_cast<int64_t>(cfg.engram_layer_ids.size()) * cfg.engram_hash_cols() * 8 + 64;
     int64_t pass_tokens = opt.pass_tokens;
     if (pass_tokens <= 0) {
         const uint64_t avail = host_available_bytes();
@@ -284,8 +302,9 @@ ScoreSummary run_score(const ScoreOptions& opt) {
                     }
                     auto [pos, fresh] = seen.emplace(it.rec.id_json, it.rec.line);
                     if (!fresh)
-                        throw InputError(strfmt("%s:%lld: duplicate id %s (first on line %lld)", reader.path().c_str(),
-                                                (long long)it.rec.line, it.rec.id_json.c_str(), (long long)pos->second));
+                        throw InputError(strfmt("%s:%lld: duplicate id %s (first on line %lld)",
+                                                reader.path().c_str(), (long long)it.rec.line,
+                                                it.rec.id_json.c_str(), (long long)pos->second));
                 } catch (const InputError& e) {
                     if (!opt.skip_bad) throw;
                     it.bad = true;
@@ -338,8 +357,8 @@ ScoreSummary run_score(const ScoreOptions& opt) {
                 }
                 const int s = seq_of_item[i];
                 std::vector<HiddenRef> refs = hidden ? hidden->refs_for(s) : std::vector<HiddenRef>{};
-                out.append(format_record(items[i].rec.id_json, scores[static_cast<size_t>(s)], opt.top_k, refs,
-                                         items[i].rec.extra_json));
+                out.append(format_record(items[i].rec.id_json, scores[static_cast<size_t>(s)], opt.top_k,
+                                         refs, items[i].rec.extra_json));
                 ++sum.sequences;
                 sum.tokens += static_cast<int64_t>(items[i].rec.tokens.size());
             }

@@ -22,7 +22,8 @@ struct Report {
     std::FILE* out;
     int failed = 0;
     void check(bool ok, const std::string& what, const std::string& detail = "") {
-        std::fprintf(out, "  [%s] %s%s%s\n", ok ? " ok " : "FAIL", what.c_str(), detail.empty() ? "" : ": ", detail.c_str());
+        std::fprintf(out, "  [%s] %s%s%s\n", ok ? " ok " : "FAIL", what.c_str(), detail.empty() ? "" : ": ",
+                     detail.c_str());
         std::fflush(out);
         failed += !ok;
     }
@@ -38,15 +39,16 @@ void check_quantization(Backend& be, Report& r) {
     // Second block: all tiny -> amax floored at 1e-4 -> s = 2^ceil(log2(1e-4/448)) = 2^-22.
     for (int i = 32; i < 64; ++i) x[static_cast<size_t>(i)] = f32_to_bf16(1e-30f);
     x[32] = f32_to_bf16(3.0e-5f);
-    Tensor xt = be.alloc(DType::BF16, {1, 64}), q = be.alloc(DType::F8_E4M3, {1, 64}), s = be.alloc(DType::F8_E8M0, {1, 2});
+    Tensor xt = be.alloc(DType::BF16, {1, 64}), q = be.alloc(DType::F8_E4M3, {1, 64}),
+           s = be.alloc(DType::F8_E8M0, {1, 2});
     be.upload(xt, 0, x.data(), 128);
     be.act_quant_fp8(xt, q, s);
     uint8_t qh[64], sh[2];
     be.download(qh, q, 0, 64);
     be.download(sh, s, 0, 2);
     // -3 = 1.5 x 2^1 -> 0xc4; 2.5 -> 0x42; 3e-5 / 2^-22 = 125.8 -> e4m3 RNE 128 = 1.000 x 2^7 -> 0x70.
-    const bool ok = sh[0] == 127 && sh[1] == 127 - 22 && qh[0] == 0x7e && qh[1] == 0xc4 && qh[2] == 0x42 && qh[3] == 0 &&
-                    qh[32] == 0x70;
+    const bool ok = sh[0] == 127 && sh[1] == 127 - 22 && qh[0] == 0x7e && qh[1] == 0xc4 && qh[2] == 0x42 &&
+                    qh[3] == 0 && qh[32] == 0x70;
     r.check(ok, "fp8 activation quantization known answers",
             strfmt("scales %u %u, codes %02x %02x %02x %02x", sh[0], sh[1], qh[0], qh[1], qh[2], qh[32]));
     // fp4 e8m0 / 32: amax 6 -> scale 1; 5.0 is a tie between 4 and 6 -> even code (4.0); 0.25 -> 0.
@@ -63,7 +65,8 @@ void check_quantization(Backend& be, Report& r) {
     r.check(bf16_to_f32(yh[0]) == 6.0f && bf16_to_f32(yh[1]) == 4.0f && bf16_to_f32(yh[2]) == 0.0f &&
                 bf16_to_f32(yh[3]) == -2.0f,
             "fp4 (e8m0 scales) known answers",
-            strfmt("%g %g %g %g", bf16_to_f32(yh[0]), bf16_to_f32(yh[1]), bf16_to_f32(yh[2]), bf16_to_f32(yh[3])));
+            strfmt("%g %g %g %g", bf16_to_f32(yh[0]), bf16_to_f32(yh[1]), bf16_to_f32(yh[2]),
+                   bf16_to_f32(yh[3])));
 }
 
 std::vector<std::vector<int32_t>> test_sequences(int64_t vocab) {
@@ -123,7 +126,8 @@ int run_selftest(const SelftestOptions& opt, std::FILE* out) {
     r.check(true, "make-tiny checkpoint written and validated", strfmt("%zu tensors", ck.tensors().size()));
     auto eng = load_engram_resources(ck);
     r.check(eng != nullptr && eng->map.num_keys == ck.config().engram_compressed_vocab_size,
-            "Engram token map built from tokenizer.json", eng ? strfmt("%lld keys", (long long)eng->map.num_keys) : "");
+            "Engram token map built from tokenizer.json",
+            eng ? strfmt("%lld keys", (long long)eng->map.num_keys) : "");
 
     auto be = select_backend(opt.backend, opt.device);
     std::fprintf(out, "  backend: %s\n", be->name().c_str());
@@ -141,9 +145,10 @@ int run_selftest(const SelftestOptions& opt, std::FILE* out) {
         for (double e : s.entropy) sane &= std::isfinite(e) && e >= -1e-9 && e <= logv + 1e-9;
         for (int32_t rk : s.rank) sane &= rk >= 1;
         for (int64_t t = 0; t < s.n; ++t)
-            for (int j = 1; j < 8; ++j) sane &= s.topk_logprobs[static_cast<size_t>(t * 8 + j)] <= s.topk_logprobs[static_cast<size_t>(t * 8 + j - 1)];
-        if (!sc.empty() && s.n > 1)
-            why = strfmt("mean entropy %.3f nats of max %.3f", s.entropy[0], logv);
+            for (int j = 1; j < 8; ++j)
+                sane &= s.topk_logprobs[static_cast<size_t>(t * 8 + j)] <=
+                        s.topk_logprobs[static_cast<size_t>(t * 8 + j - 1)];
+        if (!sc.empty() && s.n > 1) why = strfmt("mean entropy %.3f nats of max %.3f", s.entropy[0], logv);
     }
     r.check(sane, "distributions are sane", why);
     auto again = score(*be, ck, eng.get(), {seqs}, 4096);
@@ -160,7 +165,8 @@ int run_selftest(const SelftestOptions& opt, std::FILE* out) {
         score(*cpu, ck, eng.get(), {seqs}, 4096, &cs);
         std::vector<double> d;
         for (size_t i = 0; i < sc.size(); ++i)
-            for (size_t t = 0; t < sc[i].logprob.size(); ++t) d.push_back(std::fabs(sc[i].logprob[t] - cs[i].logprob[t]));
+            for (size_t t = 0; t < sc[i].logprob.size(); ++t)
+                d.push_back(std::fabs(sc[i].logprob[t] - cs[i].logprob[t]));
         std::sort(d.begin(), d.end());
         const double med = d.empty() ? 0 : d[d.size() / 2], mx = d.empty() ? 0 : d.back();
         r.check(med <= 0.1, "CUDA vs CPU backend", strfmt("|d logprob| median %.4f max %.4f", med, mx));

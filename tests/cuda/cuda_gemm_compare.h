@@ -57,9 +57,9 @@ inline void compare_bf16(const std::vector<uint16_t>& cpu, const std::vector<uin
             continue;
         }
         if (bad < 8)
-            ADD_FAILURE() << what << ": element " << i << " (row " << i / cols << ", col " << i % cols << ") cpu "
-                          << bf16_to_f32(cpu[i]) << " cuda " << bf16_to_f32(gpu[i]) << " (" << u << " ulps, |diff| "
-                          << diff << " > allowance " << a << ")";
+            ADD_FAILURE() << what << ": element " << i << " (row " << i / cols << ", col " << i % cols
+                          << ") cpu " << bf16_to_f32(cpu[i]) << " cuda " << bf16_to_f32(gpu[i]) << " (" << u
+                          << " ulps, |diff| " << diff << " > allowance " << a << ")";
         ++bad;
     }
     const double frac_equal = n ? static_cast<double>(equal) / n : 1.0;
@@ -67,14 +67,16 @@ inline void compare_bf16(const std::vector<uint16_t>& cpu, const std::vector<uin
     EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << n << " elements beyond " << max_ulps
                        << " ulps and the cancellation allowance (worst " << worst << " ulps)";
     EXPECT_GE(frac_equal, min_equal) << what << ": only " << frac_equal * 100 << "% bitwise equal";
-    EXPECT_LE(frac_allowed, max_allow_frac) << what << ": " << allowed << " elements needed the cancellation allowance";
+    EXPECT_LE(frac_allowed, max_allow_frac)
+        << what << ": " << allowed << " elements needed the cancellation allowance";
     std::printf("[ compare  ] %s: %zu elements, %.4f%% bitwise equal, worst %.3g ulps, %zu by allowance\n",
                 what.c_str(), n, frac_equal * 100, worst, allowed);
 }
 
 // fp32 outputs: |a - b| <= rel * |cpu| or <= allow(i) (lazy), NaN == NaN.
-inline void compare_f32(const std::vector<float>& cpu, const std::vector<float>& gpu, int64_t cols, double rel,
-                        double max_allow_frac, const std::function<double(size_t)>& allow, const std::string& what) {
+inline void compare_f32(const std::vector<float>& cpu, const std::vector<float>& gpu, int64_t cols,
+                        double rel, double max_allow_frac, const std::function<double(size_t)>& allow,
+                        const std::string& what) {
     ASSERT_EQ(cpu.size(), gpu.size()) << what;
     const size_t n = cpu.size();
     size_t equal = 0, allowed = 0, bad = 0;
@@ -92,15 +94,16 @@ inline void compare_f32(const std::vector<float>& cpu, const std::vector<float>&
             continue;
         }
         if (bad < 8)
-            ADD_FAILURE() << what << ": element " << i << " (row " << i / cols << ", col " << i % cols << ") cpu " << a
-                          << " cuda " << b << " (|diff| " << diff << ", rel " << diff / std::fabs(a) << ", allowance "
-                          << al << ")";
+            ADD_FAILURE() << what << ": element " << i << " (row " << i / cols << ", col " << i % cols
+                          << ") cpu " << a << " cuda " << b << " (|diff| " << diff << ", rel "
+                          << diff / std::fabs(a) << ", allowance " << al << ")";
         ++bad;
     }
     const double frac_allowed = n ? static_cast<double>(allowed) / n : 0.0;
     EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << n << " elements outside rel " << rel
                        << " and the cancellation allowance";
-    EXPECT_LE(frac_allowed, max_allow_frac) << what << ": " << allowed << " elements needed the cancellation allowance";
+    EXPECT_LE(frac_allowed, max_allow_frac)
+        << what << ": " << allowed << " elements needed the cancellation allowance";
     std::printf("[ compare  ] %s: %zu elements, %.4f%% bitwise equal, %zu by allowance\n", what.c_str(), n,
                 n ? 100.0 * equal / n : 100.0, allowed);
 }

@@ -35,7 +35,6 @@ using namespace ds4r::test;
 
 namespace {
 
-
 CudaBackend& gpu() {
     auto* be = dynamic_cast<CudaBackend*>(cuda());
     if (!be) throw RuntimeError("the CUDA test backend is not a CudaBackend");
@@ -59,7 +58,9 @@ Tensor make_x(int64_t M, int64_t K, uint64_t seed, const std::vector<float>& row
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<uint16_t> h(static_cast<size_t>(M * K));
     for (int64_t r = 0; r < M; ++r) {
-        const float sc = row_scale.empty() ? 1.0f : row_scale[static_cast<size_t>(r % static_cast<int64_t>(row_scale.size()))];
+        const float sc = row_scale.empty()
+                             ? 1.0f
+                             : row_scale[static_cast<size_t>(r % static_cast<int64_t>(row_scale.size()))];
         for (int64_t k = 0; k < K; ++k) h[static_cast<size_t>(r * K + k)] = f32_to_bf16(nd(rng) * sc);
     }
     return upload(DType::BF16, {M, K}, h.data());
@@ -73,13 +74,15 @@ uint8_t scale_byte(std::mt19937_64& rng, bool extreme) {
 
 Fp8Linear make_fp8(int64_t N, int64_t K, uint64_t seed, bool extreme = false) {
     std::mt19937_64 rng(seed);
-    std::vector<uint8_t> w(static_cast<size_t>(N * K)), s(static_cast<size_t>(((N + 31) / 32) * ((K + 31) / 32)));
+    std::vector<uint8_t> w(static_cast<size_t>(N * K)),
+        s(static_cast<size_t>(((N + 31) / 32) * ((K + 31) / 32)));
     for (auto& b : w) {
         b = static_cast<uint8_t>(rng());
         if ((b & 0x7f) == 0x7f) b ^= 1;  // no NaN codes
     }
     for (auto& b : s) b = scale_byte(rng, extreme);
-    return {upload(DType::F8_E4M3, {N, K}, w.data()), upload(DType::F8_E8M0, {(N + 31) / 32, (K + 31) / 32}, s.data())};
+    return {upload(DType::F8_E4M3, {N, K}, w.data()),
+            upload(DType::F8_E8M0, {(N + 31) / 32, (K + 31) / 32}, s.data())};
 }
 
 Fp4Linear make_fp4(int64_t N, int64_t K, uint64_t seed, bool extreme = false) {
@@ -126,12 +129,14 @@ void expect_same_bits(const Tensor& fast, const Tensor& ref, int64_t cols, const
                 std::memcpy(&xb, &b[i], 4);
                 fa = xa, fb = xb;
             }
-            ADD_FAILURE() << what << ": element " << e << " (row " << static_cast<int64_t>(e) / cols << ", col "
-                          << static_cast<int64_t>(e) % cols << ") fast " << fa << " reference " << fb;
+            ADD_FAILURE() << what << ": element " << e << " (row " << static_cast<int64_t>(e) / cols
+                          << ", col " << static_cast<int64_t>(e) % cols << ") fast " << fa << " reference "
+                          << fb;
         }
         ++bad;
     }
-    EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << a.size() / es << " elements differ from the reference";
+    EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << a.size() / es
+                       << " elements differ from the reference";
 }
 
 const std::vector<int64_t>& odd_ms() {
@@ -139,8 +144,10 @@ const std::vector<int64_t>& odd_ms() {
     return sanitizer_run() ? small : full;
 }
 
-void check_fp8(int64_t N, int64_t K, int64_t M, const Fp8Linear& w, uint64_t seed, const std::vector<float>& row_scale = {}) {
-    const std::string what = "linear_fp8 " + std::to_string(N) + "x" + std::to_string(K) + " M=" + std::to_string(M);
+void check_fp8(int64_t N, int64_t K, int64_t M, const Fp8Linear& w, uint64_t seed,
+               const std::vector<float>& row_scale = {}) {
+    const std::string what =
+        "linear_fp8 " + std::to_string(N) + "x" + std::to_string(K) + " M=" + std::to_string(M);
     Tensor x = make_x(M, K, seed, row_scale);
     Tensor y = poisoned(DType::BF16, {M, N}), r = poisoned(DType::BF16, {M, N});
     gpu().linear_fp8(x, w, y);
@@ -148,9 +155,10 @@ void check_fp8(int64_t N, int64_t K, int64_t M, const Fp8Linear& w, uint64_t see
     expect_same_bits(y, r, N, what);
 }
 
-void check_fp4(int64_t N, int64_t K, int64_t M, const Fp4Linear& w, uint64_t seed, const std::vector<float>& row_scale = {},
-               bool grouped = true) {
-    const std::string what = "linear_fp4 " + std::to_string(N) + "x" + std::to_string(K) + " M=" + std::to_string(M);
+void check_fp4(int64_t N, int64_t K, int64_t M, const Fp4Linear& w, uint64_t seed,
+               const std::vector<float>& row_scale = {}, bool grouped = true) {
+    const std::string what =
+        "linear_fp4 " + std::to_string(N) + "x" + std::to_string(K) + " M=" + std::to_string(M);
     Tensor x = make_x(M, K, seed, row_scale);
     Tensor y = poisoned(DType::BF16, {M, N}), r = poisoned(DType::BF16, {M, N});
     gpu().linear_fp4(x, w, y);
@@ -167,8 +175,11 @@ void check_fp4(int64_t N, int64_t K, int64_t M, const Fp4Linear& w, uint64_t see
     const size_t row = static_cast<size_t>(N) * 2;
     size_t bad_rows = 0;
     for (int64_t i = 0; i < M; ++i)
-        if (std::memcmp(a.data() + static_cast<size_t>(i) * row, b.data() + static_cast<size_t>(M - 1 - i) * row, row) != 0)
-            if (bad_rows++ < 4) ADD_FAILURE() << what << " (grouped, gathered rows): output row " << i << " != reference row " << M - 1 - i;
+        if (std::memcmp(a.data() + static_cast<size_t>(i) * row,
+                        b.data() + static_cast<size_t>(M - 1 - i) * row, row) != 0)
+            if (bad_rows++ < 4)
+                ADD_FAILURE() << what << " (grouped, gathered rows): output row " << i << " != reference row "
+                              << M - 1 - i;
     EXPECT_EQ(bad_rows, 0u) << what << " (grouped, gathered rows)";
 }
 
@@ -192,7 +203,8 @@ TEST(CudaGemmPaths, Fp8MatchesReferenceBitwise) {
     DS4R_REQUIRE_CUDA();
     if (!sanitizer_run()) {
         // wq_a 1280x5120, wq_b 32768x1280, wkv 512x5120, wo_b 5120x8192, shared w1 2304x5120 / w2 5120x2304
-        const int64_t shapes[][2] = {{1280, 5120}, {32768, 1280}, {512, 5120}, {5120, 8192}, {2304, 5120}, {5120, 2304}};
+        const int64_t shapes[][2] = {{1280, 5120}, {32768, 1280}, {512, 5120},
+                                     {5120, 8192}, {2304, 5120},  {5120, 2304}};
         uint64_t seed = 1;
         for (const auto& s : shapes) {
             const Fp8Linear w = make_fp8(s[0], s[1], seed);
@@ -208,7 +220,8 @@ TEST(CudaGemmPaths, Fp8MatchesReferenceBitwise) {
 TEST(CudaGemmPaths, Fp4AndGroupedMatchReferenceBitwise) {
     DS4R_REQUIRE_CUDA();
     if (!sanitizer_run()) {
-        const Fp4Linear w13 = make_fp4(2304, 5120, 11), w2 = make_fp4(5120, 2304, 12);  // routed expert w1 / w3, w2
+        const Fp4Linear w13 = make_fp4(2304, 5120, 11),
+                        w2 = make_fp4(5120, 2304, 12);  // routed expert w1 / w3, w2
         for (int64_t M : {int64_t{100}, int64_t{130}, int64_t{300}}) {
             check_fp4(2304, 5120, M, w13, 400 + M);
             check_fp4(5120, 2304, M, w2, 500 + M);

@@ -61,9 +61,10 @@ TEST(CudaGolden, EndToEndVsReferenceAndCpu) {
     auto expected = read_records(golden_dir() + "/expected.jsonl");
     std::vector<double> d;
     for (size_t i = 0; i < expected.size(); ++i)
-        for (size_t t = 0; t < expected[i].logprob.size(); ++t) d.push_back(ours[i].logprob[t] - expected[i].logprob[t]);
-    std::printf("CUDA vs reference: |d logprob| median %.4f p95 %.4f max %.4f over %zu positions\n", quantile(d, 0.5),
-                quantile(d, 0.95), quantile(d, 1.0), d.size());
+        for (size_t t = 0; t < expected[i].logprob.size(); ++t)
+            d.push_back(ours[i].logprob[t] - expected[i].logprob[t]);
+    std::printf("CUDA vs reference: |d logprob| median %.4f p95 %.4f max %.4f over %zu positions\n",
+                quantile(d, 0.5), quantile(d, 0.95), quantile(d, 1.0), d.size());
     EXPECT_LE(quantile(d, 0.5), 0.1);
     EXPECT_LE(quantile(d, 0.95), 0.7);
     std::vector<double> per_seq;
@@ -85,13 +86,15 @@ TEST(CudaGolden, BatchInvarianceAndDeterminism) {
     for (int i : all) singles.push_back({i});
     auto alone = score_golden(singles, 4096, nullptr, "cuda");
     std::vector<int> rev(all.rbegin(), all.rend());
-    auto reversed = score_golden({std::vector<int>(rev.begin(), rev.begin() + 5), std::vector<int>(rev.begin() + 5, rev.end())},
-                                 7, nullptr, "cuda");
+    auto reversed = score_golden(
+        {std::vector<int>(rev.begin(), rev.begin() + 5), std::vector<int>(rev.begin() + 5, rev.end())}, 7,
+        nullptr, "cuda");
     std::vector<int> shuf = all;
     std::mt19937 rng(11);
     std::shuffle(shuf.begin(), shuf.end(), rng);
-    auto shuffled = score_golden({std::vector<int>(shuf.begin(), shuf.begin() + 8), std::vector<int>(shuf.begin() + 8, shuf.end())},
-                                 130, nullptr, "cuda");
+    auto shuffled = score_golden(
+        {std::vector<int>(shuf.begin(), shuf.begin() + 8), std::vector<int>(shuf.begin() + 8, shuf.end())},
+        130, nullptr, "cuda");
     auto again = score_golden({all}, 4096, nullptr, "cuda");
     for (int i : all) {
         EXPECT_EQ(together[i], alone[i]) << "sequence " << i << ": together vs alone (GPU)";

@@ -20,7 +20,6 @@ using namespace ds4r::test;
 
 namespace {
 
-
 uint64_t splitmix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;

@@ -20,7 +20,6 @@ using namespace ds4r::test;
 
 namespace {
 
-
 Pair i32_pair(const std::vector<int32_t>& v, const Shape& shape) {
     return make_pair(DType::I32, shape, v.data());
 }

@@ -35,7 +35,6 @@ using namespace ds4r::test::gemm_cmp;
 
 namespace {
 
-
 // One linear op on both backends with everything the comparisons need.
 struct LinearCase {
     std::string name;
@@ -85,14 +84,22 @@ void check_case(const LinearCase& c, int64_t M, uint64_t seed) {
     const int64_t N = c.N, K = c.K;
     if (c.y_dtype == DType::BF16) {
         const double f = std::ldexp(1.0, -16);
-        compare_bf16(as_vector<uint16_t>(a), as_vector<uint16_t>(b), N, 1.0, 0.99, 1e-3,
-                     [&](size_t i) { return f * c.abs_dot(hx.abs.data() + (static_cast<int64_t>(i) / N) * K, static_cast<int64_t>(i) % N); },
-                     what);
+        compare_bf16(
+            as_vector<uint16_t>(a), as_vector<uint16_t>(b), N, 1.0, 0.99, 1e-3,
+            [&](size_t i) {
+                return f * c.abs_dot(hx.abs.data() + (static_cast<int64_t>(i) / N) * K,
+                                     static_cast<int64_t>(i) % N);
+            },
+            what);
     } else {
         const double f = std::ldexp(1.0, -20);
-        compare_f32(as_vector<float>(a), as_vector<float>(b), N, 1e-5, 1.0,
-                    [&](size_t i) { return f * c.abs_dot(hx.abs.data() + (static_cast<int64_t>(i) / N) * K, static_cast<int64_t>(i) % N); },
-                    what);
+        compare_f32(
+            as_vector<float>(a), as_vector<float>(b), N, 1e-5, 1.0,
+            [&](size_t i) {
+                return f * c.abs_dot(hx.abs.data() + (static_cast<int64_t>(i) / N) * K,
+                                     static_cast<int64_t>(i) % N);
+            },
+            what);
     }
 }
 
@@ -126,7 +133,8 @@ void check_invariance(const LinearCase& c, uint64_t seed) {
     Tensor y3 = g.alloc(c.y_dtype, {3, c.N});
     c.gpu_op(g, x.rows(64, 67), y3);
     const auto three = to_host(g, y3);
-    EXPECT_EQ(0, std::memcmp(three.data(), full.data() + 64 * yrow, 3 * yrow)) << c.name << ": rows 64..66 as a view";
+    EXPECT_EQ(0, std::memcmp(three.data(), full.data() + 64 * yrow, 3 * yrow))
+        << c.name << ": rows 64..66 as a view";
 }
 
 // ---------------------------------------------------------------- case factories
@@ -203,8 +211,8 @@ DenseW dense_w(DType t, int64_t N, int64_t K, uint64_t seed) {
 LinearCase dense_case(bool f32_out, DType xt, DType wt, int64_t N, int64_t K, uint64_t seed) {
     DenseW d = dense_w(wt, N, K, seed);
     LinearCase c;
-    c.name = std::string(f32_out ? "linear_f32 " : "linear_bf16 ") + dtype_name(xt) + "x" + dtype_name(wt) + " " +
-             std::to_string(N) + "x" + std::to_string(K);
+    c.name = std::string(f32_out ? "linear_f32 " : "linear_bf16 ") + dtype_name(xt) + "x" + dtype_name(wt) +
+             " " + std::to_string(N) + "x" + std::to_string(K);
     c.x_dtype = xt;
     c.K = K;
     c.N = N;
@@ -220,7 +228,8 @@ LinearCase dense_case(bool f32_out, DType xt, DType wt, int64_t N, int64_t K, ui
     auto wabs = std::make_shared<std::vector<float>>(std::move(d.abs));
     c.abs_dot = [wabs, K](const float* xa, int64_t n) {
         double acc = 0;
-        for (int64_t k = 0; k < K; ++k) acc += static_cast<double>(xa[k]) * (*wabs)[static_cast<size_t>(n * K + k)];
+        for (int64_t k = 0; k < K; ++k)
+            acc += static_cast<double>(xa[k]) * (*wabs)[static_cast<size_t>(n * K + k)];
         return acc;
     };
     return c;
@@ -311,7 +320,7 @@ TEST(CudaLinear, Bf16Shapes) {
         check_case(dense_case(false, DType::BF16, DType::BF16, 64, 5120, 62), 130, 602);
     }
     LinearCase tc_tail = dense_case(false, DType::BF16, DType::BF16, 1000, 1000, 63);  // K % 32 = 8: K tail
-    LinearCase simt = dense_case(false, DType::BF16, DType::BF16, 77, 1001, 64);       // K % 8 != 0: FFMA path
+    LinearCase simt = dense_case(false, DType::BF16, DType::BF16, 77, 1001, 64);  // K % 8 != 0: FFMA path
     for (int64_t m : odd_ms()) {
         check_case(tc_tail, m, 610 + m);
         check_case(simt, m, 620 + m);
@@ -330,7 +339,8 @@ TEST(CudaLinear, F32Shapes) {
     DS4R_REQUIRE_CUDA();
     if (!sanitizer_run()) {
         check_case(dense_case(true, DType::BF16, DType::BF16, 384, 5120, 81), 130, 801);  // router logits
-        check_case(dense_case(true, DType::BF16, DType::F32, 1024, 5120, 82), 130, 802);  // fp32 compressor weights
+        check_case(dense_case(true, DType::BF16, DType::F32, 1024, 5120, 82), 130,
+                   802);  // fp32 compressor weights
     }
     LinearCase a = dense_case(true, DType::F32, DType::BF16, 300, 700, 83);
     LinearCase b = dense_case(true, DType::F32, DType::F32, 130, 333, 84);
@@ -353,7 +363,8 @@ TEST(CudaLinear, F32BatchInvarianceAndDeterminism) {
 TEST(CudaLinear, WoARealShape) {
     DS4R_REQUIRE_CUDA();
     if (sanitizer_run()) GTEST_SKIP() << "real shapes skipped under compute-sanitizer";
-    check_case(wo_a_case(8, 1024, 4096, 1001), 130, 1101);  // o_groups 8, o_lora_rank 1024, 64 heads x 512 / 8
+    check_case(wo_a_case(8, 1024, 4096, 1001), 130,
+               1101);  // o_groups 8, o_lora_rank 1024, 64 heads x 512 / 8
 }
 
 TEST(CudaLinear, WoAOddShapes) {
@@ -389,7 +400,7 @@ TEST(CudaLinear, RejectsBadArguments) {
     unaligned.w = tensor_view(static_cast<uint8_t*>(wbuf.data) + 8, DType::F8_E4M3, {64, 64});
     EXPECT_THROW(g.linear_fp8(x, unaligned, y), RuntimeError);  // weights must be 16-byte aligned
     Tensor yf = g.alloc(DType::F32, {4, 64});
-    EXPECT_THROW(g.linear_bf16(x, x, yf), RuntimeError);  // y dtype
+    EXPECT_THROW(g.linear_bf16(x, x, yf), RuntimeError);     // y dtype
     EXPECT_THROW(g.linear_wo_a(x, wg, 3, y), RuntimeError);  // groups must divide N
     g.synchronize();
 }

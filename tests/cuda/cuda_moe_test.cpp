@@ -35,7 +35,6 @@ using namespace ds4r::test::gemm_cmp;
 
 namespace {
 
-
 struct MoeCase {
     int64_t D = 0, E = 0, I = 0, Is = 0;
     MoeWeights c, g;
@@ -102,7 +101,8 @@ std::vector<uint16_t> random_x(int64_t M, int64_t D, uint64_t seed) {
 // Biased router score of expert e for row x (fp64 logits), as MODEL.md 4.7 defines it.
 double biased_score(const MoeCase& m, const MoeParams& p, const uint16_t* x, int64_t e) {
     double l = 0;
-    for (int64_t d = 0; d < m.D; ++d) l += static_cast<double>(bf16_to_f32(x[d])) * m.gate[static_cast<size_t>(e * m.D + d)];
+    for (int64_t d = 0; d < m.D; ++d)
+        l += static_cast<double>(bf16_to_f32(x[d])) * m.gate[static_cast<size_t>(e * m.D + d)];
     l /= p.gate_temp;
     const double sp = l > 20 ? l : std::log1p(std::exp(l));
     return std::sqrt(sp) + m.bias[static_cast<size_t>(e)];
@@ -118,7 +118,8 @@ void compare_moe(const MoeCase& m, const MoeParams& p, int64_t M, uint64_t seed,
     Pair rw = make_output(DType::F32, {M, k});
     cpu().moe(x.c, m.c, p, y.c, idx.c, rw.c);
     cuda()->moe(x.g, m.g, p, y.g, idx.g, rw.g);
-    const auto ic = as_vector<int32_t>(to_host(cpu(), idx.c)), ig = as_vector<int32_t>(to_host(*cuda(), idx.g));
+    const auto ic = as_vector<int32_t>(to_host(cpu(), idx.c)),
+               ig = as_vector<int32_t>(to_host(*cuda(), idx.g));
     const auto wc = as_vector<float>(to_host(cpu(), rw.c)), wg = as_vector<float>(to_host(*cuda(), rw.g));
     const auto yc = as_vector<uint16_t>(to_host(cpu(), y.c)), yg = as_vector<uint16_t>(to_host(*cuda(), y.g));
 
@@ -126,7 +127,8 @@ void compare_moe(const MoeCase& m, const MoeParams& p, int64_t M, uint64_t seed,
     std::set<int64_t> excluded;
     for (int64_t r = 0; r < M; ++r) {
         bool same = true;
-        for (int64_t t = 0; t < k; ++t) same &= ic[static_cast<size_t>(r * k + t)] == ig[static_cast<size_t>(r * k + t)];
+        for (int64_t t = 0; t < k; ++t)
+            same &= ic[static_cast<size_t>(r * k + t)] == ig[static_cast<size_t>(r * k + t)];
         if (same) continue;
         bool near_tie = true;
         for (int64_t t = 0; t < k; ++t) {
@@ -136,20 +138,23 @@ void compare_moe(const MoeCase& m, const MoeParams& p, int64_t M, uint64_t seed,
                 near_tie = false;
                 break;
             }
-            const double sa = biased_score(m, p, xh.data() + r * D, a), sb = biased_score(m, p, xh.data() + r * D, b);
+            const double sa = biased_score(m, p, xh.data() + r * D, a),
+                         sb = biased_score(m, p, xh.data() + r * D, b);
             near_tie &= std::fabs(sa - sb) <= 1e-5 * std::max(1.0, std::fabs(sa));
         }
         if (near_tie) {
-            std::printf("[ moe      ] %s: row %lld differs in route_idx on a near tie (excluded)\n", what.c_str(),
-                        static_cast<long long>(r));
+            std::printf("[ moe      ] %s: row %lld differs in route_idx on a near tie (excluded)\n",
+                        what.c_str(), static_cast<long long>(r));
             excluded.insert(r);
         } else {
-            ADD_FAILURE() << what << ": route_idx row " << r << " differs: cpu " << ic[static_cast<size_t>(r * k)] << ","
-                          << ic[static_cast<size_t>(r * k + 1)] << ".. cuda " << ig[static_cast<size_t>(r * k)] << ","
+            ADD_FAILURE() << what << ": route_idx row " << r << " differs: cpu "
+                          << ic[static_cast<size_t>(r * k)] << "," << ic[static_cast<size_t>(r * k + 1)]
+                          << ".. cuda " << ig[static_cast<size_t>(r * k)] << ","
                           << ig[static_cast<size_t>(r * k + 1)] << "..";
         }
     }
-    EXPECT_LE(static_cast<double>(excluded.size()), 0.01 * static_cast<double>(M) + 1) << what << ": too many near ties";
+    EXPECT_LE(static_cast<double>(excluded.size()), 0.01 * static_cast<double>(M) + 1)
+        << what << ": too many near ties";
 
     // route_w
     size_t bad_w = 0;
@@ -157,9 +162,11 @@ void compare_moe(const MoeCase& m, const MoeParams& p, int64_t M, uint64_t seed,
         if (excluded.count(r)) continue;
         for (int64_t t = 0; t < k; ++t) {
             const size_t i = static_cast<size_t>(r * k + t);
-            if (std::fabs(static_cast<double>(wc[i]) - wg[i]) <= 5e-6 * std::fabs(static_cast<double>(wc[i]))) continue;
+            if (std::fabs(static_cast<double>(wc[i]) - wg[i]) <= 5e-6 * std::fabs(static_cast<double>(wc[i])))
+                continue;
             if (bad_w++ < 5)
-                ADD_FAILURE() << what << ": route_w[" << r << ", " << t << "] cpu " << wc[i] << " cuda " << wg[i];
+                ADD_FAILURE() << what << ": route_w[" << r << ", " << t << "] cpu " << wc[i] << " cuda "
+                              << wg[i];
         }
     }
     EXPECT_EQ(bad_w, 0u) << what << ": route_w elements outside 5e-6 relative";
@@ -178,8 +185,9 @@ void compare_moe(const MoeCase& m, const MoeParams& p, int64_t M, uint64_t seed,
         }
         row_rms.push_back(std::sqrt(ss / static_cast<double>(D)));
     }
-    compare_bf16(a, b, D, 2.0, min_equal, 5e-3,
-                 [&](size_t i) { return 2.0 * std::ldexp(row_rms[i / static_cast<size_t>(D)], -8); }, what + " y");
+    compare_bf16(
+        a, b, D, 2.0, min_equal, 5e-3,
+        [&](size_t i) { return 2.0 * std::ldexp(row_rms[i / static_cast<size_t>(D)], -8); }, what + " y");
 }
 
 MoeParams params(int k = 6) {
@@ -244,7 +252,8 @@ TEST(CudaMoe, BatchInvarianceAndDeterminism) {
     Backend& g = *cuda();
     Tensor x = g.alloc(DType::BF16, {M, D});
     g.upload(x, 0, xh.data(), xh.size() * 2);
-    Tensor y = g.alloc(DType::BF16, {M, D}), idx = g.alloc(DType::I32, {M, k}), rw = g.alloc(DType::F32, {M, k});
+    Tensor y = g.alloc(DType::BF16, {M, D}), idx = g.alloc(DType::I32, {M, k}),
+           rw = g.alloc(DType::F32, {M, k});
     g.moe(x, m.g, p, y, idx, rw);
     const auto y0 = to_host(g, y), i0 = to_host(g, idx), w0 = to_host(g, rw);
     g.fill(y, 0xff);
@@ -254,15 +263,20 @@ TEST(CudaMoe, BatchInvarianceAndDeterminism) {
     for (int64_t r : {int64_t{0}, int64_t{5}, M - 1}) {
         Tensor x1 = g.alloc(DType::BF16, {1, D});
         g.upload(x1, 0, xh.data() + r * D, yrow);
-        Tensor y1 = g.alloc(DType::BF16, {1, D}), i1 = g.alloc(DType::I32, {1, k}), w1 = g.alloc(DType::F32, {1, k});
+        Tensor y1 = g.alloc(DType::BF16, {1, D}), i1 = g.alloc(DType::I32, {1, k}),
+               w1 = g.alloc(DType::F32, {1, k});
         g.moe(x1, m.g, p, y1, i1, w1);
-        EXPECT_EQ(0, std::memcmp(to_host(g, y1).data(), y0.data() + r * yrow, yrow)) << "moe row " << r << " alone: y";
-        EXPECT_EQ(0, std::memcmp(to_host(g, i1).data(), i0.data() + r * irow, irow)) << "moe row " << r << " alone: idx";
-        EXPECT_EQ(0, std::memcmp(to_host(g, w1).data(), w0.data() + r * irow, irow)) << "moe row " << r << " alone: w";
+        EXPECT_EQ(0, std::memcmp(to_host(g, y1).data(), y0.data() + r * yrow, yrow))
+            << "moe row " << r << " alone: y";
+        EXPECT_EQ(0, std::memcmp(to_host(g, i1).data(), i0.data() + r * irow, irow))
+            << "moe row " << r << " alone: idx";
+        EXPECT_EQ(0, std::memcmp(to_host(g, w1).data(), w0.data() + r * irow, irow))
+            << "moe row " << r << " alone: w";
     }
     Tensor y3 = g.alloc(DType::BF16, {3, D});
     g.moe(x.rows(60, 63), m.g, p, y3, Tensor(), Tensor());
-    EXPECT_EQ(0, std::memcmp(to_host(g, y3).data(), y0.data() + 60 * yrow, 3 * yrow)) << "moe rows 60..62 as a view";
+    EXPECT_EQ(0, std::memcmp(to_host(g, y3).data(), y0.data() + 60 * yrow, 3 * yrow))
+        << "moe rows 60..62 as a view";
 }
 
 TEST(CudaMoe, OptionalOutputsAndInPlace) {
@@ -274,7 +288,8 @@ TEST(CudaMoe, OptionalOutputsAndInPlace) {
     Backend& g = *cuda();
     Tensor x = g.alloc(DType::BF16, {M, D});
     g.upload(x, 0, xh.data(), xh.size() * 2);
-    Tensor y = g.alloc(DType::BF16, {M, D}), idx = g.alloc(DType::I32, {M, p.topk}), rw = g.alloc(DType::F32, {M, p.topk});
+    Tensor y = g.alloc(DType::BF16, {M, D}), idx = g.alloc(DType::I32, {M, p.topk}),
+           rw = g.alloc(DType::F32, {M, p.topk});
     g.moe(x, m.g, p, y, idx, rw);
     const auto ref = to_host(g, y);
     Tensor y2 = g.alloc(DType::BF16, {M, D});
@@ -302,7 +317,8 @@ TEST(CudaMoe, ChunksPast8192Rows) {
     Tensor y1 = g.alloc(DType::BF16, {n, D});
     g.moe(x.rows(r0, r0 + n), m.g, p, y1, Tensor(), Tensor());
     const size_t yrow = static_cast<size_t>(D) * 2;
-    EXPECT_EQ(0, std::memcmp(to_host(g, y1).data(), full.data() + r0 * yrow, n * yrow)) << "moe rows across the chunk edge";
+    EXPECT_EQ(0, std::memcmp(to_host(g, y1).data(), full.data() + r0 * yrow, n * yrow))
+        << "moe rows across the chunk edge";
     Pair xs = make_pair(DType::BF16, {n, D}, xh.data() + r0 * D);
     Pair ys = make_output(DType::BF16, {n, D});
     cpu().moe(xs.c, m.c, p, ys.c, Tensor(), Tensor());

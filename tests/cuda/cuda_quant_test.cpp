@@ -22,8 +22,9 @@ using namespace ds4r::test;
 
 namespace {
 
-
-std::string quant_file(const std::string& name) { return data_dir() + "/tiny-a/quant/" + name + ".npy"; }
+std::string quant_file(const std::string& name) {
+    return data_dir() + "/tiny-a/quant/" + name + ".npy";
+}
 
 // bf16 rows whose magnitudes span 1e-9 .. 1e6 (row r has scale 10^((r % 16) - 9)): below the fp8
 // amax floor 1e-4, around it, and far above; every 7th row has a zero block and a -0 block.
@@ -104,7 +105,7 @@ TEST(CudaQuant, ActQuantFp8NonFiniteInputsBitExact) {
     host[2 * K + 71] = pinf;
     host[3 * K + 100] = nnan;
     host[3 * K + 5] = pinf;
-    host[4 * K + 9] = big;  // largest finite bf16
+    host[4 * K + 9] = big;     // largest finite bf16
     host[5 * K + 0] = 0x0001;  // smallest subnormal
     run_act_quant(make_pair(DType::BF16, {M, K}, host.data()), M, K, "act_quant non-finite");
 }
@@ -121,8 +122,9 @@ TEST(CudaQuant, ActQuantFp8InplaceMatchesGoldenAndCpu) {
     EXPECT_EQ(to_host(*cuda(), x.g), ref.data) << "cuda act_quant inplace vs the reference's known answer";
 
     const int64_t Mr = sanitizer_run() ? 9 : 130, Kr = sanitizer_run() ? 512 : 4096;
-    run_inplace(spread_rows(Mr, Kr, 21), Mr, Kr, [](Backend& be, const Tensor& t) { be.act_quant_fp8_inplace(t); },
-                "act_quant inplace random");
+    run_inplace(
+        spread_rows(Mr, Kr, 21), Mr, Kr, [](Backend& be, const Tensor& t) { be.act_quant_fp8_inplace(t); },
+        "act_quant inplace random");
 }
 
 TEST(CudaQuant, Fp4InplaceE8M0MatchesGoldenAndCpu) {
@@ -137,8 +139,9 @@ TEST(CudaQuant, Fp4InplaceE8M0MatchesGoldenAndCpu) {
     EXPECT_EQ(to_host(*cuda(), x.g), ref.data) << "cuda fp4 e8m0 inplace vs the reference's known answer";
 
     const int64_t Mr = sanitizer_run() ? 9 : 130, Kr = sanitizer_run() ? 256 : 2048;
-    run_inplace(spread_rows(Mr, Kr, 31), Mr, Kr,
-                [](Backend& be, const Tensor& t) { be.fp4_quant_inplace(t, Fp4Scale::E8M0_32); }, "fp4 e8m0 random");
+    run_inplace(
+        spread_rows(Mr, Kr, 31), Mr, Kr,
+        [](Backend& be, const Tensor& t) { be.fp4_quant_inplace(t, Fp4Scale::E8M0_32); }, "fp4 e8m0 random");
 }
 
 TEST(CudaQuant, Fp4InplaceE4M3MatchesGoldenAndCpu) {
@@ -154,8 +157,9 @@ TEST(CudaQuant, Fp4InplaceE4M3MatchesGoldenAndCpu) {
 
     // K = 528: a multiple of 16 but not of 32 (blocks of 16 only)
     const int64_t Mr = sanitizer_run() ? 9 : 130, Kr = 528;
-    run_inplace(spread_rows(Mr, Kr, 41), Mr, Kr,
-                [](Backend& be, const Tensor& t) { be.fp4_quant_inplace(t, Fp4Scale::E4M3_16); }, "fp4 e4m3 random");
+    run_inplace(
+        spread_rows(Mr, Kr, 41), Mr, Kr,
+        [](Backend& be, const Tensor& t) { be.fp4_quant_inplace(t, Fp4Scale::E4M3_16); }, "fp4 e4m3 random");
 }
 
 TEST(CudaQuant, UnalignedViewsUseTheScalarPath) {
@@ -200,8 +204,10 @@ TEST(CudaQuant, RowsAloneEqualRowsInABatch) {
         Tensor q1 = g.alloc(DType::F8_E4M3, {1, K}), s1 = g.alloc(DType::F8_E8M0, {1, K / 32});
         g.act_quant_fp8(x1, q1, s1);
         const auto qb = to_host(g, q1), sb = to_host(g, s1);
-        EXPECT_EQ(0, std::memcmp(qb.data(), qa.data() + r * K, static_cast<size_t>(K))) << "row " << r << " q";
-        EXPECT_EQ(0, std::memcmp(sb.data(), sa.data() + r * (K / 32), static_cast<size_t>(K / 32))) << "row " << r << " s";
+        EXPECT_EQ(0, std::memcmp(qb.data(), qa.data() + r * K, static_cast<size_t>(K)))
+            << "row " << r << " q";
+        EXPECT_EQ(0, std::memcmp(sb.data(), sa.data() + r * (K / 32), static_cast<size_t>(K / 32)))
+            << "row " << r << " s";
     }
 }
 
@@ -210,12 +216,12 @@ TEST(CudaQuant, RejectsBadShapes) {
     Backend& g = *cuda();
     Tensor x = g.alloc(DType::BF16, {4, 48});
     Tensor q = g.alloc(DType::F8_E4M3, {4, 48}), s = g.alloc(DType::F8_E8M0, {4, 1});
-    EXPECT_THROW(g.act_quant_fp8(x, q, s), RuntimeError);        // K not a multiple of 32
+    EXPECT_THROW(g.act_quant_fp8(x, q, s), RuntimeError);  // K not a multiple of 32
     EXPECT_THROW(g.act_quant_fp8_inplace(x), RuntimeError);
     EXPECT_THROW(g.fp4_quant_inplace(x, Fp4Scale::E8M0_32), RuntimeError);
     EXPECT_NO_THROW(g.fp4_quant_inplace(x, Fp4Scale::E4M3_16));  // 48 = 3 blocks of 16
     Tensor x2 = g.alloc(DType::BF16, {4, 64});
     Tensor q2 = g.alloc(DType::F8_E4M3, {4, 64}), s2 = g.alloc(DType::F8_E8M0, {4, 3});
-    EXPECT_THROW(g.act_quant_fp8(x2, q2, s2), RuntimeError);     // scale count
+    EXPECT_THROW(g.act_quant_fp8(x2, q2, s2), RuntimeError);  // scale count
     g.synchronize();
 }

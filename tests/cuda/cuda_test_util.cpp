@@ -1,7 +1,7 @@
 #include "cuda_test_util.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -24,9 +24,15 @@ Backends& bk() {
 }
 }  // namespace
 
-Backend& cpu() { return *bk().c; }
-Backend* cuda() { return bk().g.get(); }
-const std::string& cuda_why() { return bk().why; }
+Backend& cpu() {
+    return *bk().c;
+}
+Backend* cuda() {
+    return bk().g.get();
+}
+const std::string& cuda_why() {
+    return bk().why;
+}
 
 Pair make_pair(DType t, const Shape& shape, const void* host) {
     Pair p{cpu().alloc(t, shape), cuda()->alloc(t, shape)};
@@ -163,11 +169,14 @@ void expect_bf16_close(const Pair& p, double max_ulps, double min_equal, const s
         }
         worst = std::max(worst, ulps);
         if (ulps > max_ulps) {
-            if (bad < 5) ADD_FAILURE() << what << ": element " << i << " cpu " << fx << " cuda " << fy << " (" << ulps << " ulps)";
+            if (bad < 5)
+                ADD_FAILURE() << what << ": element " << i << " cpu " << fx << " cuda " << fy << " (" << ulps
+                              << " ulps)";
             ++bad;
         }
     }
-    EXPECT_EQ(bad, 0u) << what << ": " << bad << " elements beyond " << max_ulps << " ulps (worst " << worst << ")";
+    EXPECT_EQ(bad, 0u) << what << ": " << bad << " elements beyond " << max_ulps << " ulps (worst " << worst
+                       << ")";
     const double frac = n ? static_cast<double>(equal) / n : 1.0;
     EXPECT_GE(frac, min_equal) << what << ": only " << frac * 100 << "% bitwise equal";
 }
@@ -183,8 +192,9 @@ void close_impl(const Pair& p, double rel, double abs_tol, const std::string& wh
         T x, y;
         std::memcpy(&x, &a[i * sizeof(T)], sizeof(T));
         std::memcpy(&y, &b[i * sizeof(T)], sizeof(T));
-        const bool ok = (std::isnan(x) && std::isnan(y)) || x == y ||
-                        std::fabs(static_cast<double>(x) - y) <= abs_tol + rel * std::fabs(static_cast<double>(x));
+        const bool ok =
+            (std::isnan(x) && std::isnan(y)) || x == y ||
+            std::fabs(static_cast<double>(x) - y) <= abs_tol + rel * std::fabs(static_cast<double>(x));
         if (!ok) {
             if (bad < 5) ADD_FAILURE() << what << ": element " << i << " cpu " << x << " cuda " << y;
             ++bad;

@@ -26,11 +26,11 @@ Backend& cpu();
 Backend* cuda();
 const std::string& cuda_why();
 
-#define DS4R_REQUIRE_CUDA()                                                                   \
-    do {                                                                                      \
-        if (!::ds4r::test::cuda())                                                           \
-            GTEST_SKIP() << "CUDA backend unavailable (" << ::ds4r::test::cuda_why()          \
-                         << "): CUDA op tests run on the GPU machine only";                   \
+#define DS4R_REQUIRE_CUDA()                                                          \
+    do {                                                                             \
+        if (!::ds4r::test::cuda())                                                   \
+            GTEST_SKIP() << "CUDA backend unavailable (" << ::ds4r::test::cuda_why() \
+                         << "): CUDA op tests run on the GPU machine only";          \
     } while (0)
 
 // The same tensor on the CPU and on the GPU.
@@ -46,8 +46,8 @@ Pair random_bf16(const Shape& shape, float scale, uint64_t seed);
 Pair random_f32(const Shape& shape, float scale, uint64_t seed);
 Pair random_bytes(DType t, const Shape& shape, uint64_t seed);  // any byte pattern (fp8 weights, ...)
 // Valid fp8 e4m3 weights [N, K] with e8m0 block scales [N/32, K/32] (no NaN codes).
-Fp8Linear random_fp8_linear(Backend& be, int64_t n, int64_t k, uint64_t seed, std::vector<uint8_t>* w_host = nullptr,
-                            std::vector<uint8_t>* s_host = nullptr);
+Fp8Linear random_fp8_linear(Backend& be, int64_t n, int64_t k, uint64_t seed,
+                            std::vector<uint8_t>* w_host = nullptr, std::vector<uint8_t>* s_host = nullptr);
 std::pair<Fp8Linear, Fp8Linear> random_fp8_linear_pair(int64_t n, int64_t k, uint64_t seed);
 std::pair<Fp4Linear, Fp4Linear> random_fp4_linear_pair(int64_t n, int64_t k, uint64_t seed);
 

@@ -16,7 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (const auto& r : roles) (void)r.describe();
         // The binding lists ~3 tensors per routed expert per layer: keep the list small enough for
         // the fuzzer's memory limit (the real model has 96k).
-        if (cfg.n_routed_experts <= 100000 && cfg.n_layers * (cfg.n_routed_experts + 16) <= 200000) (void)ds4r::all_tensor_specs(cfg, roles);
+        if (cfg.n_routed_experts <= 100000 && cfg.n_layers * (cfg.n_routed_experts + 16) <= 200000)
+            (void)ds4r::all_tensor_specs(cfg, roles);
     } catch (const ds4r::Error&) {
     }
     return 0;

@@ -15,7 +15,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (size_t i = 0; i < idx.weight_map.size(); ++i) {
             const auto& [name, file] = idx.weight_map[i];
             if (i && !(idx.weight_map[i - 1].first < name)) __builtin_trap();
-            if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos) __builtin_trap();
+            if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos)
+                __builtin_trap();
         }
     } catch (const ds4r::Error&) {
     }

@@ -17,7 +17,8 @@ void check_invariants(const ds4r::SafetensorsHeader& h, uint64_t file_size) {
     for (const auto& t : h.tensors) {
         if (t.offset < prev) __builtin_trap();  // sorted by offset
         prev = t.offset;
-        if (t.offset < h.data_begin || t.offset > h.data_end || t.nbytes > h.data_end - t.offset) __builtin_trap();
+        if (t.offset < h.data_begin || t.offset > h.data_end || t.nbytes > h.data_end - t.offset)
+            __builtin_trap();
         unsigned __int128 n = ds4r::dtype_size(t.dtype);
         for (int64_t d : t.shape) {
             if (d < 0) __builtin_trap();
@@ -32,7 +33,8 @@ void check_invariants(const ds4r::SafetensorsHeader& h, uint64_t file_size) {
 
 void one(const uint8_t* data, size_t size, uint64_t file_size) {
     try {
-        check_invariants(ds4r::parse_safetensors_header(data, size, file_size, "fuzz.safetensors"), file_size);
+        check_invariants(ds4r::parse_safetensors_header(data, size, file_size, "fuzz.safetensors"),
+                         file_size);
     } catch (const ds4r::Error&) {
     }
 }
@@ -40,7 +42,7 @@ void one(const uint8_t* data, size_t size, uint64_t file_size) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-    one(data, size, size);                            // the input is the whole file
-    one(data, size, size + (uint64_t{1} << 40));      // the input is the head of a 1 TiB file
+    one(data, size, size);                        // the input is the whole file
+    one(data, size, size + (uint64_t{1} << 40));  // the input is the head of a 1 TiB file
     return 0;
 }

@@ -17,7 +17,6 @@
 using namespace ds4r;
 using namespace ds4r::test;
 
-
 TEST(GoldenEndToEnd, CpuLogprobsMatchReference) {
     MemSink sink;
     auto t0 = std::chrono::steady_clock::now();
@@ -47,9 +46,10 @@ TEST(GoldenEndToEnd, CpuLogprobsMatchReference) {
     double mean = 0;
     for (double x : d) mean += std::fabs(x);
     mean /= d.size();
-    std::printf("end to end vs expected.jsonl (%d positions): |d logprob| median %.4f mean %.4f p95 %.4f max %.4f; "
-                "top-1 agreement %.1f%%; CPU time %.1fs\n",
-                positions, med, mean, p95, mx, 100.0 * top1 / positions, secs);
+    std::printf(
+        "end to end vs expected.jsonl (%d positions): |d logprob| median %.4f mean %.4f p95 %.4f max %.4f; "
+        "top-1 agreement %.1f%%; CPU time %.1fs\n",
+        positions, med, mean, p95, mx, 100.0 * top1 / positions, secs);
     EXPECT_LE(med, 0.1);
     EXPECT_LE(p95, 0.7);
     // Captured hidden states vs the dumps (layer 2 mean of copies, layer 6 collapsed), fp16.
@@ -83,16 +83,21 @@ TEST(GoldenEndToEnd, BatchInvarianceAndDeterminism) {
     auto alone = score_golden(singles, 4096);
     // two other groupings and orders, with chunk sizes that split sequences
     std::vector<int> rev(all.rbegin(), all.rend());
-    auto reversed = score_golden({std::vector<int>(rev.begin(), rev.begin() + 5), std::vector<int>(rev.begin() + 5, rev.end())}, 7);
+    auto reversed = score_golden(
+        {std::vector<int>(rev.begin(), rev.begin() + 5), std::vector<int>(rev.begin() + 5, rev.end())}, 7);
     std::vector<int> shuf = all;
     std::mt19937 rng(7);
     std::shuffle(shuf.begin(), shuf.end(), rng);
-    auto shuffled = score_golden({std::vector<int>(shuf.begin(), shuf.begin() + 8), std::vector<int>(shuf.begin() + 8, shuf.end())}, 64);
+    auto shuffled = score_golden(
+        {std::vector<int>(shuf.begin(), shuf.begin() + 8), std::vector<int>(shuf.begin() + 8, shuf.end())},
+        64);
     auto again = score_golden({all}, 4096);
     for (int i : all) {
         EXPECT_EQ(together[i], alone[i]) << "sequence " << i << ": together vs alone";
-        EXPECT_EQ(together[i], reversed[i]) << "sequence " << i << ": together vs reversed groups, 7-row chunks";
-        EXPECT_EQ(together[i], shuffled[i]) << "sequence " << i << ": together vs shuffled groups, 64-row chunks";
+        EXPECT_EQ(together[i], reversed[i])
+            << "sequence " << i << ": together vs reversed groups, 7-row chunks";
+        EXPECT_EQ(together[i], shuffled[i])
+            << "sequence " << i << ": together vs shuffled groups, 64-row chunks";
         EXPECT_EQ(together[i], again[i]) << "sequence " << i << ": two identical runs";
     }
 }
@@ -102,9 +107,9 @@ TEST(GoldenEndToEnd, ScoreCliOnGoldenCheckpoint) {
     const std::string out = dir + "/out.jsonl";
     std::string log;
     auto t0 = std::chrono::steady_clock::now();
-    int rc = run_command(binary_path() + " score --backend cpu --progress none --model " + golden_model_dir() +
-                             " --input " + golden_dir() + "/tokens.jsonl --output " + out + " --capture-layers 2,6" +
-                             " --hidden-dir " + dir + "/hidden",
+    int rc = run_command(binary_path() + " score --backend cpu --progress none --model " +
+                             golden_model_dir() + " --input " + golden_dir() + "/tokens.jsonl --output " +
+                             out + " --capture-layers 2,6" + " --hidden-dir " + dir + "/hidden",
                          &log);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ASSERT_EQ(rc, 0) << log;

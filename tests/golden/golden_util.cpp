@@ -14,7 +14,9 @@
 
 namespace ds4r::test {
 
-std::string golden_dir() { return data_dir() + "/tiny-a"; }
+std::string golden_dir() {
+    return data_dir() + "/tiny-a";
+}
 
 std::vector<GoldenSeq> golden_sequences() {
     std::vector<GoldenSeq> out;
@@ -56,8 +58,12 @@ std::vector<Record> read_records(const std::string& path) {
     return out;
 }
 
-NpyArray dump(const std::string& name) { return load_npy(golden_dir() + "/dumps/" + name); }
-bool dump_exists(const std::string& name) { return file_exists(golden_dir() + "/dumps/" + name); }
+NpyArray dump(const std::string& name) {
+    return load_npy(golden_dir() + "/dumps/" + name);
+}
+bool dump_exists(const std::string& name) {
+    return file_exists(golden_dir() + "/dumps/" + name);
+}
 
 Bf16Stats compare_bf16(const uint16_t* a, const uint16_t* b, size_t n) {
     Bf16Stats st;
@@ -113,7 +119,8 @@ std::map<int, std::string> score_golden(const std::vector<std::vector<int>>& gro
         MemSink local;
         auto scores = runner.run(toks, sink ? &local : nullptr);
         for (size_t j = 0; j < g.size(); ++j) {
-            out[g[j]] = format_record("\"" + seqs[static_cast<size_t>(g[j])].id + "\"", scores[j], 8, {}, "{}");
+            out[g[j]] =
+                format_record("\"" + seqs[static_cast<size_t>(g[j])].id + "\"", scores[j], 8, {}, "{}");
             if (sink)
                 for (auto& [key, v] : local.rows)
                     if (key.second == static_cast<int>(j)) sink->rows[{key.first, g[j]}] = v;

@@ -3,10 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <fstream>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <sstream>
 
 #include "ds4r/numeric.h"
@@ -54,7 +54,8 @@ TeacherForcedReport run_teacher_forced(const std::string& backend) {
         const std::string sn = seq_name(si);
         if (!dump_exists(sn + "_layers/block_in.npy")) continue;
         const int64_t s = static_cast<int64_t>(seqs[static_cast<size_t>(si)].tokens.size());
-        NpyArray pre_engram = dump(sn + "_layers/pre_engram.npy"), block_in = dump(sn + "_layers/block_in.npy");
+        NpyArray pre_engram = dump(sn + "_layers/pre_engram.npy"),
+                 block_in = dump(sn + "_layers/block_in.npy");
         NpyArray premix = dump(sn + "_layers/premix.npy"), attn_out = dump(sn + "_layers/attn_out.npy");
         NpyArray moe_out = dump(sn + "_layers/moe_out.npy"), route_idx = dump(sn + "_layers/route_idx.npy");
         NpyArray route_w = dump(sn + "_layers/route_w.npy");
@@ -67,7 +68,8 @@ TeacherForcedReport run_teacher_forced(const std::string& backend) {
         for (int L = 0; L < cfg.n_layers; ++L) {
             const LayerRole& role = roles[static_cast<size_t>(L)];
             auto res = gm.weights->acquire(L);
-            const LayerWeights w = bind_layer_weights(cfg, role, [&](const std::string& n) { return res->get(n); });
+            const LayerWeights w =
+                bind_layer_weights(cfg, role, [&](const std::string& n) { return res->get(n); });
             LayerCompare lc;
             lc.seq = si;
             lc.layer = L;
@@ -107,14 +109,17 @@ TeacherForcedReport run_teacher_forced(const std::string& backend) {
                     put_rows(be, ctx.index_k, info.row0, ik.data.data(), T);
                     info.cmp_rows = T;
                     // Candidate mask [s, T] positions -> block bitmask (MODEL.md 4.6.2 step 6).
-                    NpyArray cm = dump(sn + "_L" + std::to_string(cfg.candidate_source_layer) + "_candidates.npy");
-                    const int64_t bs = cfg.candidate_block_size, nb = (T + bs - 1) / bs, words = (nb + 31) / 32;
+                    NpyArray cm =
+                        dump(sn + "_L" + std::to_string(cfg.candidate_source_layer) + "_candidates.npy");
+                    const int64_t bs = cfg.candidate_block_size, nb = (T + bs - 1) / bs,
+                                  words = (nb + 31) / 32;
                     info.cand_words = words;
                     std::vector<uint32_t> bits(static_cast<size_t>(s * words), 0);
                     const int64_t width = cm.shape[1];
                     for (int64_t t = 0; t < s; ++t)
                         for (int64_t j = 0; j < std::min(T, width); ++j)
-                            if (cm.as<uint8_t>()[t * width + j]) bits[static_cast<size_t>(t * words + j / bs / 32)] |= 1u << ((j / bs) % 32);
+                            if (cm.as<uint8_t>()[t * width + j])
+                                bits[static_cast<size_t>(t * words + j / bs / 32)] |= 1u << ((j / bs) % 32);
                     Tensor v = ctx.seq_cand(0);
                     be.upload(v, 0, bits.data(), v.nbytes());
                 }
@@ -124,19 +129,26 @@ TeacherForcedReport run_teacher_forced(const std::string& backend) {
             Bf16Stats st = compare_bf16(runner.stream(0), slab<uint16_t>(pre_engram, L + 1), stream_n);
             lc.stream_equal = st.equal_frac;
             lc.stream_rel_l2 = st.rel_l2;
-            lc.premix_rel_l2 = rel_l2_f32(runner.premix(0), slab<float>(premix, L + 1), static_cast<size_t>(s * hc));
-            lc.attn_rel_l2 = compare_bf16(taps.attn_out.data(), slab<uint16_t>(attn_out, L), static_cast<size_t>(s * D)).rel_l2;
-            lc.moe_rel_l2 = compare_bf16(taps.moe_out.data(), slab<uint16_t>(moe_out, L), static_cast<size_t>(s * D)).rel_l2;
+            lc.premix_rel_l2 =
+                rel_l2_f32(runner.premix(0), slab<float>(premix, L + 1), static_cast<size_t>(s * hc));
+            lc.attn_rel_l2 =
+                compare_bf16(taps.attn_out.data(), slab<uint16_t>(attn_out, L), static_cast<size_t>(s * D))
+                    .rel_l2;
+            lc.moe_rel_l2 =
+                compare_bf16(taps.moe_out.data(), slab<uint16_t>(moe_out, L), static_cast<size_t>(s * D))
+                    .rel_l2;
             int same = 0;
             for (int64_t t = 0; t < s; ++t) {
                 std::vector<int32_t> a(taps.route_idx.begin() + t * K, taps.route_idx.begin() + (t + 1) * K);
-                std::vector<int32_t> b(slab<int32_t>(route_idx, L) + t * K, slab<int32_t>(route_idx, L) + (t + 1) * K);
+                std::vector<int32_t> b(slab<int32_t>(route_idx, L) + t * K,
+                                       slab<int32_t>(route_idx, L) + (t + 1) * K);
                 std::sort(a.begin(), a.end());
                 std::sort(b.begin(), b.end());
                 same += a == b;
             }
             lc.route_sets_equal = static_cast<double>(same) / s;
-            lc.route_w_rel_l2 = rel_l2_f32(taps.route_w.data(), slab<float>(route_w, L), static_cast<size_t>(s * K));
+            lc.route_w_rel_l2 =
+                rel_l2_f32(taps.route_w.data(), slab<float>(route_w, L), static_cast<size_t>(s * K));
             if (role.index_source && dump_exists(sn + "_L" + std::to_string(L) + "_topk.npy")) {
                 NpyArray tk = dump(sn + "_L" + std::to_string(L) + "_topk.npy");
                 const int64_t kw = tk.shape.size() == 2 ? tk.shape[1] : 0;
@@ -145,20 +157,24 @@ TeacherForcedReport run_teacher_forced(const std::string& backend) {
                 lc.topk_rows = static_cast<int>(s);
                 if (kw == info.topk_width) {
                     for (int64_t t = 0; t < s; ++t)
-                        lc.topk_rows_equal += std::memcmp(ours.data() + t * kw * 4, tk.data.data() + t * kw * 4,
-                                                          static_cast<size_t>(kw) * 4) == 0;
+                        lc.topk_rows_equal +=
+                            std::memcmp(ours.data() + t * kw * 4, tk.data.data() + t * kw * 4,
+                                        static_cast<size_t>(kw) * 4) == 0;
                 }
             }
             if (role.kv_source && info.cmp_rows > 0) {
                 NpyArray kv = dump(sn + "_L" + std::to_string(L) + "_compress_kv.npy");
                 auto ours = get_bytes(be, ctx.cmp_kv.rows(info.row0, info.row0 + info.cmp_rows));
-                lc.cmp_kv_equal = compare_bf16(reinterpret_cast<const uint16_t*>(ours.data()), kv.as<uint16_t>(),
-                                               static_cast<size_t>(info.cmp_rows * hd)).equal_frac;
+                lc.cmp_kv_equal = compare_bf16(reinterpret_cast<const uint16_t*>(ours.data()),
+                                               kv.as<uint16_t>(), static_cast<size_t>(info.cmp_rows * hd))
+                                      .equal_frac;
                 if (role.owns_index_keys) {
                     NpyArray ik = dump(sn + "_L" + std::to_string(L) + "_index_k.npy");
                     auto ok = get_bytes(be, ctx.index_k.rows(info.row0, info.row0 + info.cmp_rows));
-                    lc.index_k_equal = compare_bf16(reinterpret_cast<const uint16_t*>(ok.data()), ik.as<uint16_t>(),
-                                                    static_cast<size_t>(info.cmp_rows * ihd)).equal_frac;
+                    lc.index_k_equal =
+                        compare_bf16(reinterpret_cast<const uint16_t*>(ok.data()), ik.as<uint16_t>(),
+                                     static_cast<size_t>(info.cmp_rows * ihd))
+                            .equal_frac;
                 }
             }
             if (role.candidate_source && info.cand_words > 0) {
@@ -173,7 +189,8 @@ TeacherForcedReport run_teacher_forced(const std::string& backend) {
                         const bool ours = (b[t * info.cand_words + j / bs / 32] >> ((j / bs) % 32)) & 1u;
                         // Positions past the query's reachable range are masked by causality anyway:
                         // compare the reachable ones (j < n_t).
-                        if (j < (t + 1) / role.ratio && ours != (cm.as<uint8_t>()[t * width + j] != 0)) eq = false;
+                        if (j < (t + 1) / role.ratio && ours != (cm.as<uint8_t>()[t * width + j] != 0))
+                            eq = false;
                     }
                     lc.cand_rows_equal += eq;
                 }
@@ -201,7 +218,8 @@ TeacherForcedReport run_teacher_forced(const std::string& backend) {
             double se = 0;
             for (int64_t v = 0; v < V; ++v) se += std::exp(static_cast<double>(l[v]) - mx);
             const double ref = l[toks[static_cast<size_t>(t + 1)]] - (mx + std::log(se));
-            hcmp.max_abs_logprob_diff = std::max(hcmp.max_abs_logprob_diff, std::fabs(ref - scores[0].logprob[static_cast<size_t>(t)]));
+            hcmp.max_abs_logprob_diff = std::max(hcmp.max_abs_logprob_diff,
+                                                 std::fabs(ref - scores[0].logprob[static_cast<size_t>(t)]));
         }
         rep.heads.push_back(hcmp);
     }
@@ -209,8 +227,8 @@ TeacherForcedReport run_teacher_forced(const std::string& backend) {
 }
 
 void check_teacher_forced_report(const TeacherForcedReport& rep, const std::string& backend) {
-    std::printf("Teacher-forced comparison with DeepSeek's reference (GPU run), backend %s:\n%s", backend.c_str(),
-                rep.table().c_str());
+    std::printf("Teacher-forced comparison with DeepSeek's reference (GPU run), backend %s:\n%s",
+                backend.c_str(), rep.table().c_str());
     if (const char* out = std::getenv("DS4R_REPORT_DIR")) {
         std::ofstream(std::string(out) + "/teacher_forced_" + backend + ".txt") << rep.table();
     }
@@ -245,29 +263,33 @@ void check_teacher_forced_report(const TeacherForcedReport& rep, const std::stri
         EXPECT_GE(static_cast<double>(topk_eq) / topk_tot, 0.90) << "top-k rows equal for < 90%";
     }
     for (const auto& h : rep.heads) EXPECT_LE(h.max_abs_logprob_diff, 1e-3) << "head, seq " << h.seq;
-    std::printf("aggregate: routing sets equal %d/%d, top-k rows equal %d/%d\n", route_same, route_tot, topk_eq, topk_tot);
+    std::printf("aggregate: routing sets equal %d/%d, top-k rows equal %d/%d\n", route_same, route_tot,
+                topk_eq, topk_tot);
 }
 
 std::string TeacherForcedReport::table() const {
     std::ostringstream o;
     char b[512];
-    std::snprintf(b, sizeof b, "%-5s %-5s %-4s %9s %10s %10s %10s %10s %7s %7s %9s %8s %8s\n", "seq", "layer", "len",
-                  "engram=", "stream=", "stream_l2", "premix_l2", "moe_l2", "route=", "topk=", "cand=", "cmpkv=",
-                  "idxk=");
+    std::snprintf(b, sizeof b, "%-5s %-5s %-4s %9s %10s %10s %10s %10s %7s %7s %9s %8s %8s\n", "seq", "layer",
+                  "len", "engram=", "stream=", "stream_l2", "premix_l2", "moe_l2",
+                  "route=", "topk=", "cand=", "cmpkv=", "idxk=");
     o << b;
     for (const auto& l : layers) {
-        std::snprintf(b, sizeof b, "%-5d %-5d %-4d %9s %9.4f%% %10.2e %10.2e %10.2e %6.1f%% %7s %9s %7.3f%% %7.3f%%\n",
-                      l.seq, l.layer, l.len,
-                      l.engram ? (std::to_string(l.engram_equal * 100).substr(0, 6) + "%").c_str() : "-",
-                      l.stream_equal * 100, l.stream_rel_l2, l.premix_rel_l2, l.moe_rel_l2, l.route_sets_equal * 100,
-                      l.topk_rows ? (std::to_string(l.topk_rows_equal) + "/" + std::to_string(l.topk_rows)).c_str() : "-",
-                      l.cand_rows ? (std::to_string(l.cand_rows_equal) + "/" + std::to_string(l.cand_rows)).c_str() : "-",
-                      l.cmp_kv_equal * 100, l.index_k_equal * 100);
+        std::snprintf(
+            b, sizeof b, "%-5d %-5d %-4d %9s %9.4f%% %10.2e %10.2e %10.2e %6.1f%% %7s %9s %7.3f%% %7.3f%%\n",
+            l.seq, l.layer, l.len,
+            l.engram ? (std::to_string(l.engram_equal * 100).substr(0, 6) + "%").c_str() : "-",
+            l.stream_equal * 100, l.stream_rel_l2, l.premix_rel_l2, l.moe_rel_l2, l.route_sets_equal * 100,
+            l.topk_rows ? (std::to_string(l.topk_rows_equal) + "/" + std::to_string(l.topk_rows)).c_str()
+                        : "-",
+            l.cand_rows ? (std::to_string(l.cand_rows_equal) + "/" + std::to_string(l.cand_rows)).c_str()
+                        : "-",
+            l.cmp_kv_equal * 100, l.index_k_equal * 100);
         o << b;
     }
     for (const auto& h : heads) {
-        std::snprintf(b, sizeof b, "head seq %d (len %d): max |d logprob| vs reference logits %.3g\n", h.seq, h.len,
-                      h.max_abs_logprob_diff);
+        std::snprintf(b, sizeof b, "head seq %d (len %d): max |d logprob| vs reference logits %.3g\n", h.seq,
+                      h.len, h.max_abs_logprob_diff);
         o << b;
     }
     return o.str();

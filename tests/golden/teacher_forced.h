@@ -15,7 +15,7 @@ struct LayerCompare {
     double stream_equal = 0, stream_rel_l2 = 0;  // block output vs pre_engram[L+1]
     double premix_rel_l2 = 0;                    // f_pre vs premix[L+1]
     double attn_rel_l2 = 0, moe_rel_l2 = 0;
-    double route_sets_equal = 0;                 // fraction of tokens with the same expert set
+    double route_sets_equal = 0;  // fraction of tokens with the same expert set
     double route_w_rel_l2 = 0;
     int topk_rows = 0, topk_rows_equal = 0;      // index-source layers: our top-k rows vs the reference's
     int cand_rows = 0, cand_rows_equal = 0;      // candidate source: candidate masks

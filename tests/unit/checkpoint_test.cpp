@@ -1,4 +1,6 @@
 // Checkpoint::open on the golden tiny-a checkpoint and on corrupted copies of it; byte-run planning.
+#include "ds4r/checkpoint.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -6,7 +8,6 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
-#include "ds4r/checkpoint.h"
 #include "ds4r/error.h"
 #include "test_util.h"
 
@@ -45,24 +46,32 @@ ShardImage load_shard(const std::string& p) {
 void save_shard(const std::string& p, const ShardImage& s) {
     std::string h = s.header.dump();
     std::vector<uint8_t> b(8);
-    for (int i = 0; i < 8; ++i) b[static_cast<size_t>(i)] = static_cast<uint8_t>(static_cast<uint64_t>(h.size()) >> (8 * i));
+    for (int i = 0; i < 8; ++i)
+        b[static_cast<size_t>(i)] = static_cast<uint8_t>(static_cast<uint64_t>(h.size()) >> (8 * i));
     b.insert(b.end(), h.begin(), h.end());
     b.insert(b.end(), s.data.begin(), s.data.end());
     write_bytes(p, b);
 }
 
 // Appends a zero-filled tensor to the shard's data section.
-void add_tensor(ShardImage& s, const std::string& name, const std::string& dtype, const Shape& shape, size_t nbytes) {
+void add_tensor(ShardImage& s, const std::string& name, const std::string& dtype, const Shape& shape,
+                size_t nbytes) {
     uint64_t begin = s.data.size();
     s.data.resize(s.data.size() + nbytes, 0);
     s.header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {begin, begin + nbytes}}};
 }
 
-json load_json(const std::string& p) { return json::parse(std::ifstream(p)); }
-void save_json(const std::string& p, const json& j) { std::ofstream(p, std::ios::trunc) << j.dump(1); }
+json load_json(const std::string& p) {
+    return json::parse(std::ifstream(p));
+}
+void save_json(const std::string& p, const json& j) {
+    std::ofstream(p, std::ios::trunc) << j.dump(1);
+}
 
 const char* kIndex = "model.safetensors.index.json";
-std::string shard(int i) { return strfmt("model-%05d-of-00007.safetensors", i); }
+std::string shard(int i) {
+    return strfmt("model-%05d-of-00007.safetensors", i);
+}
 
 void expect_open_error(const std::string& dir, std::initializer_list<std::string> parts) {
     try {
@@ -70,7 +79,8 @@ void expect_open_error(const std::string& dir, std::initializer_list<std::string
         ADD_FAILURE() << "open succeeded; expected an error containing '" << *parts.begin() << "'";
     } catch (const CheckpointError& e) {
         std::string msg = e.what();
-        for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "missing '" << p << "' in: " << msg;
+        for (const auto& p : parts)
+            EXPECT_NE(msg.find(p), std::string::npos) << "missing '" << p << "' in: " << msg;
         EXPECT_EQ(e.exit_code(), 3);
     }
 }
@@ -117,7 +127,8 @@ TEST(Checkpoint, GoldenTensorsOfEachRole) {
         EXPECT_EQ(loc->shape, s) << n;
         EXPECT_EQ(loc->cls, cls) << n;
         EXPECT_EQ(loc->layer, layer) << n;
-        EXPECT_EQ(ck.shards()[static_cast<size_t>(loc->shard)].file_name, index["weight_map"][n].get<std::string>());
+        EXPECT_EQ(ck.shards()[static_cast<size_t>(loc->shard)].file_name,
+                  index["weight_map"][n].get<std::string>());
     };
     expect("embed.weight", DType::BF16, {512, 256}, TensorClass::Global, -1);
     expect("head.weight", DType::BF16, {512, 256}, TensorClass::Global, -1);
@@ -148,7 +159,8 @@ TEST(Checkpoint, GoldenTensorsOfEachRole) {
         ck.at("layers.9.nothing");
         FAIL();
     } catch (const CheckpointError& e) {
-        EXPECT_NE(std::string(e.what()).find("'layers.9.nothing' is not in the checkpoint"), std::string::npos);
+        EXPECT_NE(std::string(e.what()).find("'layers.9.nothing' is not in the checkpoint"),
+                  std::string::npos);
     }
 }
 
@@ -161,14 +173,16 @@ TEST(Checkpoint, GoldenOffsetsAndBytesMatchAnIndependentReader) {
         for (auto it = img.header.begin(); it != img.header.end(); ++it) {
             if (it.key() == "__metadata__") continue;
             const TensorLocation& t = ck.at(it.key());
-            uint64_t b = it.value()["data_offsets"][0].get<uint64_t>(), e = it.value()["data_offsets"][1].get<uint64_t>();
+            uint64_t b = it.value()["data_offsets"][0].get<uint64_t>(),
+                     e = it.value()["data_offsets"][1].get<uint64_t>();
             EXPECT_EQ(t.offset, 8 + img.header_len + b) << t.name;
             EXPECT_EQ(t.nbytes, e - b) << t.name;
             ++checked;
             if (t.nbytes <= 4096) {  // the small ones: compare the bytes read
                 std::vector<uint8_t> got(t.nbytes);
                 ck.read(t, got.data());
-                EXPECT_TRUE(std::equal(got.begin(), got.end(), img.data.begin() + static_cast<long>(b))) << t.name;
+                EXPECT_TRUE(std::equal(got.begin(), got.end(), img.data.begin() + static_cast<long>(b)))
+                    << t.name;
             }
         }
     }
@@ -176,7 +190,8 @@ TEST(Checkpoint, GoldenOffsetsAndBytesMatchAnIndependentReader) {
     // Globals + streamed layers + Engram tables account for every byte; the index's total_size agrees.
     uint64_t streamed = 0;
     for (int l = 0; l < 6; ++l) streamed += ck.layer_stream_bytes(l);
-    EXPECT_EQ(streamed + ck.bytes_of(TensorClass::Global) + ck.bytes_of(TensorClass::EngramTable), ck.total_bytes());
+    EXPECT_EQ(streamed + ck.bytes_of(TensorClass::Global) + ck.bytes_of(TensorClass::EngramTable),
+              ck.total_bytes());
     json index = load_json(test::golden_model_dir() + "/" + kIndex);
     EXPECT_EQ(ck.total_bytes(), index["metadata"]["total_size"].get<uint64_t>());
     ASSERT_TRUE(ck.index_total_size().has_value());
@@ -190,7 +205,8 @@ TEST(Checkpoint, GoldenLayerRunsAreOneContiguousReadPerLayer) {
         const std::string prefix = "layers." + std::to_string(l) + ".";
         size_t expected = 0;
         for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it)
-            if (it.key().rfind(prefix, 0) == 0 && it.key().find("engram.embed.") == std::string::npos) ++expected;
+            if (it.key().rfind(prefix, 0) == 0 && it.key().find("engram.embed.") == std::string::npos)
+                ++expected;
         EXPECT_EQ(ck.layer_tensor_count(l), expected) << l;
         auto runs = ck.layer_runs(l);
         // tiny-a writes each layer's tensors contiguously, two layers per shard.
@@ -200,7 +216,8 @@ TEST(Checkpoint, GoldenLayerRunsAreOneContiguousReadPerLayer) {
         EXPECT_EQ(ck.layer_read_bytes(l), ck.layer_stream_bytes(l));
         EXPECT_EQ(ck.shards()[static_cast<size_t>(runs[0].shard)].file_name, shard(2 + l / 2));
         for (size_t i = 1; i < runs[0].tensors.size(); ++i)
-            EXPECT_EQ(runs[0].tensors[i]->offset, runs[0].tensors[i - 1]->offset + runs[0].tensors[i - 1]->nbytes);
+            EXPECT_EQ(runs[0].tensors[i]->offset,
+                      runs[0].tensors[i - 1]->offset + runs[0].tensors[i - 1]->nbytes);
         EXPECT_EQ(runs[0].tensors.front()->offset, runs[0].begin);
     }
     // The even layer of a shard starts its data section; the odd one ends where the data ends.
@@ -227,12 +244,12 @@ TEST(MergeByteRuns, MergesSmallGapsSplitsLargeGapsAndShards) {
         ts[i].offset = off;
         ts[i].nbytes = n;
     };
-    set(0, 0, 1000, 100);                       // [1000, 1100)
-    set(1, 0, 1100 + kByteRunMaxGap, 50);       // gap of exactly 64 KiB: merged
+    set(0, 0, 1000, 100);                                            // [1000, 1100)
+    set(1, 0, 1100 + kByteRunMaxGap, 50);                            // gap of exactly 64 KiB: merged
     set(2, 0, 1100 + kByteRunMaxGap + 50 + kByteRunMaxGap + 1, 10);  // gap of 64 KiB + 1: new run
-    set(3, 1, 0, 8);                            // other shard
-    set(4, 1, 8, 0);                            // empty tensor touching the run
-    set(5, 0, 0, 16);                           // before t0, gap 984
+    set(3, 1, 0, 8);                                                 // other shard
+    set(4, 1, 8, 0);                                                 // empty tensor touching the run
+    set(5, 0, 0, 16);                                                // before t0, gap 984
     std::vector<const TensorLocation*> in = {&ts[2], &ts[3], &ts[0], &ts[4], &ts[1], &ts[5]};
     auto runs = merge_byte_runs(in);
     ASSERT_EQ(runs.size(), 3u);
@@ -258,14 +275,16 @@ TEST(MergeByteRuns, MergesSmallGapsSplitsLargeGapsAndShards) {
 TEST(CheckpointErrors, MissingShard) {
     std::string d = test::copy_golden_model("ck-missing");
     fs::remove(d + "/" + shard(5));
-    expect_open_error(d, {shard(5) + ": missing (listed in model.safetensors.index.json for 'head.weight' and 1 more"});
+    expect_open_error(
+        d, {shard(5) + ": missing (listed in model.safetensors.index.json for 'head.weight' and 1 more"});
 }
 
 TEST(CheckpointErrors, SeveralProblemsAreReportedTogether) {
     std::string d = test::copy_golden_model("ck-two");
     fs::remove(d + "/" + shard(5));
     fs::resize_file(d + "/" + shard(6), 100);
-    expect_open_error(d, {"checkpoint is invalid (2 problems)", shard(5) + ": missing", shard(6) + ": header length 224 runs past the end of the file (100 bytes"});
+    expect_open_error(d, {"checkpoint is invalid (2 problems)", shard(5) + ": missing",
+                          shard(6) + ": header length 224 runs past the end of the file (100 bytes"});
 }
 
 TEST(CheckpointErrors, TruncatedShard) {
@@ -307,7 +326,8 @@ TEST(CheckpointErrors, CorruptHeaderJson) {
 TEST(CheckpointErrors, ShardNotReferencedByIndex) {
     std::string d = test::copy_golden_model("ck-unref");
     fs::copy_file(d + "/" + shard(7), d + "/" + shard(8));
-    expect_open_error(d, {shard(8) + ": shard present in the model directory but not referenced by " + kIndex});
+    expect_open_error(d,
+                      {shard(8) + ": shard present in the model directory but not referenced by " + kIndex});
     // A file of another set (or any other name) is not ours to judge.
     fs::rename(d + "/" + shard(8), d + "/model-00001-of-00002.safetensors");
     EXPECT_NO_THROW(Checkpoint::open(d));
@@ -318,7 +338,8 @@ TEST(CheckpointErrors, TensorInIndexButNotInShard) {
     json idx = load_json(d + "/" + kIndex);
     idx["weight_map"]["layers.0.phantom"] = shard(2);
     save_json(d + "/" + kIndex, idx);
-    expect_open_error(d, {shard(2) + ": tensor 'layers.0.phantom' listed in " + kIndex + " is not in this shard's header"});
+    expect_open_error(
+        d, {shard(2) + ": tensor 'layers.0.phantom' listed in " + kIndex + " is not in this shard's header"});
 }
 
 TEST(CheckpointErrors, TensorInShardButNotInIndex) {
@@ -326,7 +347,8 @@ TEST(CheckpointErrors, TensorInShardButNotInIndex) {
     json idx = load_json(d + "/" + kIndex);
     idx["weight_map"].erase("layers.0.attn.attn_sink");
     save_json(d + "/" + kIndex, idx);
-    expect_open_error(d, {shard(2) + ": tensor 'layers.0.attn.attn_sink' is in this shard's header but not in " + kIndex});
+    expect_open_error(
+        d, {shard(2) + ": tensor 'layers.0.attn.attn_sink' is in this shard's header but not in " + kIndex});
 }
 
 TEST(CheckpointErrors, IndexPlacesTensorInAnotherShard) {
@@ -344,7 +366,9 @@ TEST(CheckpointErrors, WrongDtype) {
     ShardImage s = load_shard(d + "/" + shard(3));
     s.header["layers.2.attn.wq_a.weight"]["dtype"] = "U8";  // same byte size, so the header stays sane
     save_shard(d + "/" + shard(3), s);
-    expect_open_error(d, {shard(3) + ": tensor 'layers.2.attn.wq_a.weight' expected F8_E4M3 [64, 256], found U8 [64, 256]"});
+    expect_open_error(
+        d,
+        {shard(3) + ": tensor 'layers.2.attn.wq_a.weight' expected F8_E4M3 [64, 256], found U8 [64, 256]"});
 }
 
 TEST(CheckpointErrors, WrongShape) {
@@ -352,7 +376,9 @@ TEST(CheckpointErrors, WrongShape) {
     ShardImage s = load_shard(d + "/" + shard(3));
     s.header["layers.2.attn.wq_a.weight"]["shape"] = {128, 128};
     save_shard(d + "/" + shard(3), s);
-    expect_open_error(d, {shard(3) + ": tensor 'layers.2.attn.wq_a.weight' expected F8_E4M3 [64, 256], found F8_E4M3 [128, 128]"});
+    expect_open_error(
+        d, {shard(3) +
+            ": tensor 'layers.2.attn.wq_a.weight' expected F8_E4M3 [64, 256], found F8_E4M3 [128, 128]"});
 }
 
 TEST(CheckpointErrors, MissingRequiredTensor) {
@@ -363,8 +389,9 @@ TEST(CheckpointErrors, MissingRequiredTensor) {
     json idx = load_json(d + "/" + kIndex);
     idx["weight_map"].erase("layers.3.attn.compressor.norm.weight");
     save_json(d + "/" + kIndex, idx);
-    expect_open_error(d, {std::string(kIndex) + ": required tensor 'layers.3.attn.compressor.norm.weight' (layer 3: ",
-                          "is missing; expected BF16 [64]"});
+    expect_open_error(
+        d, {std::string(kIndex) + ": required tensor 'layers.3.attn.compressor.norm.weight' (layer 3: ",
+            "is missing; expected BF16 [64]"});
 }
 
 TEST(CheckpointErrors, MissingFiles) {
@@ -381,7 +408,8 @@ TEST(CheckpointErrors, MissingFiles) {
 
 TEST(CheckpointErrors, MalformedIndex) {
     std::string d = test::copy_golden_model("ck-badidx");
-    std::ofstream(d + "/" + kIndex, std::ios::trunc) << R"({"weight_map": {"embed.weight": "../model-00001-of-00007.safetensors"}})";
+    std::ofstream(d + "/" + kIndex, std::ios::trunc)
+        << R"({"weight_map": {"embed.weight": "../model-00001-of-00007.safetensors"}})";
     expect_open_error(d, {kIndex, "is not a plain file name"});
     std::ofstream(d + "/" + kIndex, std::ios::trunc) << "{\"weight_map\": ";
     expect_open_error(d, {kIndex, "not valid JSON"});
@@ -423,7 +451,7 @@ TEST(Checkpoint, UnusedAndUnknownTensorsAreAcceptedOutsideTheReadPlan) {
     ShardImage s = load_shard(d + "/" + shard(2));
     add_tensor(s, "layers.0.ffn.gate.bias_vl", "F32", {16}, 64);  // optional, the right shape
     add_tensor(s, "mtp.0.ffn.gate.weight", "BF16", {4, 4}, 32);   // MTP: never used in prefill
-    add_tensor(s, "layers.0.mystery", "F32", {2}, 8);              // unknown: a warning only
+    add_tensor(s, "layers.0.mystery", "F32", {2}, 8);             // unknown: a warning only
     save_shard(d + "/" + shard(2), s);
     json idx = load_json(d + "/" + kIndex);
     for (const char* n : {"layers.0.ffn.gate.bias_vl", "mtp.0.ffn.gate.weight", "layers.0.mystery"})
@@ -445,7 +473,8 @@ TEST(Checkpoint, UnusedAndUnknownTensorsAreAcceptedOutsideTheReadPlan) {
     // An optional tensor, when present, must still have the spec's dtype and shape.
     s.header["layers.0.ffn.gate.bias_vl"]["shape"] = {8, 2};
     save_shard(d + "/" + shard(2), s);
-    expect_open_error(d, {shard(2) + ": tensor 'layers.0.ffn.gate.bias_vl' expected F32 [16], found F32 [8, 2]"});
+    expect_open_error(
+        d, {shard(2) + ": tensor 'layers.0.ffn.gate.bias_vl' expected F32 [16], found F32 [8, 2]"});
 }
 
 TEST(Checkpoint, SingleFileWithoutIndex) {
@@ -459,7 +488,8 @@ TEST(Checkpoint, SingleFileWithoutIndex) {
         for (auto it = s.header.begin(); it != s.header.end(); ++it) {
             if (it.key() == "__metadata__") continue;
             json e = it.value();
-            e["data_offsets"] = {e["data_offsets"][0].get<uint64_t>() + base, e["data_offsets"][1].get<uint64_t>() + base};
+            e["data_offsets"] = {e["data_offsets"][0].get<uint64_t>() + base,
+                                 e["data_offsets"][1].get<uint64_t>() + base};
             merged.header[it.key()] = e;
         }
         merged.data.insert(merged.data.end(), s.data.begin(), s.data.end());

@@ -19,7 +19,9 @@
 
 namespace ds4r::test {
 
-inline std::string tiny_model_dir() { return golden_model_dir(); }
+inline std::string tiny_model_dir() {
+    return golden_model_dir();
+}
 
 inline std::string slurp(const std::string& path) {
     std::ifstream f(path, std::ios::binary);

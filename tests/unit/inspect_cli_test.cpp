@@ -38,8 +38,9 @@ TEST(InspectCli, GoldenReportHasConfigRoleTableBytesAndVerdict) {
                              "Engram: layers [0, 1], table rows [660, 864] x 64", "window only + Engram",
                              "KV+index source (ratio 2) + Engram", "consumer of 1/1",
                              "KV+index source (ratio 1) + candidate source", "consumer of 3/3",
-                             "reindex (keys of 3, candidates)", "Engram tables:", "globals:", "unused (prefill):",
-                             "in 783 tensors, 7 shards", "9.07 MB (8.65 MiB)", "checkpoint OK"})
+                             "reindex (keys of 3, candidates)",
+                             "Engram tables:", "globals:", "unused (prefill):", "in 783 tensors, 7 shards",
+                             "9.07 MB (8.65 MiB)", "checkpoint OK"})
         EXPECT_NE(out.find(want), std::string::npos) << "missing '" << want << "' in:\n" << out;
     // One table row per layer.
     for (int l = 0; l < 6; ++l)
@@ -61,8 +62,9 @@ TEST(InspectCli, JsonReportHasTheSameFacts) {
     EXPECT_EQ(j["tensors"]["engram_table"], 4);
     // Every byte is accounted for, and the index's total agrees.
     const auto& b = j["bytes"];
-    EXPECT_EQ(b["streamed"].get<uint64_t>() + b["globals"].get<uint64_t>() + b["engram_tables"].get<uint64_t>() +
-                  b["unused"].get<uint64_t>() + b["unknown"].get<uint64_t>(),
+    EXPECT_EQ(b["streamed"].get<uint64_t>() + b["globals"].get<uint64_t>() +
+                  b["engram_tables"].get<uint64_t>() + b["unused"].get<uint64_t>() +
+                  b["unknown"].get<uint64_t>(),
               b["total"].get<uint64_t>());
     json index = json::parse(std::ifstream(test::golden_model_dir() + "/model.safetensors.index.json"));
     EXPECT_EQ(b["total"], index["metadata"]["total_size"]);
@@ -96,13 +98,16 @@ TEST(InspectCli, MissingShardExitsThreeNamingIt) {
     fs::remove(d + "/model-00006-of-00007.safetensors");
     std::string out;
     EXPECT_EQ(inspect(d, &out), 3) << out;
-    EXPECT_NE(out.find("model-00006-of-00007.safetensors: missing (listed in model.safetensors.index.json for "
-                       "'layers.0.engram.embed.scale'"),
-              std::string::npos)
+    EXPECT_NE(
+        out.find("model-00006-of-00007.safetensors: missing (listed in model.safetensors.index.json for "
+                 "'layers.0.engram.embed.scale'"),
+        std::string::npos)
         << out;
     // JSON mode: one error object on stdout (stderr carries the message too), same exit code.
     std::string jout;
-    EXPECT_EQ(test::run_command("(" + test::binary_path() + " inspect --json --model '" + d + "' 2>/dev/null)", &jout), 3);
+    EXPECT_EQ(test::run_command(
+                  "(" + test::binary_path() + " inspect --json --model '" + d + "' 2>/dev/null)", &jout),
+              3);
     json j = json::parse(jout);
     EXPECT_FALSE(j["ok"].get<bool>());
     EXPECT_EQ(j["exit_code"], 3);

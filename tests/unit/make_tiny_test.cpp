@@ -1,5 +1,7 @@
 // make-tiny: the layout (config, tokenizer, index, shards, headers) against the binding, the
 // determinism of the bytes, the weight statistics, the streaming writer, and the CLI round trip.
+#include "ds4r/make_tiny.h"
+
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -21,7 +23,6 @@
 #include "ds4r/engram.h"
 #include "ds4r/error.h"
 #include "ds4r/file_util.h"
-#include "ds4r/make_tiny.h"
 #include "ds4r/numeric.h"
 #include "ds4r/tokenizer.h"
 #include "test_util.h"
@@ -153,12 +154,14 @@ void check_layout(const std::string& dir, int n_layers) {
     // The compressed vocab is the generated tokenizer's (the checked build must pass).
     const Tokenizer tok = Tokenizer::load(path_join(dir, "tokenizer.json"));
     EXPECT_EQ(tok.size(), cfg.vocab_size);
-    EXPECT_EQ(build_engram_token_map(tok, cfg, "tokenizer.json", true).num_keys, cfg.engram_compressed_vocab_size);
+    EXPECT_EQ(build_engram_token_map(tok, cfg, "tokenizer.json", true).num_keys,
+              cfg.engram_compressed_vocab_size);
 }
 
 std::map<std::string, std::vector<uint8_t>> read_dir(const std::string& dir) {
     std::map<std::string, std::vector<uint8_t>> out;
-    for (const auto& e : fs::directory_iterator(dir)) out[e.path().filename().string()] = read_whole_file(e.path().string(), 64u << 20);
+    for (const auto& e : fs::directory_iterator(dir))
+        out[e.path().filename().string()] = read_whole_file(e.path().string(), 64u << 20);
     return out;
 }
 
@@ -215,7 +218,8 @@ TEST(MakeTinyPlan, TinyMatchesGoldenDimensionsAndRoles) {
     ASSERT_EQ(p.roles.size(), groles.size());
     for (size_t l = 0; l < groles.size(); ++l) EXPECT_EQ(p.roles[l].describe(), groles[l].describe()) << l;
     // The golden shards have the same tensors apart from the optional bias_vl (16 x F32 per layer).
-    json gi = json::parse(read_text_file(test::data_dir() + "/tiny-a/model/model.safetensors.index.json", 1u << 24));
+    json gi = json::parse(
+        read_text_file(test::data_dir() + "/tiny-a/model/model.safetensors.index.json", 1u << 24));
     EXPECT_EQ(p.total_tensor_bytes, gi["metadata"]["total_size"].get<uint64_t>() + 6 * 16 * 4);
     size_t optional = 0;
     for (const auto& s : p.specs) {
@@ -247,8 +251,8 @@ TEST(MakeTinyPlan, ConfigJsonHasTheReleasedForm) {
             EXPECT_EQ(mine["text_config"][k], v) << k;
         }
     }
-    for (const char* k : {"dspark_block_size", "dspark_noise_token_id", "dspark_target_layer_ids", "dspark_markov_rank",
-                          "dspark_n_routed_experts", "dspark_num_experts_per_tok"})
+    for (const char* k : {"dspark_block_size", "dspark_noise_token_id", "dspark_target_layer_ids",
+                          "dspark_markov_rank", "dspark_n_routed_experts", "dspark_num_experts_per_tok"})
         EXPECT_TRUE(mine["text_config"].contains(k)) << k;
     EXPECT_EQ(mine["quantization_config"]["weight_block_size"], json({32, 32}));
 }
@@ -385,7 +389,8 @@ TEST(MakeTinyTokenizer, TinyVocabularyIsAValidByteLevelBpe) {
     check_tokenizer_json(text, 512);
     // The byte tokens have the ids of the golden tokenizer (and of the release): 3..258.
     const json mine = json::parse(text);
-    const json gold = json::parse(read_text_file(test::data_dir() + "/tiny-a/model/tokenizer.json", 1u << 24));
+    const json gold =
+        json::parse(read_text_file(test::data_dir() + "/tiny-a/model/tokenizer.json", 1u << 24));
     std::map<int64_t, std::string> gid, mid;
     for (auto& [k, v] : gold["model"]["vocab"].items()) gid[v.get<int64_t>()] = k;
     for (auto& [k, v] : mine["model"]["vocab"].items()) mid[v.get<int64_t>()] = k;
@@ -415,22 +420,22 @@ TEST(MakeTinyTokenizer, FullWidthVocabularyIsAValidByteLevelBpe) {
 // ---------------------------------------------------------------------------------------------
 
 TEST(MakeTinyWeights, E8m0CeilScaleRoundsUpAndKeepsPowersOfTwo) {
-    EXPECT_EQ(tiny::e8m0_ceil_scale(448.0f, 448.0f), 127);   // exactly 1
-    EXPECT_EQ(tiny::e8m0_ceil_scale(449.0f, 448.0f), 128);   // just above: 2
-    EXPECT_EQ(tiny::e8m0_ceil_scale(224.0f, 448.0f), 126);   // 0.5
+    EXPECT_EQ(tiny::e8m0_ceil_scale(448.0f, 448.0f), 127);  // exactly 1
+    EXPECT_EQ(tiny::e8m0_ceil_scale(449.0f, 448.0f), 128);  // just above: 2
+    EXPECT_EQ(tiny::e8m0_ceil_scale(224.0f, 448.0f), 126);  // 0.5
     EXPECT_EQ(tiny::e8m0_ceil_scale(6.0f, 6.0f), 127);
     EXPECT_EQ(tiny::e8m0_ceil_scale(6.5f, 6.0f), 128);
-    EXPECT_EQ(tiny::e8m0_ceil_scale(0.0f, 448.0f), 105);     // amax floor 1e-4: 1e-4/448 <= 2^-22
-    EXPECT_EQ(tiny::e8m0_ceil_scale(0.0f, 6.0f), 1);         // floor 6 * 2^-126: 2^-126
+    EXPECT_EQ(tiny::e8m0_ceil_scale(0.0f, 448.0f), 105);  // amax floor 1e-4: 1e-4/448 <= 2^-22
+    EXPECT_EQ(tiny::e8m0_ceil_scale(0.0f, 6.0f), 1);      // floor 6 * 2^-126: 2^-126
 }
 
 TEST(MakeTinyWeights, NormalQuantilesAreStandardNormal) {
     const auto& q = tiny::normal_quantiles();
     ASSERT_EQ(q.size(), 32768u);
     EXPECT_TRUE(std::is_sorted(q.begin(), q.end()));
-    EXPECT_NEAR(q[0], 1.9e-5, 1e-6);               // Phi^-1(0.5 + 0.5 / 65536)
-    EXPECT_NEAR(q[16383], 0.6744897, 2e-4);         // ~ upper quartile
-    EXPECT_NEAR(q[32767], 4.325, 0.005);            // Phi^-1(1 - 0.5 / 65536)
+    EXPECT_NEAR(q[0], 1.9e-5, 1e-6);         // Phi^-1(0.5 + 0.5 / 65536)
+    EXPECT_NEAR(q[16383], 0.6744897, 2e-4);  // ~ upper quartile
+    EXPECT_NEAR(q[32767], 4.325, 0.005);     // Phi^-1(1 - 0.5 / 65536)
     double s2 = 0;
     for (float v : q) s2 += static_cast<double>(v) * v;
     EXPECT_NEAR(s2 / q.size(), 1.0, 2e-3);
@@ -478,7 +483,8 @@ TEST(MakeTinyWeights, FastQuantizationEqualsTheReference) {
         ASSERT_GE(r.bands(), 2);
         ASSERT_LT(r.band_rows(r.bands() - 1), 32);  // full bands and a short one
         for (int64_t b = 0; b < r.bands(); ++b) {
-            const size_t wn = static_cast<size_t>(r.band_rows(b)) * r.weight_row_bytes(), sn = r.scale_band_bytes(b);
+            const size_t wn = static_cast<size_t>(r.band_rows(b)) * r.weight_row_bytes(),
+                         sn = r.scale_band_bytes(b);
             std::vector<uint8_t> wf(wn), wr(wn), sf(sn), sr(sn);
             tiny::BandScratch s1, s2;
             tiny::generate_band(r, 42, b, wf.data(), sf.data(), s1, true);
@@ -501,7 +507,8 @@ TEST(MakeTinyWrite, TinyCheckpointMatchesTheBinding) {
     EXPECT_EQ(r.files.size(), 4u + 10u);
     check_layout(dir, 6);
     // No temporary file is left behind.
-    for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos);
+    for (const auto& e : fs::directory_iterator(dir))
+        EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos);
     // The checkpoint module validates it too.
     const Checkpoint ck = Checkpoint::open(dir);
     EXPECT_EQ(ck.config().n_layers, 6);
@@ -581,11 +588,14 @@ TEST(MakeTinyWrite, WeightStatisticsAreSane) {
         const int64_t rows = s.shape.size() == 2 ? s.shape[0] : 1;
         const int64_t stored_cols = s.shape.back();
         // Kind: the name without the layer and expert numbers ("ffn.experts.E.w1.weight").
-        const std::string k = std::regex_replace(std::regex_replace(s.name, std::regex(R"(^layers\.\d+\.)"), ""),
-                                                 std::regex(R"(experts\.\d+\.)"), "experts.E.");
+        const std::string k =
+            std::regex_replace(std::regex_replace(s.name, std::regex(R"(^layers\.\d+\.)"), ""),
+                               std::regex(R"(experts\.\d+\.)"), "experts.E.");
         std::vector<double> v(static_cast<size_t>(s.dtype == DType::I8 ? 2 * n : n));
         if (s.dtype == DType::BF16) {
-            for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = bf16_to_f32(static_cast<uint16_t>(d[2 * i] | (d[2 * i + 1] << 8)));
+            for (int64_t i = 0; i < n; ++i)
+                v[static_cast<size_t>(i)] =
+                    bf16_to_f32(static_cast<uint16_t>(d[2 * i] | (d[2 * i + 1] << 8)));
         } else if (s.dtype == DType::F32) {
             for (int64_t i = 0; i < n; ++i) {
                 float x;
@@ -612,7 +622,8 @@ TEST(MakeTinyWrite, WeightStatisticsAreSane) {
                         const int64_t br = row_scaled ? i : i / 32;
                         auto& m = block_max[{br, j / 32}];
                         m = std::max(m, std::fabs(q));
-                        v[static_cast<size_t>(i * stored_cols + j)] = q * e8m0_to_f32(sc[br * ssh[1] + j / 32]);
+                        v[static_cast<size_t>(i * stored_cols + j)] =
+                            q * e8m0_to_f32(sc[br * ssh[1] + j / 32]);
                     }
                 // Scale 2^ceil(log2(amax/448)): the largest code of every block is in [224, 448].
                 for (auto& [b, m] : block_max) {
@@ -660,7 +671,8 @@ TEST(MakeTinyWrite, WeightStatisticsAreSane) {
         EXPECT_NEAR(m.mean(), 0.0, tol) << m.n;
         EXPECT_NEAR(m.std(), 1.0, tol) << m.n;
     }
-    EXPECT_TRUE(kind.count("ffn.experts.E.w1.weight") && kind.count("attn.wq_a.weight") && kind.count("embed.weight"));
+    EXPECT_TRUE(kind.count("ffn.experts.E.w1.weight") && kind.count("attn.wq_a.weight") &&
+                kind.count("embed.weight"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -701,14 +713,13 @@ TEST(SafetensorsWriter, WritesChunksAndSparseHoles) {
     float back[3];
     std::memcpy(back, bytes.data() + 8 + n, 12);
     EXPECT_EQ(back[2], 3.0f);
-    EXPECT_TRUE(std::all_of(bytes.begin() + static_cast<std::ptrdiff_t>(8 + n + 20), bytes.end(), [](uint8_t b) { return b == 0; }));
+    EXPECT_TRUE(std::all_of(bytes.begin() + static_cast<std::ptrdiff_t>(8 + n + 20), bytes.end(),
+                            [](uint8_t b) { return b == 0; }));
     struct stat st;
     ASSERT_EQ(::stat(path.c_str(), &st), 0);
     EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, big / 4) << "the zero tensor should be a hole";
     // Destroyed without commit: nothing is left behind.
-    {
-        SafetensorsWriter w(dir + "/y.safetensors", plan_safetensors({{"a", DType::F32, {1}}}));
-    }
+    { SafetensorsWriter w(dir + "/y.safetensors", plan_safetensors({{"a", DType::F32, {1}}})); }
     EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
     EXPECT_THROW(plan_safetensors({{"a", DType::F32, {1}}, {"a", DType::F32, {2}}}), RuntimeError);
 }

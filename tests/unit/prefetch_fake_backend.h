@@ -38,8 +38,8 @@ public:
         worker_.join();  // the worker drains the queue first: nothing is left half-copied
     }
     void copy(const Tensor& dst, size_t off, const void* src, size_t bytes) override {
-        DS4R_CHECK(off + bytes <= dst.nbytes(), "fake copy queue: %zu bytes at %zu past a %zu-byte tensor", bytes, off,
-                   dst.nbytes());
+        DS4R_CHECK(off + bytes <= dst.nbytes(), "fake copy queue: %zu bytes at %zu past a %zu-byte tensor",
+                   bytes, off, dst.nbytes());
         std::lock_guard<std::mutex> lk(mu_);
         ops_.push_back(Op{0, static_cast<uint8_t*>(dst.data) + off, static_cast<const uint8_t*>(src), bytes});
         cv_.notify_all();
@@ -120,30 +120,44 @@ public:
     }
 
     // ---- ops: the CPU backend's
-    void act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s) override { inner_->act_quant_fp8(x, q, s); }
+    void act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s) override {
+        inner_->act_quant_fp8(x, q, s);
+    }
     void act_quant_fp8_inplace(const Tensor& x) override { inner_->act_quant_fp8_inplace(x); }
     void fp4_quant_inplace(const Tensor& x, Fp4Scale k) override { inner_->fp4_quant_inplace(x, k); }
-    void linear_fp8(const Tensor& x, const Fp8Linear& w, const Tensor& y) override { inner_->linear_fp8(x, w, y); }
-    void linear_fp4(const Tensor& x, const Fp4Linear& w, const Tensor& y) override { inner_->linear_fp4(x, w, y); }
-    void linear_bf16(const Tensor& x, const Tensor& w, const Tensor& y) override { inner_->linear_bf16(x, w, y); }
-    void linear_f32(const Tensor& x, const Tensor& w, const Tensor& y) override { inner_->linear_f32(x, w, y); }
+    void linear_fp8(const Tensor& x, const Fp8Linear& w, const Tensor& y) override {
+        inner_->linear_fp8(x, w, y);
+    }
+    void linear_fp4(const Tensor& x, const Fp4Linear& w, const Tensor& y) override {
+        inner_->linear_fp4(x, w, y);
+    }
+    void linear_bf16(const Tensor& x, const Tensor& w, const Tensor& y) override {
+        inner_->linear_bf16(x, w, y);
+    }
+    void linear_f32(const Tensor& x, const Tensor& w, const Tensor& y) override {
+        inner_->linear_f32(x, w, y);
+    }
     void linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t g, const Tensor& y) override {
         inner_->linear_wo_a(o, w, g, y);
     }
-    void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) override { inner_->rms_norm(x, w, eps, y); }
-    void rope_table(double base, double factor, int64_t yo, double bf, double bs, int64_t rd, const Tensor& t) override {
+    void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) override {
+        inner_->rms_norm(x, w, eps, y);
+    }
+    void rope_table(double base, double factor, int64_t yo, double bf, double bs, int64_t rd,
+                    const Tensor& t) override {
         inner_->rope_table(base, factor, yo, bf, bs, rd, t);
     }
-    void rope_inplace(const Tensor& x, int64_t h, int64_t w, int64_t rd, const Tensor& pos, const Tensor& table,
-                      bool inverse) override {
+    void rope_inplace(const Tensor& x, int64_t h, int64_t w, int64_t rd, const Tensor& pos,
+                      const Tensor& table, bool inverse) override {
         inner_->rope_inplace(x, h, w, rd, pos, table, inverse);
     }
-    void hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale, const Tensor& base, float ne, float he,
-                  int iters, const Tensor& pre, const Tensor& post, const Tensor& comb) override {
+    void hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale, const Tensor& base, float ne,
+                  float he, int iters, const Tensor& pre, const Tensor& post, const Tensor& comb) override {
         inner_->hc_mixes(X, fn, scale, base, ne, he, iters, pre, post, comb);
     }
     void hc_pre(const Tensor& X, const Tensor& mix, const Tensor& y) override { inner_->hc_pre(X, mix, y); }
-    void hc_post(const Tensor& x, const Tensor& R, const Tensor& post, const Tensor& comb, const Tensor& out) override {
+    void hc_post(const Tensor& x, const Tensor& R, const Tensor& post, const Tensor& comb,
+                 const Tensor& out) override {
         inner_->hc_post(x, R, post, comb, out);
     }
     void compress_pool2(const Tensor& kv, const Tensor& sc, const Tensor& out) override {
@@ -160,7 +174,8 @@ public:
     void apply_candidate_mask(const Tensor& score, const Tensor& mask, int64_t block) override {
         inner_->apply_candidate_mask(score, mask, block);
     }
-    void index_topk(const Tensor& score, const Tensor& qpos, int ratio, int64_t offset, const Tensor& idx) override {
+    void index_topk(const Tensor& score, const Tensor& qpos, int ratio, int64_t offset,
+                    const Tensor& idx) override {
         inner_->index_topk(score, qpos, ratio, offset, idx);
     }
     void window_indices(const Tensor& qpos, int64_t window, const Tensor& idx) override {
@@ -170,18 +185,20 @@ public:
         inner_->attn_indices(qpos, window, topk, idx);
     }
     void mul_scalar_bf16(const Tensor& x, float f) override { inner_->mul_scalar_bf16(x, f); }
-    void sparse_attn(const Tensor& q, const Tensor& wkv, const Tensor& ckv, const Tensor& sink, const Tensor& idx,
-                     float scale, const Tensor& o) override {
+    void sparse_attn(const Tensor& q, const Tensor& wkv, const Tensor& ckv, const Tensor& sink,
+                     const Tensor& idx, float scale, const Tensor& o) override {
         inner_->sparse_attn(q, wkv, ckv, sink, idx, scale, o);
     }
     void moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y, const Tensor& ri,
              const Tensor& rw) override {
         inner_->moe(x, w, p, y, ri, rw);
     }
-    void engram_update(const Tensor& X, const Tensor& kv, const Tensor& qw, const Tensor& kw, float eps) override {
+    void engram_update(const Tensor& X, const Tensor& kv, const Tensor& qw, const Tensor& kw,
+                       float eps) override {
         inner_->engram_update(X, kv, qw, kw, eps);
     }
-    void head_stats(const Tensor& x, const Tensor& head, const Tensor& targets, int k, const HeadStatsOut& out) override {
+    void head_stats(const Tensor& x, const Tensor& head, const Tensor& targets, int k,
+                    const HeadStatsOut& out) override {
         inner_->head_stats(x, head, targets, k, out);
     }
 
@@ -240,8 +257,8 @@ inline void FakeCopyQueue::run() {
             ops_.pop_front();
         }
         if (max_delay_us_ > 0)
-            std::this_thread::sleep_for(std::chrono::microseconds(
-                std::uniform_int_distribution<int>(0, max_delay_us_)(rng_)));
+            std::this_thread::sleep_for(
+                std::chrono::microseconds(std::uniform_int_distribution<int>(0, max_delay_us_)(rng_)));
         if (op.fence == 0) {
             be_.check_copy(op.dst, op.bytes);
             std::memcpy(op.dst, op.src, op.bytes);

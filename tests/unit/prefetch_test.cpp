@@ -69,8 +69,8 @@ std::map<int, LayerBytes> expected_bytes(const Checkpoint& ckpt) {
 
 // Compares every tensor of `layer` in `r` with the expected bytes, dtype and shape, and checks the
 // alignment rules of weights.h. Returns the number of problems (details go to the gtest log).
-int check_layer(const ResidentLayer& r, const Checkpoint& ckpt, int layer, const std::map<int, LayerBytes>& exp,
-                bool upload) {
+int check_layer(const ResidentLayer& r, const Checkpoint& ckpt, int layer,
+                const std::map<int, LayerBytes>& exp, bool upload) {
     int bad = 0;
     for (const TensorLocation* t : tensors_of_layer(ckpt, layer)) {
         const Tensor x = r.get(t->name);
@@ -83,9 +83,9 @@ int check_layer(const ResidentLayer& r, const Checkpoint& ckpt, int layer, const
         if (t->nbytes && std::memcmp(x.data, want.data(), t->nbytes) != 0) {
             size_t i = 0;
             while (static_cast<const uint8_t*>(x.data)[i] == want[i]) ++i;
-            ADD_FAILURE() << "layer " << layer << " tensor " << t->name << ": first differing byte " << i << " of "
-                          << t->nbytes << " (got " << int(static_cast<const uint8_t*>(x.data)[i]) << ", want "
-                          << int(want[i]) << ")";
+            ADD_FAILURE() << "layer " << layer << " tensor " << t->name << ": first differing byte " << i
+                          << " of " << t->nbytes << " (got " << int(static_cast<const uint8_t*>(x.data)[i])
+                          << ", want " << int(want[i]) << ")";
             ++bad;
         }
         const auto addr = reinterpret_cast<uintptr_t>(x.data);
@@ -107,7 +107,8 @@ int check_layer(const ResidentLayer& r, const Checkpoint& ckpt, int layer, const
     return bad;
 }
 
-std::vector<test::FakeAsyncBackend::Range> ranges_of(const ResidentLayer& r, const Checkpoint& ckpt, int layer) {
+std::vector<test::FakeAsyncBackend::Range> ranges_of(const ResidentLayer& r, const Checkpoint& ckpt,
+                                                     int layer) {
     std::vector<test::FakeAsyncBackend::Range> out;
     for (const TensorLocation* t : tensors_of_layer(ckpt, layer)) {
         const auto a = reinterpret_cast<uintptr_t>(r.get(t->name).data);
@@ -118,8 +119,8 @@ std::vector<test::FakeAsyncBackend::Range> ranges_of(const ResidentLayer& r, con
 
 // "Compute" on a layer: check it, give the prefetcher time to misbehave, check again, then poison it
 // so that a slot reused without a complete reload is caught later.
-void use_and_poison(const ResidentLayer& r, const Checkpoint& ckpt, int layer, const std::map<int, LayerBytes>& exp,
-                    bool upload, std::mt19937& rng) {
+void use_and_poison(const ResidentLayer& r, const Checkpoint& ckpt, int layer,
+                    const std::map<int, LayerBytes>& exp, bool upload, std::mt19937& rng) {
     EXPECT_EQ(check_layer(r, ckpt, layer, exp, upload), 0) << "layer " << layer << " at acquire";
     std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 400)(rng)));
     EXPECT_EQ(check_layer(r, ckpt, layer, exp, upload), 0) << "layer " << layer << " before release";
@@ -261,17 +262,15 @@ TEST_P(PrefetchDirectTest, MatchesSyncSourceAcrossThreePasses) {
     EXPECT_GT(st.read_seconds, 0.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, PrefetchDirectTest,
-                         ::testing::Values(DirectCase{size_t{128} << 20, size_t{64} << 20, true, true, 4},
-                                           DirectCase{size_t{128} << 20, size_t{64} << 20, true, false, 1},
-                                           DirectCase{8192, 4096, true, false, 2},
-                                           DirectCase{65536, 16384, false, true, 4},
-                                           // odd request sizes (rounded up to 4 KiB) and thread counts
-                                           DirectCase{65536, 5000, true, true, 7},
-                                           DirectCase{40000, 12345, false, false, 2},
-                                           DirectCase{size_t{1} << 20, 3, true, true, 7},
-                                           DirectCase{20480, 77777, true, false, 1},
-                                           DirectCase{size_t{3} << 20, 999999, false, true, 4}));
+INSTANTIATE_TEST_SUITE_P(
+    Configs, PrefetchDirectTest,
+    ::testing::Values(DirectCase{size_t{128} << 20, size_t{64} << 20, true, true, 4},
+                      DirectCase{size_t{128} << 20, size_t{64} << 20, true, false, 1},
+                      DirectCase{8192, 4096, true, false, 2}, DirectCase{65536, 16384, false, true, 4},
+                      // odd request sizes (rounded up to 4 KiB) and thread counts
+                      DirectCase{65536, 5000, true, true, 7}, DirectCase{40000, 12345, false, false, 2},
+                      DirectCase{size_t{1} << 20, 3, true, true, 7}, DirectCase{20480, 77777, true, false, 1},
+                      DirectCase{size_t{3} << 20, 999999, false, true, 4}));
 
 // ---------------------------------------------------------------------------------------------
 // Fake asynchronous backend (upload mode): late copies, fences, slot recycling, memory bound.
@@ -339,7 +338,8 @@ TEST_P(PrefetchUploadTest, AsyncCopiesRecycleSlotsSafely) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, PrefetchUploadTest,
-                         ::testing::Values(UploadCase{4096, 2, 50, 1, 1, 16384}, UploadCase{65536, 3, 200, 2, 4, 16384},
+                         ::testing::Values(UploadCase{4096, 2, 50, 1, 1, 16384},
+                                           UploadCase{65536, 3, 200, 2, 4, 16384},
                                            UploadCase{65536, 4, 0, 3, 7, 5000},
                                            UploadCase{size_t{16} << 20, 2, 300, 4, 2, 16384},
                                            UploadCase{20000, 5, 100, 5, 3, 12345},
@@ -397,7 +397,7 @@ TEST_F(PrefetchTest, OutOfOrderAcquireResynchronizes) {
         auto h = src->acquire(L);
         use_and_poison(*h, *ckpt_, L, exp_, true, rng);
     }
-    EXPECT_THROW(src->acquire(42), RuntimeError);   // not a layer
+    EXPECT_THROW(src->acquire(42), RuntimeError);  // not a layer
     EXPECT_THROW(src->acquire(-1000000), RuntimeError);
     auto h = src->acquire(kHeadLayer);  // still usable after the refusal
     EXPECT_EQ(check_layer(*h, *ckpt_, kHeadLayer, exp_, true), 0);
@@ -488,7 +488,8 @@ TEST_P(PrefetchErrorTest, TruncatedShardIsNamedByAcquire) {
     // Cut the shard of layer 2 inside layer 2's first tensor.
     const TensorLocation* first = nullptr;
     for (const TensorLocation* t : tensors_of_layer(ckpt, 2))
-        if (!first || (t->shard == first->shard ? t->offset < first->offset : t->shard < first->shard)) first = t;
+        if (!first || (t->shard == first->shard ? t->offset < first->offset : t->shard < first->shard))
+            first = t;
     ASSERT_NE(first, nullptr);
     const ShardInfo& shard = ckpt.shards().at(static_cast<size_t>(first->shard));
     for (int L = 0; L < 2; ++L)
@@ -526,7 +527,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, PrefetchErrorTest, ::testing::Values(false, true
 // layer's first bytes) reaches acquire(), and no reader claims a request after a failure. Every
 // request of layer 2 fails (all lie past the cut), and each reader has at most one request in flight,
 // so at most read_threads requests of layer 2 (or later) are ever issued, out of hundreds.
-class PrefetchPieceErrorTest : public PrefetchTest, public ::testing::WithParamInterface<std::tuple<bool, int>> {};
+class PrefetchPieceErrorTest : public PrefetchTest,
+                               public ::testing::WithParamInterface<std::tuple<bool, int>> {};
 
 TEST_P(PrefetchPieceErrorTest, FailedRequestStopsTheOtherReaders) {
     const auto [upload, threads] = GetParam();
@@ -535,7 +537,8 @@ TEST_P(PrefetchPieceErrorTest, FailedRequestStopsTheOtherReaders) {
     Checkpoint ckpt = Checkpoint::open(dir);
     const TensorLocation* first = nullptr;
     for (const TensorLocation* t : tensors_of_layer(ckpt, 2))
-        if (!first || (t->shard == first->shard ? t->offset < first->offset : t->shard < first->shard)) first = t;
+        if (!first || (t->shard == first->shard ? t->offset < first->offset : t->shard < first->shard))
+            first = t;
     ASSERT_NE(first, nullptr);
     const ShardInfo& shard = ckpt.shards().at(static_cast<size_t>(first->shard));
     for (int L : {0, 1})
@@ -558,7 +561,8 @@ TEST_P(PrefetchPieceErrorTest, FailedRequestStopsTheOtherReaders) {
     auto src = make_prefetch_weight_source(be, ckpt, o);
     ASSERT_EQ(::truncate(shard.path.c_str(), static_cast<off_t>(cut)), 0);
     const uint64_t layer2_requests = plan_requests(ckpt, 2, upload, staging, request);
-    ASSERT_GT(layer2_requests, 8u * static_cast<uint64_t>(threads)) << "test premise: layer 2 takes many requests";
+    ASSERT_GT(layer2_requests, 8u * static_cast<uint64_t>(threads))
+        << "test premise: layer 2 takes many requests";
     src->set_schedule(one_pass(ckpt));
     std::mt19937 rng(12);
     for (int L : {0, 1}) {
@@ -574,7 +578,8 @@ TEST_P(PrefetchPieceErrorTest, FailedRequestStopsTheOtherReaders) {
         EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
     }
     const WeightSourceStats st = src->stats();
-    const uint64_t before = plan_requests(ckpt, 0, upload, staging, request) + plan_requests(ckpt, 1, upload, staging, request);
+    const uint64_t before =
+        plan_requests(ckpt, 0, upload, staging, request) + plan_requests(ckpt, 1, upload, staging, request);
     EXPECT_GE(st.read_requests, before + 1);
     EXPECT_LE(st.read_requests, before + static_cast<uint64_t>(threads))
         << "readers went on claiming requests after a failure (layer 2 alone has " << layer2_requests << ")";
@@ -635,7 +640,8 @@ TEST_F(PrefetchTest, DestructorStopsMidPrefetch) {
         if (variant % 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         const auto t0 = clock::now();
         src.reset();
-        EXPECT_LT(std::chrono::duration<double>(clock::now() - t0).count(), 2.0) << "direct variant " << variant;
+        EXPECT_LT(std::chrono::duration<double>(clock::now() - t0).count(), 2.0)
+            << "direct variant " << variant;
         if (kept) {
             EXPECT_EQ(check_layer(*kept, *ckpt_, 0, exp_, false), 0) << "a handle outlives its source";
         }
@@ -668,7 +674,8 @@ TEST_P(PrefetchChurnTest, DroppedLoadsNeverCorruptLaterOnes) {
     for (int step = 0; step < 60; ++step) {
         const int action = std::uniform_int_distribution<int>(0, 9)(rng);
         if (action == 0) {  // a new schedule: a random rotation of the pass
-            std::rotate(order.begin(), order.begin() + std::uniform_int_distribution<size_t>(0, order.size() - 1)(rng),
+            std::rotate(order.begin(),
+                        order.begin() + std::uniform_int_distribution<size_t>(0, order.size() - 1)(rng),
                         order.end());
             src->set_schedule(order);
             next = 0;
@@ -810,7 +817,8 @@ TEST(DirectReaderTest, ReadsAlignedRangesAndFallsBack) {
     std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(data.data()), 10000);
     auto buf = std::shared_ptr<void>(std::aligned_alloc(4096, 16384), [](void* p) { std::free(p); });
     auto* b = static_cast<uint8_t*>(buf.get());
-    for (auto mode : {DirectReader::Mode::Auto, DirectReader::Mode::Buffered, DirectReader::Mode::RefuseDirectForTest}) {
+    for (auto mode :
+         {DirectReader::Mode::Auto, DirectReader::Mode::Buffered, DirectReader::Mode::RefuseDirectForTest}) {
         DirectReader r(path, mode);
         if (mode == DirectReader::Mode::Buffered) {
             EXPECT_FALSE(r.direct());
@@ -839,7 +847,8 @@ TEST(DirectReaderTest, ReadsAlignedRangesAndFallsBack) {
         std::atomic<int> bad{0};
         for (int t = 0; t < 6; ++t)
             threads.emplace_back([&, t] {
-                auto mem = std::shared_ptr<void>(std::aligned_alloc(4096, 65536), [](void* p) { std::free(p); });
+                auto mem =
+                    std::shared_ptr<void>(std::aligned_alloc(4096, 65536), [](void* p) { std::free(p); });
                 for (int i = 0; i < 40; ++i) {
                     const uint64_t off = static_cast<uint64_t>((t * 40 + i) % 240) * 4096;
                     const size_t got = r.read_aligned(mem.get(), off, 65536);

@@ -110,10 +110,19 @@ std::string backend_under_test() {
 }
 
 std::vector<std::string> score_argv(const Config& c, const Workdir& w, bool resume) {
-    std::vector<std::string> a{
-        "score", "--model",       test::tiny_model_dir(),      "--backend", backend_under_test(), "--progress",
-        "plain", "--pass-tokens", std::to_string(kPassTokens), "--input",   w.in,  "--output",
-        w.out};
+    std::vector<std::string> a{"score",
+                               "--model",
+                               test::tiny_model_dir(),
+                               "--backend",
+                               backend_under_test(),
+                               "--progress",
+                               "plain",
+                               "--pass-tokens",
+                               std::to_string(kPassTokens),
+                               "--input",
+                               w.in,
+                               "--output",
+                               w.out};
     for (const auto& e : c.extra) a.push_back(e == "HIDDEN" ? w.hidden : e);
     if (resume) a.push_back("--resume");
     return a;

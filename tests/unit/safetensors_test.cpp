@@ -1,4 +1,6 @@
 // Safetensors header parser and index parser: every validation rule, with the message it gives.
+#include "ds4r/safetensors.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -7,7 +9,6 @@
 #include <limits>
 
 #include "ds4r/error.h"
-#include "ds4r/safetensors.h"
 #include "test_util.h"
 
 using namespace ds4r;
@@ -37,20 +38,22 @@ void expect_error(const std::function<void()>& fn, std::initializer_list<std::st
         ADD_FAILURE() << "no error; expected one containing '" << *parts.begin() << "'";
     } catch (const CheckpointError& e) {
         std::string msg = e.what();
-        for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "missing '" << p << "' in: " << msg;
+        for (const auto& p : parts)
+            EXPECT_NE(msg.find(p), std::string::npos) << "missing '" << p << "' in: " << msg;
         EXPECT_EQ(e.exit_code(), 3);
     }
 }
 
-void expect_header_error(const std::string& header, uint64_t data_bytes, std::initializer_list<std::string> parts) {
+void expect_header_error(const std::string& header, uint64_t data_bytes,
+                         std::initializer_list<std::string> parts) {
     auto f = st_file(header, data_bytes);
     expect_error([&] { parse(f); }, parts);
 }
 
 std::string write_temp(const std::string& dir, const std::string& name, const std::vector<uint8_t>& bytes) {
     std::string p = dir + "/" + name;
-    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                             static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(p, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
     return p;
 }
 
@@ -90,14 +93,14 @@ TEST(SafetensorsHeader, ValidFileGivesAbsoluteOffsetsSortedByOffset) {
 }
 
 TEST(SafetensorsHeader, EveryDtypeSpellingIsAccepted) {
-    const char* names[] = {"BF16", "F16", "F32", "F64", "I8", "U8", "I16", "I32", "I64", "BOOL",
-                           "F8_E4M3", "F8_E5M2", "F8_E8M0"};
+    const char* names[] = {"BF16", "F16", "F32",  "F64",     "I8",      "U8",     "I16",
+                           "I32",  "I64", "BOOL", "F8_E4M3", "F8_E5M2", "F8_E8M0"};
     std::string hdr = "{";
     uint64_t off = 0;
     for (size_t i = 0; i < std::size(names); ++i) {
         uint64_t sz = dtype_size(*dtype_from_name(names[i])) * 3;
-        hdr += strfmt(R"(%s"t%zu":{"dtype":"%s","shape":[3],"data_offsets":[%llu,%llu]})", i ? "," : "", i, names[i],
-                      (unsigned long long)off, (unsigned long long)(off + sz));
+        hdr += strfmt(R"(%s"t%zu":{"dtype":"%s","shape":[3],"data_offsets":[%llu,%llu]})", i ? "," : "", i,
+                      names[i], (unsigned long long)off, (unsigned long long)(off + sz));
         off += sz;
     }
     hdr += "}";
@@ -108,7 +111,8 @@ TEST(SafetensorsHeader, EveryDtypeSpellingIsAccepted) {
 
 TEST(SafetensorsHeader, UnknownTensorFieldsAreSkipped) {
     auto h = parse(st_file(
-        R"({"a":{"extra":{"x":[1,{"y":null}],"z":"s"},"dtype":"U8","more":[[]],"shape":[2],"data_offsets":[0,2],"n":1.5}})", 2));
+        R"({"a":{"extra":{"x":[1,{"y":null}],"z":"s"},"dtype":"U8","more":[[]],"shape":[2],"data_offsets":[0,2],"n":1.5}})",
+        2));
     ASSERT_EQ(h.tensors.size(), 1u);
     EXPECT_EQ(h.tensors[0].nbytes, 2u);
 }
@@ -116,7 +120,8 @@ TEST(SafetensorsHeader, UnknownTensorFieldsAreSkipped) {
 TEST(SafetensorsHeader, DeepNestingNeitherRecursesNorFails) {
     // The SAX reader skips a 200k-deep unknown value without recursion; the index parser refuses it.
     const std::string deep = std::string(200000, '[') + std::string(200000, ']');
-    auto h = parse(st_file(R"({"a":{"x":)" + deep + R"(,"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1));
+    auto h =
+        parse(st_file(R"({"a":{"x":)" + deep + R"(,"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 1));
     EXPECT_EQ(h.tensors.size(), 1u);
     expect_header_error(R"({"a":)" + deep + "}", 0, {"header entry 'a' must be an object, found an array"});
     expect_error([&] { parse_safetensors_index(R"({"weight_map":{},"m":)" + deep + "}", "i.json"); },
@@ -136,7 +141,8 @@ TEST(SafetensorsHeader, FileShorterThanLengthPrefix) {
 
 TEST(SafetensorsHeader, HeaderLengthBeyondFile) {
     auto f = st_file("{}", 0, /*len_field=*/1000);
-    expect_error([&] { parse(f); }, {"t.safetensors", "header length 1000 runs past the end of the file (10 bytes"});
+    expect_error([&] { parse(f); },
+                 {"t.safetensors", "header length 1000 runs past the end of the file (10 bytes"});
 }
 
 TEST(SafetensorsHeader, HeaderLengthOverLimit) {
@@ -186,7 +192,8 @@ TEST(SafetensorsHeader, NonObjects) {
 TEST(SafetensorsHeader, BadDtype) {
     expect_header_error(R"({"w":{"dtype":"F8_E4M3FN","shape":[1],"data_offsets":[0,1]}})", 1,
                         {"t.safetensors", "tensor 'w' has unknown dtype 'F8_E4M3FN'"});
-    expect_header_error(R"({"w":{"dtype":"bf16","shape":[1],"data_offsets":[0,2]}})", 2, {"unknown dtype 'bf16'"});
+    expect_header_error(R"({"w":{"dtype":"bf16","shape":[1],"data_offsets":[0,2]}})", 2,
+                        {"unknown dtype 'bf16'"});
 }
 
 TEST(SafetensorsHeader, BadShape) {
@@ -218,24 +225,28 @@ TEST(SafetensorsHeader, BadOffsets) {
                         {"tensor 'w': data_offsets [5, 4] has begin > end"});
     expect_header_error(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0]}})", 8,
                         {"data_offsets must be [begin, end], found 1 number(s)"});
-    expect_header_error(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1,2]}})", 8, {"found more than 2 numbers"});
+    expect_header_error(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1,2]}})", 8,
+                        {"found more than 2 numbers"});
     expect_header_error(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[-1,0]}})", 8,
                         {"data_offsets must hold non-negative integers, found a negative number"});
-    expect_header_error(R"({"w":{"dtype":"U8","shape":[1]}})", 8, {"tensor 'w' needs dtype, shape and data_offsets; 'data_offsets' is missing"});
+    expect_header_error(R"({"w":{"dtype":"U8","shape":[1]}})", 8,
+                        {"tensor 'w' needs dtype, shape and data_offsets; 'data_offsets' is missing"});
     expect_header_error(R"({"w":{"dtype":"U8","dtype":"U8","shape":[1],"data_offsets":[0,1]}})", 8,
                         {"field 'dtype' appears twice"});
 }
 
 TEST(SafetensorsHeader, EndBeyondDataIsATruncatedFile) {
-    const std::string hdr = R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[4],"data_offsets":[4,20]}})";
+    const std::string hdr =
+        R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[4],"data_offsets":[4,20]}})";
     auto f = st_file(hdr, 10);
-    expect_error([&] { parse(f); },
-                 {"t.safetensors", strfmt("file is %zu bytes but its header says data ends at byte %zu", f.size(),
-                                          8 + hdr.size() + 20),
-                  "tensor 'w'", "truncated shard?"});
+    expect_error([&] { parse(f); }, {"t.safetensors",
+                                     strfmt("file is %zu bytes but its header says data ends at byte %zu",
+                                            f.size(), 8 + hdr.size() + 20),
+                                     "tensor 'w'", "truncated shard?"});
     // Offsets near 2^64 do not wrap around.
-    expect_header_error(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[18446744073709551614,18446744073709551615]}})",
-                        4, {"data ends at byte 18446744073709551615"});
+    expect_header_error(
+        R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[18446744073709551614,18446744073709551615]}})", 4,
+        {"data ends at byte 18446744073709551615"});
 }
 
 TEST(SafetensorsHeader, SizeMustEqualNumelTimesDtypeSize) {
@@ -245,27 +256,29 @@ TEST(SafetensorsHeader, SizeMustEqualNumelTimesDtypeSize) {
 
 TEST(SafetensorsHeader, OverlappingTensors) {
     expect_header_error(
-        R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"b":{"dtype":"U8","shape":[4],"data_offsets":[6,10]}})", 16,
-        {"tensors 'a' (bytes [0, 8)) and 'b' (bytes [6, 10)) overlap"});
+        R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"b":{"dtype":"U8","shape":[4],"data_offsets":[6,10]}})",
+        16, {"tensors 'a' (bytes [0, 8)) and 'b' (bytes [6, 10)) overlap"});
     // Same range twice.
     expect_header_error(
-        R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"I8","shape":[4],"data_offsets":[0,4]}})", 4,
-        {"overlap"});
+        R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"I8","shape":[4],"data_offsets":[0,4]}})",
+        4, {"overlap"});
     // A tensor inside a larger one that starts earlier, behind a third one.
     expect_header_error(
         R"({"a":{"dtype":"U8","shape":[10],"data_offsets":[0,10]},"b":{"dtype":"U8","shape":[2],"data_offsets":[2,4]},)"
-        R"("c":{"dtype":"U8","shape":[2],"data_offsets":[5,7]}})", 10, {"'a'", "'b'", "overlap"});
+        R"("c":{"dtype":"U8","shape":[2],"data_offsets":[5,7]}})",
+        10, {"'a'", "'b'", "overlap"});
     // Empty tensors and touching neighbours are fine.
     auto h = parse(st_file(
         R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"e":{"dtype":"U8","shape":[0],"data_offsets":[2,2]},)"
-        R"("b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})", 8));
+        R"("b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
+        8));
     EXPECT_EQ(h.tensors.size(), 3u);
 }
 
 TEST(SafetensorsHeader, DuplicateNamesAndMetadata) {
     expect_header_error(
-        R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})", 2,
-        {"tensor 'a' appears twice in the header"});
+        R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
+        2, {"tensor 'a' appears twice in the header"});
     expect_header_error(R"({"__metadata__":{},"__metadata__":{}})", 0, {"'__metadata__' appears twice"});
 }
 
@@ -284,8 +297,10 @@ TEST(SafetensorsHeader, ReadFromFileAndTruncatedFile) {
     expect_error([&] { read_safetensors_header(q); }, {"short.safetensors", "truncated shard?"});
     bytes.resize(30);
     std::string r = write_temp(dir, "cut.safetensors", bytes);
-    expect_error([&] { read_safetensors_header(r); }, {"cut.safetensors", "runs past the end of the file (30 bytes"});
-    expect_error([&] { read_safetensors_header(dir + "/absent.safetensors"); }, {"absent.safetensors", "cannot open"});
+    expect_error([&] { read_safetensors_header(r); },
+                 {"cut.safetensors", "runs past the end of the file (30 bytes"});
+    expect_error([&] { read_safetensors_header(dir + "/absent.safetensors"); },
+                 {"absent.safetensors", "cannot open"});
 }
 
 TEST(SafetensorsHeader, PrintableName) {
@@ -311,8 +326,9 @@ TEST(SafetensorsIndex, ValidIndexIsSortedWithTotalSize) {
     auto no_meta = parse_safetensors_index(R"({"weight_map":{}})", "i.json");
     EXPECT_FALSE(no_meta.total_size.has_value());
     EXPECT_TRUE(no_meta.weight_map.empty());
-    EXPECT_EQ(*parse_safetensors_index(R"({"metadata":{"total_size":1.5e3},"weight_map":{}})", "i.json").total_size,
-              1500u);
+    EXPECT_EQ(
+        *parse_safetensors_index(R"({"metadata":{"total_size":1.5e3},"weight_map":{}})", "i.json").total_size,
+        1500u);
 }
 
 TEST(SafetensorsIndex, Malformed) {
@@ -324,12 +340,16 @@ TEST(SafetensorsIndex, Malformed) {
     bad(R"({"metadata":{}})", {"no 'weight_map' object"});
     bad(R"({"weight_map":[]})", {"'weight_map' must be an object, found array"});
     bad(R"({"weight_map":{"a":3}})", {"weight_map['a'] must be a shard file name (string), found number"});
-    bad(R"({"weight_map":{"a":"../etc/passwd"}})", {"weight_map['a'] = '../etc/passwd' is not a plain file name"});
+    bad(R"({"weight_map":{"a":"../etc/passwd"}})",
+        {"weight_map['a'] = '../etc/passwd' is not a plain file name"});
     bad(R"({"weight_map":{"a":""}})", {"is not a plain file name"});
     bad(R"({"weight_map":{"a":".."}})", {"is not a plain file name"});
-    bad(R"({"weight_map":{"a":"x.safetensors","a":"y.safetensors"}})", {"tensor 'a' is listed twice in weight_map"});
-    bad(R"({"metadata":{"total_size":-4},"weight_map":{}})", {"metadata.total_size must be a non-negative integer"});
-    bad(R"({"metadata":{"total_size":"4"},"weight_map":{}})", {"metadata.total_size must be a non-negative integer"});
+    bad(R"({"weight_map":{"a":"x.safetensors","a":"y.safetensors"}})",
+        {"tensor 'a' is listed twice in weight_map"});
+    bad(R"({"metadata":{"total_size":-4},"weight_map":{}})",
+        {"metadata.total_size must be a non-negative integer"});
+    bad(R"({"metadata":{"total_size":"4"},"weight_map":{}})",
+        {"metadata.total_size must be a non-negative integer"});
     bad(R"({"metadata":[],"weight_map":{}})", {"'metadata' must be an object"});
     bad(std::string(100, '[') + std::string(100, ']'), {"nested deeper than 32 levels"});
 }
@@ -337,7 +357,8 @@ TEST(SafetensorsIndex, Malformed) {
 TEST(SafetensorsIndex, ReadFromFile) {
     const std::string dir = test::temp_dir("idx");
     std::string text = R"({"weight_map":{"x":"model.safetensors"}})";
-    std::string p = write_temp(dir, "model.safetensors.index.json", std::vector<uint8_t>(text.begin(), text.end()));
+    std::string p =
+        write_temp(dir, "model.safetensors.index.json", std::vector<uint8_t>(text.begin(), text.end()));
     auto idx = read_safetensors_index(p);
     ASSERT_EQ(idx.weight_map.size(), 1u);
     EXPECT_EQ(idx.path, p);

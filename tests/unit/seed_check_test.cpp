@@ -20,10 +20,11 @@ TEST(SeedCheck, ComputedMultipliersEqualThePublishedOnes) {
 TEST(SeedCheck, ScoreFlagRunsOnAModelWithoutPublishedValues) {
     const std::string dir = test::temp_dir("seedcheck");
     std::string log;
-    const int rc = test::run_command(test::binary_path() + " score --seed-check --backend cpu --progress none --model " +
-                                         test::data_dir() + "/tiny-a/model --input " + test::data_dir() +
-                                         "/tiny-a/tokens.jsonl --output " + dir + "/out.jsonl",
-                                     &log);
+    const int rc =
+        test::run_command(test::binary_path() + " score --seed-check --backend cpu --progress none --model " +
+                              test::data_dir() + "/tiny-a/model --input " + test::data_dir() +
+                              "/tiny-a/tokens.jsonl --output " + dir + "/out.jsonl",
+                          &log);
     EXPECT_EQ(rc, 0) << log;
     EXPECT_NE(log.find("seed check: layer 0 multipliers"), std::string::npos) << log;
     EXPECT_NE(log.find("no published values"), std::string::npos) << log;

@@ -9,8 +9,8 @@
 namespace ds4r {
 
 void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
-    throw RuntimeError(strfmt("CUDA error %s (%s) in %s", cudaGetErrorName(err), cudaGetErrorString(err), expr), file,
-                       line);
+    throw RuntimeError(
+        strfmt("CUDA error %s (%s) in %s", cudaGetErrorName(err), cudaGetErrorString(err), expr), file, line);
 }
 
 void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line) {
@@ -44,10 +44,11 @@ public:
     // The queue is used from the prefetcher's threads: every call selects the backend's device
     // (the CUDA current device is per host thread).
     void copy(const Tensor& dst, size_t off, const void* src, size_t bytes) override {
-        DS4R_CHECK(off + bytes <= dst.nbytes(), "copy queue: %zu bytes at %zu past a %zu-byte tensor", bytes, off,
-                   dst.nbytes());
+        DS4R_CHECK(off + bytes <= dst.nbytes(), "copy queue: %zu bytes at %zu past a %zu-byte tensor", bytes,
+                   off, dst.nbytes());
         DS4R_CUDA_CHECK(cudaSetDevice(be_.device()));
-        DS4R_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + off, src, bytes, cudaMemcpyHostToDevice, stream_));
+        DS4R_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + off, src, bytes,
+                                        cudaMemcpyHostToDevice, stream_));
     }
     uint64_t fence() override {
         DS4R_CUDA_CHECK(cudaSetDevice(be_.device()));
@@ -85,8 +86,8 @@ private:
         std::lock_guard<std::mutex> lk(mu_);
         for (auto& e : events_)
             if (e.first == f) return e.second;
-        DS4R_CHECK(f <= next_ && (events_.empty() || f < events_.front().first), "copy queue: unknown fence %llu",
-                   (unsigned long long)f);
+        DS4R_CHECK(f <= next_ && (events_.empty() || f < events_.front().first),
+                   "copy queue: unknown fence %llu", (unsigned long long)f);
         return nullptr;  // older than the kept window: long complete (waited in order)
     }
     CudaBackend& be_;
@@ -115,8 +116,8 @@ CudaBackend::~CudaBackend() {
 }
 
 std::string CudaBackend::name() const {
-    return strfmt("cuda:%d (%s, sm_%d%d, %.1f GiB, budget %.1f GB)", device_, props_.name, props_.major, props_.minor,
-                  props_.totalGlobalMem / 1073741824.0, budget_ / 1e9);
+    return strfmt("cuda:%d (%s, sm_%d%d, %.1f GiB, budget %.1f GB)", device_, props_.name, props_.major,
+                  props_.minor, props_.totalGlobalMem / 1073741824.0, budget_ / 1e9);
 }
 
 Tensor CudaBackend::alloc(DType t, const Shape& shape) {
@@ -128,9 +129,10 @@ Tensor CudaBackend::alloc(DType t, const Shape& shape) {
     if (bytes == 0) return x;
     const size_t rounded = (bytes + 255) / 256 * 256;
     if (in_use_.load() + rounded > budget_)
-        throw RuntimeError(strfmt("GPU memory budget exceeded: %zu bytes in use + %zu requested > %zu budget (lower "
-                                  "--max-batch-tokens / --pass-tokens, or set DS4R_GPU_MEMORY_GB)",
-                                  in_use_.load(), rounded, budget_));
+        throw RuntimeError(
+            strfmt("GPU memory budget exceeded: %zu bytes in use + %zu requested > %zu budget (lower "
+                   "--max-batch-tokens / --pass-tokens, or set DS4R_GPU_MEMORY_GB)",
+                   in_use_.load(), rounded, budget_));
     void* p = nullptr;
     cudaError_t err = cudaMallocAsync(&p, rounded, stream_);
     if (err != cudaSuccess) {
@@ -154,24 +156,30 @@ Tensor CudaBackend::alloc(DType t, const Shape& shape) {
 
 void CudaBackend::upload(const Tensor& dst, size_t off, const void* src, size_t bytes) {
     if (bytes == 0) return;
-    DS4R_CHECK(off + bytes <= dst.nbytes(), "upload: %zu bytes at %zu past a %zu-byte tensor", bytes, off, dst.nbytes());
-    DS4R_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + off, src, bytes, cudaMemcpyHostToDevice, stream_));
+    DS4R_CHECK(off + bytes <= dst.nbytes(), "upload: %zu bytes at %zu past a %zu-byte tensor", bytes, off,
+               dst.nbytes());
+    DS4R_CUDA_CHECK(
+        cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + off, src, bytes, cudaMemcpyHostToDevice, stream_));
     // The contract: src may be reused as soon as upload returns.
     DS4R_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaBackend::download(void* dst, const Tensor& src, size_t off, size_t bytes) {
     if (bytes == 0) return;
-    DS4R_CHECK(off + bytes <= src.nbytes(), "download: %zu bytes at %zu past a %zu-byte tensor", bytes, off, src.nbytes());
-    DS4R_CUDA_CHECK(cudaMemcpyAsync(dst, static_cast<const uint8_t*>(src.data) + off, bytes, cudaMemcpyDeviceToHost, stream_));
+    DS4R_CHECK(off + bytes <= src.nbytes(), "download: %zu bytes at %zu past a %zu-byte tensor", bytes, off,
+               src.nbytes());
+    DS4R_CUDA_CHECK(cudaMemcpyAsync(dst, static_cast<const uint8_t*>(src.data) + off, bytes,
+                                    cudaMemcpyDeviceToHost, stream_));
     DS4R_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaBackend::copy(const Tensor& dst, size_t doff, const Tensor& src, size_t soff, size_t bytes) {
     if (bytes == 0) return;
-    DS4R_CHECK(doff + bytes <= dst.nbytes() && soff + bytes <= src.nbytes(), "copy: range outside the tensors");
-    DS4R_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + doff, static_cast<const uint8_t*>(src.data) + soff,
-                                    bytes, cudaMemcpyDeviceToDevice, stream_));
+    DS4R_CHECK(doff + bytes <= dst.nbytes() && soff + bytes <= src.nbytes(),
+               "copy: range outside the tensors");
+    DS4R_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + doff,
+                                    static_cast<const uint8_t*>(src.data) + soff, bytes,
+                                    cudaMemcpyDeviceToDevice, stream_));
 }
 
 void CudaBackend::fill(const Tensor& t, uint8_t byte) {
@@ -179,7 +187,9 @@ void CudaBackend::fill(const Tensor& t, uint8_t byte) {
     DS4R_CUDA_CHECK(cudaMemsetAsync(t.data, byte, t.nbytes(), stream_));
 }
 
-void CudaBackend::synchronize() { DS4R_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaBackend::synchronize() {
+    DS4R_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
 
 size_t CudaBackend::free_memory() const {
     size_t free_b = 0, total_b = 0;
@@ -195,7 +205,9 @@ std::shared_ptr<void> CudaBackend::alloc_host(size_t bytes) {
     return std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
 }
 
-std::unique_ptr<CopyQueue> CudaBackend::make_copy_queue() { return std::make_unique<CudaCopyQueue>(*this); }
+std::unique_ptr<CopyQueue> CudaBackend::make_copy_queue() {
+    return std::make_unique<CudaCopyQueue>(*this);
+}
 
 void CudaBackend::range_push(const char* name) {
     if (!profiling_enabled()) return;
@@ -256,7 +268,9 @@ std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why) {
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess || n == 0) {
         cudaGetLastError();
-        if (why) *why = err != cudaSuccess ? strfmt("no CUDA device (%s)", cudaGetErrorString(err)) : "no CUDA device";
+        if (why)
+            *why = err != cudaSuccess ? strfmt("no CUDA device (%s)", cudaGetErrorString(err))
+                                      : "no CUDA device";
         return nullptr;
     }
     if (device < 0 || device >= n) {
@@ -265,7 +279,9 @@ std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why) {
     }
     cudaDeviceProp p{};
     if (cudaGetDeviceProperties(&p, device) != cudaSuccess || p.major < 8) {
-        if (why) *why = strfmt("device %d (%s) is sm_%d%d; ds4replay needs sm_80 or newer", device, p.name, p.major, p.minor);
+        if (why)
+            *why = strfmt("device %d (%s) is sm_%d%d; ds4replay needs sm_80 or newer", device, p.name,
+                          p.major, p.minor);
         return nullptr;
     }
     try {

@@ -23,15 +23,16 @@ namespace ds4r {
 }  // namespace ds4r
 
 // Every CUDA runtime call is checked; failures throw RuntimeError naming the call and location.
-#define DS4R_CUDA_CHECK(expr)                                                       \
-    do {                                                                            \
-        cudaError_t ds4r_err_ = (expr);                                             \
+#define DS4R_CUDA_CHECK(expr)                                                                         \
+    do {                                                                                              \
+        cudaError_t ds4r_err_ = (expr);                                                               \
         if (ds4r_err_ != cudaSuccess) ::ds4r::throw_cuda_error(ds4r_err_, #expr, __FILE__, __LINE__); \
     } while (0)
-#define DS4R_CUBLAS_CHECK(expr)                                                     \
-    do {                                                                            \
-        cublasStatus_t ds4r_st_ = (expr);                                           \
-        if (ds4r_st_ != CUBLAS_STATUS_SUCCESS) ::ds4r::throw_cublas_error(ds4r_st_, #expr, __FILE__, __LINE__); \
+#define DS4R_CUBLAS_CHECK(expr)                                              \
+    do {                                                                     \
+        cublasStatus_t ds4r_st_ = (expr);                                    \
+        if (ds4r_st_ != CUBLAS_STATUS_SUCCESS)                               \
+            ::ds4r::throw_cublas_error(ds4r_st_, #expr, __FILE__, __LINE__); \
     } while (0)
 // After every kernel launch.
 #define DS4R_CUDA_LAUNCH_CHECK() DS4R_CUDA_CHECK(cudaGetLastError())
@@ -50,7 +51,8 @@ public:
     Tensor alloc(DType t, const Shape& shape) override;
     void upload(const Tensor& dst, size_t dst_offset, const void* src, size_t bytes) override;
     void download(void* dst, const Tensor& src, size_t src_offset, size_t bytes) override;
-    void copy(const Tensor& dst, size_t dst_offset, const Tensor& src, size_t src_offset, size_t bytes) override;
+    void copy(const Tensor& dst, size_t dst_offset, const Tensor& src, size_t src_offset,
+              size_t bytes) override;
     void fill(const Tensor& t, uint8_t byte) override;
     void synchronize() override;
     size_t free_memory() const override;
@@ -71,39 +73,44 @@ public:
     void linear_bf16(const Tensor& x, const Tensor& w, const Tensor& y) override;
     void linear_f32(const Tensor& x, const Tensor& w, const Tensor& y) override;
     void linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t groups, const Tensor& y) override;
-    void moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y, const Tensor& route_idx,
-             const Tensor& route_w) override;
+    void moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y,
+             const Tensor& route_idx, const Tensor& route_w) override;
     // ---- ops (cuda_ops_misc.cpp) ----
     void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) override;
-    void rope_table(double base, double factor, int64_t yarn_orig, double beta_fast, double beta_slow, int64_t rd,
-                    const Tensor& table) override;
-    void rope_inplace(const Tensor& x, int64_t heads, int64_t width, int64_t rd, const Tensor& pos, const Tensor& table,
-                      bool inverse) override;
+    void rope_table(double base, double factor, int64_t yarn_orig, double beta_fast, double beta_slow,
+                    int64_t rd, const Tensor& table) override;
+    void rope_inplace(const Tensor& x, int64_t heads, int64_t width, int64_t rd, const Tensor& pos,
+                      const Tensor& table, bool inverse) override;
     void hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale, const Tensor& base, float norm_eps,
-                  float hc_eps, int iters, const Tensor& pre, const Tensor& post, const Tensor& comb) override;
+                  float hc_eps, int iters, const Tensor& pre, const Tensor& post,
+                  const Tensor& comb) override;
     void hc_pre(const Tensor& X, const Tensor& mix, const Tensor& y) override;
-    void hc_post(const Tensor& x, const Tensor& R, const Tensor& post, const Tensor& comb, const Tensor& out) override;
+    void hc_post(const Tensor& x, const Tensor& R, const Tensor& post, const Tensor& comb,
+                 const Tensor& out) override;
     void compress_pool2(const Tensor& kv, const Tensor& sc, const Tensor& out) override;
-    void engram_update(const Tensor& X, const Tensor& kv, const Tensor& qw, const Tensor& kw, float eps) override;
+    void engram_update(const Tensor& X, const Tensor& kv, const Tensor& qw, const Tensor& kw,
+                       float eps) override;
     void mul_scalar_bf16(const Tensor& x, float factor) override;
     // ---- ops (cuda_ops_attention.cpp) ----
     void index_scores(const Tensor& q, const Tensor& k, const Tensor& w, const Tensor& qpos, int ratio,
                       const Tensor& score) override;
-    void candidate_blocks(const Tensor& score, const Tensor& qpos, int ratio, int64_t block, int64_t topk_blocks,
-                          const Tensor& mask) override;
+    void candidate_blocks(const Tensor& score, const Tensor& qpos, int ratio, int64_t block,
+                          int64_t topk_blocks, const Tensor& mask) override;
     void apply_candidate_mask(const Tensor& score, const Tensor& mask, int64_t block) override;
-    void index_topk(const Tensor& score, const Tensor& qpos, int ratio, int64_t offset, const Tensor& idx) override;
+    void index_topk(const Tensor& score, const Tensor& qpos, int ratio, int64_t offset,
+                    const Tensor& idx) override;
     void window_indices(const Tensor& qpos, int64_t window, const Tensor& idx) override;
     void attn_indices(const Tensor& qpos, int64_t window, const Tensor& topk, const Tensor& idx) override;
-    void sparse_attn(const Tensor& q, const Tensor& win_kv, const Tensor& cmp_kv, const Tensor& sink, const Tensor& idx,
-                     float scale, const Tensor& o) override;
-    void head_stats(const Tensor& x, const Tensor& head, const Tensor& targets, int k, const HeadStatsOut& out) override;
+    void sparse_attn(const Tensor& q, const Tensor& win_kv, const Tensor& cmp_kv, const Tensor& sink,
+                     const Tensor& idx, float scale, const Tensor& o) override;
+    void head_stats(const Tensor& x, const Tensor& head, const Tensor& targets, int k,
+                    const HeadStatsOut& out) override;
 
     // ---- for the ops and benchmarks ----
     cudaStream_t stream() const { return stream_; }
     int device() const { return device_; }
     const cudaDeviceProp& props() const { return props_; }
-    cublasHandle_t cublas();              // created on first use (benchmarks only)
+    cublasHandle_t cublas();  // created on first use (benchmarks only)
     size_t bytes_in_use() const { return in_use_.load(); }
     size_t high_water() const { return high_water_.load(); }
     void reset_high_water() { high_water_.store(in_use_.load()); }

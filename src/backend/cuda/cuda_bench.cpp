@@ -50,10 +50,13 @@ uint8_t e4m3_code(uint64_t v) {
     uint8_t b = static_cast<uint8_t>(v >> 32);
     return (b & 0x7f) == 0x7f ? static_cast<uint8_t>(b & 0xfe) : b;
 }
-uint8_t scale_byte(uint64_t v) { return static_cast<uint8_t>(127 - 8 + static_cast<int>((v >> 40) % 4)); }
+uint8_t scale_byte(uint64_t v) {
+    return static_cast<uint8_t>(127 - 8 + static_cast<int>((v >> 40) % 4));
+}
 
 // Times `iters` calls of fn after two warm-ups; TFLOP/s of a 2*M*N*K GEMM.
-double time_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters, const std::function<void()>& fn) {
+double time_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters,
+                   const std::function<void()>& fn) {
     DS4R_CHECK(iters > 0 && M > 0 && N > 0 && K > 0, "bench: bad arguments M=%lld N=%lld K=%lld iters=%d",
                (long long)M, (long long)N, (long long)K, iters);
     fn();
@@ -69,7 +72,8 @@ double time_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters, 
     DS4R_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     cudaEventDestroy(a);
     cudaEventDestroy(b);
-    const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) * iters;
+    const double flops =
+        2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) * iters;
     return flops / (static_cast<double>(ms) * 1e-3) / 1e12;
 }
 
@@ -85,8 +89,9 @@ double bench_linear_fp8_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K,
 
 double bench_linear_fp4_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters) {
     Tensor x = random_bf16(be, M, K, 4.0f, 4);
-    Fp4Linear w{random_bytes(be, DType::I8, {N, K / 2}, 5, [](uint64_t v) { return static_cast<uint8_t>(v >> 24); }),
-                random_bytes(be, DType::F8_E8M0, {N, K / 32}, 6, scale_byte)};
+    Fp4Linear w{
+        random_bytes(be, DType::I8, {N, K / 2}, 5, [](uint64_t v) { return static_cast<uint8_t>(v >> 24); }),
+        random_bytes(be, DType::F8_E8M0, {N, K / 32}, 6, scale_byte)};
     Tensor y = be.alloc(DType::BF16, {M, N});
     return time_tflops(be, M, N, K, iters, [&] { be.linear_fp4(x, w, y); });
 }
@@ -108,9 +113,9 @@ QuantActs quant_acts(CudaBackend& be, int64_t M, int64_t K, uint64_t seed) {
     DS4R_CHECK(K % 32 == 0, "bench: K = %lld is not a multiple of 32", (long long)K);
     Tensor x = random_bf16(be, M, K, 4.0f, seed);
     QuantActs a{be.alloc(DType::F8_E4M3, {M, K}), be.alloc(DType::F8_E8M0, {M, K / 32})};
-    DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), M, K,
-                                               kern::Fp8ScaleBytes::GemmNanMarker, kern::Fp8CodeOrder::GemmFragment,
-                                               be.stream()));
+    DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), M,
+                                               K, kern::Fp8ScaleBytes::GemmNanMarker,
+                                               kern::Fp8CodeOrder::GemmFragment, be.stream()));
     return a;
 }
 
@@ -129,18 +134,21 @@ double bench_gemm_fp8_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, i
     Tensor y = be.alloc(DType::BF16, {M, N});
     return time_tflops(be, M, N, K, iters, [&] {
         DS4R_CUDA_CHECK(kern::launch_gemm_fp8(a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.w.ptr<uint8_t>(),
-                                              w.s.ptr<uint8_t>(), y.ptr<uint16_t>(), N, M, N, K, be.stream()));
+                                              w.s.ptr<uint8_t>(), y.ptr<uint16_t>(), N, M, N, K,
+                                              be.stream()));
     });
 }
 
 double bench_gemm_fp4_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters) {
     const QuantActs a = quant_acts(be, M, K, 14);
-    Fp4Linear w{random_bytes(be, DType::I8, {N, K / 2}, 15, [](uint64_t v) { return static_cast<uint8_t>(v >> 24); }),
-                random_bytes(be, DType::F8_E8M0, {N, K / 32}, 16, scale_byte)};
+    Fp4Linear w{
+        random_bytes(be, DType::I8, {N, K / 2}, 15, [](uint64_t v) { return static_cast<uint8_t>(v >> 24); }),
+        random_bytes(be, DType::F8_E8M0, {N, K / 32}, 16, scale_byte)};
     Tensor y = be.alloc(DType::BF16, {M, N});
     return time_tflops(be, M, N, K, iters, [&] {
         DS4R_CUDA_CHECK(kern::launch_gemm_fp4(a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.w.ptr<uint8_t>(),
-                                              w.s.ptr<uint8_t>(), y.ptr<uint16_t>(), N, M, N, K, be.stream()));
+                                              w.s.ptr<uint8_t>(), y.ptr<uint16_t>(), N, M, N, K,
+                                              be.stream()));
     });
 }
 
@@ -148,8 +156,8 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
                                 int n_proj, int iters) {
     DS4R_CHECK(experts > 0 && rows_per_expert > 0 && (n_proj == 1 || n_proj == 2) && K % 32 == 0 &&
                    experts * rows_per_expert < (int64_t{1} << 30),
-               "bench: bad grouped GEMM arguments (%d experts x %lld rows, N=%lld K=%lld, %d projections)", experts,
-               (long long)rows_per_expert, (long long)N, (long long)K, n_proj);
+               "bench: bad grouped GEMM arguments (%d experts x %lld rows, N=%lld K=%lld, %d projections)",
+               experts, (long long)rows_per_expert, (long long)N, (long long)K, n_proj);
     const int64_t P = experts * rows_per_expert;
     const QuantActs a = quant_acts(be, P, K, 17);
     // the routing plan of `experts` equal groups (expert e owns pair positions [e R, (e + 1) R)),
@@ -166,10 +174,12 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
     tile_begin.push_back(static_cast<int32_t>(tile_expert.size()));
     for (int64_t p = 0; p < P; ++p) rows[static_cast<size_t>(p)] = static_cast<int32_t>(p);
     const Tensor d_te = upload_i32(be, tile_expert), d_ts = upload_i32(be, tile_start);
-    const Tensor d_tb = upload_i32(be, tile_begin), d_ee = upload_i32(be, expert_end), d_rows = upload_i32(be, rows);
+    const Tensor d_tb = upload_i32(be, tile_begin), d_ee = upload_i32(be, expert_end),
+                 d_rows = upload_i32(be, rows);
     // every expert its own weight buffers (realistic memory traffic), filled by device copies of one
     // random set (generating GBs of random bytes on the host would dominate the benchmark's time)
-    const Tensor w_src = random_bytes(be, DType::I8, {N, K / 2}, 18, [](uint64_t v) { return static_cast<uint8_t>(v >> 24); });
+    const Tensor w_src =
+        random_bytes(be, DType::I8, {N, K / 2}, 18, [](uint64_t v) { return static_cast<uint8_t>(v >> 24); });
     const Tensor s_src = random_bytes(be, DType::F8_E8M0, {N, K / 32}, 19, scale_byte);
     std::vector<Tensor> wts, scs, ys;
     std::vector<const uint8_t*> wp[2], sp[2];
@@ -224,7 +234,8 @@ double bench_mma_sync_peak_tflops(CudaBackend& be) {
         DS4R_CUDA_CHECK(cudaEventSynchronize(b));
         float ms = 0;
         DS4R_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-        if (ms > 0) best = std::max(best, kern::mma_peak_flops_per_launch(blocks, iters) / (ms * 1e-3) / 1e12);
+        if (ms > 0)
+            best = std::max(best, kern::mma_peak_flops_per_launch(blocks, iters) / (ms * 1e-3) / 1e12);
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
@@ -244,10 +255,10 @@ double bench_cublas_bf16_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K
     try {
         // row-major y [M, N] = x [M, K] . W [N, K]^T  <=>  column-major y^T [N, M] = W^T . x^T
         r = time_tflops(be, M, N, K, iters, [&] {
-            DS4R_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M),
-                                           static_cast<int>(K), &alpha, w.data, CUDA_R_16BF, static_cast<int>(K),
-                                           x.data, CUDA_R_16BF, static_cast<int>(K), &beta, y.data, CUDA_R_16BF,
-                                           static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            DS4R_CUBLAS_CHECK(cublasGemmEx(
+                h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
+                &alpha, w.data, CUDA_R_16BF, static_cast<int>(K), x.data, CUDA_R_16BF, static_cast<int>(K),
+                &beta, y.data, CUDA_R_16BF, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         });
     } catch (...) {
         cublasSetMathMode(h, saved);

@@ -28,9 +28,9 @@ QuantX quant_canonical(CudaBackend& be, const char* op, const Tensor& x, int64_t
     r.q = be.alloc(DType::F8_E4M3, {r.M, K});
     r.s = be.alloc(DType::F8_E8M0, {r.M, K / 32});
     if (r.M > 0)
-        DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), r.q.ptr<uint8_t>(), r.s.ptr<uint8_t>(), r.M, K,
-                                                   kern::Fp8ScaleBytes::GemmNanMarker, kern::Fp8CodeOrder::Canonical,
-                                                   be.stream()));
+        DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), r.q.ptr<uint8_t>(), r.s.ptr<uint8_t>(),
+                                                   r.M, K, kern::Fp8ScaleBytes::GemmNanMarker,
+                                                   kern::Fp8CodeOrder::Canonical, be.stream()));
     return r;
 }
 
@@ -51,7 +51,8 @@ void linear_fp8_oracle(CudaBackend& be, const Tensor& x, const Fp8Linear& w, con
     check_numel(op, "y", y, qx.M * N);
     if (qx.M == 0 || N == 0) return;
     DS4R_CUDA_CHECK(kern::launch_gemm_fp8_oracle(qx.q.ptr<uint8_t>(), qx.s.ptr<uint8_t>(), w.w.ptr<uint8_t>(),
-                                                 w.s.ptr<uint8_t>(), y.ptr<uint16_t>(), N, qx.M, N, K, be.stream()));
+                                                 w.s.ptr<uint8_t>(), y.ptr<uint16_t>(), N, qx.M, N, K,
+                                                 be.stream()));
 }
 
 void linear_fp4_oracle(CudaBackend& be, const Tensor& x, const Fp4Linear& w, const Tensor& y) {
@@ -63,7 +64,8 @@ void linear_fp4_oracle(CudaBackend& be, const Tensor& x, const Fp4Linear& w, con
     check_numel(op, "y", y, qx.M * N);
     if (qx.M == 0 || N == 0) return;
     DS4R_CUDA_CHECK(kern::launch_gemm_fp4_oracle(qx.q.ptr<uint8_t>(), qx.s.ptr<uint8_t>(), w.w.ptr<uint8_t>(),
-                                                 w.s.ptr<uint8_t>(), y.ptr<uint16_t>(), N, qx.M, N, K, be.stream()));
+                                                 w.s.ptr<uint8_t>(), y.ptr<uint16_t>(), N, qx.M, N, K,
+                                                 be.stream()));
 }
 
 void linear_bf16_oracle(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor& y) {
@@ -83,13 +85,15 @@ void linear_bf16_oracle(CudaBackend& be, const Tensor& x, const Tensor& w, const
                                                   y.dtype == DType::F32, N, 0, M, N, K, 1, be.stream()));
 }
 
-void linear_wo_a_oracle(CudaBackend& be, const Tensor& o, const Fp8Linear& w, int64_t groups, const Tensor& y) {
+void linear_wo_a_oracle(CudaBackend& be, const Tensor& o, const Fp8Linear& w, int64_t groups,
+                        const Tensor& y) {
     const char* op = "linear_wo_a_oracle";
     check_fp8_weight(op, "w", w);
     check_dtype(op, "o", o, DType::BF16);
     check_dtype(op, "y", y, DType::BF16);
-    DS4R_CHECK(groups > 0 && w.w.dim(0) % groups == 0, "cuda %s: %lld groups do not divide the %lld weight rows", op,
-               (long long)groups, (long long)w.w.dim(0));
+    DS4R_CHECK(groups > 0 && w.w.dim(0) % groups == 0,
+               "cuda %s: %lld groups do not divide the %lld weight rows", op, (long long)groups,
+               (long long)w.w.dim(0));
     const int64_t G = groups, R = w.w.dim(0) / groups, Kg = w.w.dim(1);
     DS4R_CHECK(Kg % 8 == 0, "cuda %s: Kg = %lld: the tensor-core path needs Kg %% 8 == 0", op, (long long)Kg);
     const int64_t M = rows_of(op, "o", o, G * Kg);
@@ -98,11 +102,12 @@ void linear_wo_a_oracle(CudaBackend& be, const Tensor& o, const Fp8Linear& w, in
     Tensor wd = be.alloc(DType::BF16, {G * R, Kg});
     DS4R_CUDA_CHECK(kern::launch_dequant_fp8_bf16(w.w.ptr<uint8_t>(), w.s.ptr<uint8_t>(), G * R, Kg,
                                                   wd.ptr<uint16_t>(), be.stream()));
-    DS4R_CUDA_CHECK(kern::launch_gemm_bf16_oracle(o.ptr<uint16_t>(), G * Kg, Kg, wd.ptr<uint16_t>(), Kg, R * Kg, y.data,
-                                                  false, G * R, R, M, R, Kg, G, be.stream()));
+    DS4R_CUDA_CHECK(kern::launch_gemm_bf16_oracle(o.ptr<uint16_t>(), G * Kg, Kg, wd.ptr<uint16_t>(), Kg,
+                                                  R * Kg, y.data, false, G * R, R, M, R, Kg, G, be.stream()));
 }
 
-void linear_fp4_grouped(CudaBackend& be, const Tensor& x, const Fp4Linear& w, const Tensor& y, bool reverse_rows) {
+void linear_fp4_grouped(CudaBackend& be, const Tensor& x, const Fp4Linear& w, const Tensor& y,
+                        bool reverse_rows) {
     const char* op = "linear_fp4_grouped";
     const int64_t K = check_fp4_weight(op, "w", w);
     check_dtype(op, "x", x, DType::BF16);
@@ -116,8 +121,8 @@ void linear_fp4_grouped(CudaBackend& be, const Tensor& x, const Fp4Linear& w, co
     Tensor q = be.alloc(DType::F8_E4M3, {M, K});
     Tensor s = be.alloc(DType::F8_E8M0, {M, K / 32});
     DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), q.ptr<uint8_t>(), s.ptr<uint8_t>(), M, K,
-                                               kern::Fp8ScaleBytes::GemmNanMarker, kern::Fp8CodeOrder::GemmFragment,
-                                               be.stream()));
+                                               kern::Fp8ScaleBytes::GemmNanMarker,
+                                               kern::Fp8CodeOrder::GemmFragment, be.stream()));
     // one expert owning pair positions [0, M): 128-row tiles, as the MoE routing plan lists them
     const int64_t tiles = (M + 127) / 128;
     std::vector<int32_t> tile_expert(static_cast<size_t>(tiles), 0), tile_start(static_cast<size_t>(tiles));
@@ -150,7 +155,8 @@ void linear_fp4_grouped(CudaBackend& be, const Tensor& x, const Fp4Linear& w, co
     g.w[0] = &wp;
     g.s[0] = &sp;
     g.y[0] = y.ptr<uint16_t>();
-    DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4(g, be.stream()));  // the device tables are freed stream-ordered
+    DS4R_CUDA_CHECK(
+        kern::launch_grouped_gemm_fp4(g, be.stream()));  // the device tables are freed stream-ordered
 }
 
 }  // namespace ds4r

@@ -24,9 +24,11 @@ void linear_fp4_oracle(CudaBackend& be, const Tensor& x, const Fp4Linear& w, con
 // K % 8 == 0 (the layouts the tensor-core path takes).
 void linear_bf16_oracle(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor& y);
 // As CudaBackend::linear_wo_a (o BF16 [M, G * Kg], w fp8 [G * R, Kg] -> y BF16 [M, G * R]), Kg % 8 == 0.
-void linear_wo_a_oracle(CudaBackend& be, const Tensor& o, const Fp8Linear& w, int64_t groups, const Tensor& y);
+void linear_wo_a_oracle(CudaBackend& be, const Tensor& o, const Fp8Linear& w, int64_t groups,
+                        const Tensor& y);
 // As CudaBackend::linear_fp4, computed by the grouped expert kernel with the M rows as one expert's
 // pairs; reverse_rows: the kernel gathers them through a row list, output row r from x row M - 1 - r.
-void linear_fp4_grouped(CudaBackend& be, const Tensor& x, const Fp4Linear& w, const Tensor& y, bool reverse_rows);
+void linear_fp4_grouped(CudaBackend& be, const Tensor& x, const Fp4Linear& w, const Tensor& y,
+                        bool reverse_rows);
 
 }  // namespace ds4r

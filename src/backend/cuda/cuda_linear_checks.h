@@ -23,9 +23,10 @@ using opcheck::rows_of;
 
 // The tensor-core kernels stream operands with 16-byte cp.async copies.
 inline void check_aligned16(const char* op, const char* name, const Tensor& t) {
-    DS4R_CHECK(reinterpret_cast<uintptr_t>(t.data) % 16 == 0,
-               "cuda %s: %s %s must start on a 16-byte boundary (weights in a layer slot must be 16-byte aligned)",
-               op, name, shape_str(t.shape).c_str());
+    DS4R_CHECK(
+        reinterpret_cast<uintptr_t>(t.data) % 16 == 0,
+        "cuda %s: %s %s must start on a 16-byte boundary (weights in a layer slot must be 16-byte aligned)",
+        op, name, shape_str(t.shape).c_str());
 }
 // Vector loads need `align`-byte aligned bases (empty tensors have nothing to load).
 inline void check_aligned(const char* op, const char* name, const Tensor& t, size_t align) {

@@ -1,6 +1,7 @@
 // CudaBackend ops: the indexer (scores, candidate blocks, top-k), attention index rows, sparse
 // attention and the output-head statistics (MODEL.md 4.6, 4.6.2, 4.9, 5.4, 6, 8.1, 8.2). Contracts:
-// backend/op_checks.h, plus the kernels' own limits here; the kernels live in kernels/{indexer,attention,head}.cu.
+// backend/op_checks.h, plus the kernels' own limits here; the kernels live in
+// kernels/{indexer,attention,head}.cu.
 //
 // Device-side index data (qpos, idx, targets) cannot be validated without a device -> host copy;
 // the kernels treat it defensively instead: an index outside [0, s + T) is an empty slot in
@@ -53,7 +54,8 @@ void CudaBackend::candidate_blocks(const Tensor& score, const Tensor& qpos, int 
     const char* op = "candidate_blocks";
     const auto [m, T, nb, words] = opcheck::candidate_blocks(score, qpos, ratio, block, topk_blocks, mask);
     DS4R_CHECK(topk_blocks <= std::numeric_limits<int32_t>::max(),
-               "cuda candidate_blocks: topk_blocks %lld exceeds the kernel's int32 count", (long long)topk_blocks);
+               "cuda candidate_blocks: topk_blocks %lld exceeds the kernel's int32 count",
+               (long long)topk_blocks);
     check_grid(op, m);
     check_disjoint(op, "mask", mask, "score", score);
     if (m == 0 || words == 0) return;
@@ -145,10 +147,9 @@ void CudaBackend::sparse_attn(const Tensor& q, const Tensor& win_kv, const Tenso
                "cuda sparse_attn: %zu bytes of shared memory needed, the device allows %zu per block",
                kern::sparse_attn_smem_bytes(hd), static_cast<size_t>(props().sharedMemPerBlockOptin));
     if (m == 0 || H == 0) return;
-    DS4R_CUDA_CHECK(kern::launch_sparse_attn(q.ptr<uint16_t>(), win_kv.ptr<uint16_t>(),
-                                             T > 0 ? cmp_kv.ptr<uint16_t>() : nullptr, sink.ptr<float>(),
-                                             idx.ptr<int32_t>(), o.ptr<uint16_t>(), m, H, hd, s, T,
-                                             n_idx, scale, stream()));
+    DS4R_CUDA_CHECK(kern::launch_sparse_attn(
+        q.ptr<uint16_t>(), win_kv.ptr<uint16_t>(), T > 0 ? cmp_kv.ptr<uint16_t>() : nullptr,
+        sink.ptr<float>(), idx.ptr<int32_t>(), o.ptr<uint16_t>(), m, H, hd, s, T, n_idx, scale, stream()));
 }
 
 // ---------------------------------------------------------------------------- head (MODEL.md 4.9)

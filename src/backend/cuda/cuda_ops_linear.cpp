@@ -1,6 +1,6 @@
 // CudaBackend ops: activation quantization and the linears (MODEL.md 4.0, 5.1-5.3, 3.6, 4.6 f).
-// Contracts: backend/op_checks.h, plus the kernels' own limits here; kernels in kernels/quant.cu, gemm.cu, gemm_simt.cu. The MoE
-// op is in cuda_ops_moe.cpp.
+// Contracts: backend/op_checks.h, plus the kernels' own limits here; kernels in kernels/quant.cu, gemm.cu,
+// gemm_simt.cu. The MoE op is in cuda_ops_moe.cpp.
 //
 // Numerics (the CPU backend is the oracle):
 // - act_quant_fp8 / act_quant_fp8_inplace / fp4_quant_inplace: bit exact.
@@ -61,15 +61,16 @@ static_assert(std::is_same_v<BlockScaledGemm, decltype(&kern::launch_gemm_fp4)>)
 
 // y BF16 [M, N] = act_quant(x BF16 [M, K]) . W^T: the activation codes in the GEMM's fragment order
 // (NaN blocks marked in the scale bytes), then the block-scaled GEMM with weight codes w, scales sw.
-void quantized_gemm(CudaBackend& be, const Tensor& x, const uint8_t* w, const uint8_t* sw, const Tensor& y, int64_t M,
-                    int64_t N, int64_t K, BlockScaledGemm gemm) {
+void quantized_gemm(CudaBackend& be, const Tensor& x, const uint8_t* w, const uint8_t* sw, const Tensor& y,
+                    int64_t M, int64_t N, int64_t K, BlockScaledGemm gemm) {
     if (M == 0 || N == 0) return;
     Tensor q = be.alloc(DType::F8_E4M3, {M, K});
     Tensor s = be.alloc(DType::F8_E8M0, {M, K / 32});
     DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), q.ptr<uint8_t>(), s.ptr<uint8_t>(), M, K,
                                                kern::Fp8ScaleBytes::GemmNanMarker,
                                                kern::Fp8CodeOrder::GemmFragment, be.stream()));
-    DS4R_CUDA_CHECK(gemm(q.ptr<uint8_t>(), s.ptr<uint8_t>(), w, sw, y.ptr<uint16_t>(), N, M, N, K, be.stream()));
+    DS4R_CUDA_CHECK(
+        gemm(q.ptr<uint8_t>(), s.ptr<uint8_t>(), w, sw, y.ptr<uint16_t>(), N, M, N, K, be.stream()));
 }
 
 }  // namespace
@@ -96,17 +97,17 @@ namespace {
 
 // y [M, N] (pitch ldc, groups as in kern::launch_gemm_bf16) = x . w^T with fp32 accumulation: tensor
 // cores when both operands are bf16 and the layout allows 16-byte copies, else the FFMA kernel.
-void dense_gemm(CudaBackend& be, const void* x, bool x_f32, int64_t lda, int64_t x_goff, const void* w, bool w_f32,
-                int64_t ldw, int64_t w_goff, void* y, bool y_f32, int64_t ldc, int64_t y_goff, int64_t M, int64_t N,
-                int64_t K, int64_t groups) {
+void dense_gemm(CudaBackend& be, const void* x, bool x_f32, int64_t lda, int64_t x_goff, const void* w,
+                bool w_f32, int64_t ldw, int64_t w_goff, void* y, bool y_f32, int64_t ldc, int64_t y_goff,
+                int64_t M, int64_t N, int64_t K, int64_t groups) {
     if (M == 0 || N == 0 || groups == 0) return;
     if (!x_f32 && !w_f32 && kern::gemm_bf16_supported(x, lda, x_goff, w, ldw, w_goff, K)) {
         DS4R_CUDA_CHECK(kern::launch_gemm_bf16(static_cast<const uint16_t*>(x), lda, x_goff,
-                                               static_cast<const uint16_t*>(w), ldw, w_goff, y, y_f32, ldc, y_goff, M,
-                                               N, K, groups, be.stream()));
+                                               static_cast<const uint16_t*>(w), ldw, w_goff, y, y_f32, ldc,
+                                               y_goff, M, N, K, groups, be.stream()));
     } else {
-        DS4R_CUDA_CHECK(kern::launch_gemm_simt(x, x_f32, lda, x_goff, w, w_f32, ldw, w_goff, y, y_f32, ldc, y_goff, M,
-                                               N, K, groups, be.stream()));
+        DS4R_CUDA_CHECK(kern::launch_gemm_simt(x, x_f32, lda, x_goff, w, w_f32, ldw, w_goff, y, y_f32, ldc,
+                                               y_goff, M, N, K, groups, be.stream()));
     }
 }
 
@@ -127,8 +128,8 @@ void CudaBackend::linear_f32(const Tensor& x, const Tensor& w, const Tensor& y) 
     const auto [M, N, K] = opcheck::linear_f32(x, w, y);
     check_disjoint(op, "x", x, "y", y);
     check_disjoint(op, "w", w, "y", y);
-    dense_gemm(*this, x.data, x.dtype == DType::F32, K, 0, w.data, w.dtype == DType::F32, K, 0, y.data, true, N, 0, M,
-               N, K, 1);
+    dense_gemm(*this, x.data, x.dtype == DType::F32, K, 0, w.data, w.dtype == DType::F32, K, 0, y.data, true,
+               N, 0, M, N, K, 1);
 }
 
 void CudaBackend::linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t groups, const Tensor& y) {
@@ -139,10 +140,11 @@ void CudaBackend::linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t group
     check_disjoint(op, "o", o, "y", y);
     if (M == 0 || R == 0) return;
     Tensor wd = alloc(DType::BF16, {G * R, Kg});
-    DS4R_CUDA_CHECK(
-        kern::launch_dequant_fp8_bf16(w.w.ptr<uint8_t>(), w.s.ptr<uint8_t>(), G * R, Kg, wd.ptr<uint16_t>(), stream()));
+    DS4R_CUDA_CHECK(kern::launch_dequant_fp8_bf16(w.w.ptr<uint8_t>(), w.s.ptr<uint8_t>(), G * R, Kg,
+                                                  wd.ptr<uint16_t>(), stream()));
     // group g: x columns g*Kg.. (pitch G*Kg), weight rows g*R.., output columns g*R.. (pitch G*R)
-    dense_gemm(*this, o.data, false, G * Kg, Kg, wd.data, false, Kg, R * Kg, y.data, false, G * R, R, M, R, Kg, G);
+    dense_gemm(*this, o.data, false, G * Kg, Kg, wd.data, false, Kg, R * Kg, y.data, false, G * R, R, M, R,
+               Kg, G);
 }
 
 }  // namespace ds4r

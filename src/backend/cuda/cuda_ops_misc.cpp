@@ -1,6 +1,7 @@
 // CudaBackend ops: RMSNorm, RoPE tables and application, mHC mixes / pre / post, the compressor's
 // ratio-2 pooling, the Engram update and the bf16 scalar multiply (MODEL.md 4.0, 4.5, 4.6.1, 4.8,
-// 5.5, 8). Contracts: backend/op_checks.h, plus the kernels' own limits here; the kernels live in kernels/{norm_rope,hc,engram}.cu.
+// 5.5, 8). Contracts: backend/op_checks.h, plus the kernels' own limits here; the kernels live in
+// kernels/{norm_rope,hc,engram}.cu.
 #include "backend/cuda/cuda_ops_misc.h"
 
 #include <cmath>

@@ -61,8 +61,8 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
             DS4R_CUDA_CHECK(kern::launch_gemm_bf16(x.ptr<uint16_t>(), D, 0, w.gate_w.ptr<uint16_t>(), D, 0,
                                                    logits.data, true, E, 0, Mc, E, D, 1, st));
         else
-            DS4R_CUDA_CHECK(kern::launch_gemm_simt(x.data, false, D, 0, w.gate_w.data, false, D, 0, logits.data, true,
-                                                   E, 0, Mc, E, D, 1, st));
+            DS4R_CUDA_CHECK(kern::launch_gemm_simt(x.data, false, D, 0, w.gate_w.data, false, D, 0,
+                                                   logits.data, true, E, 0, Mc, E, D, 1, st));
         DS4R_CUDA_CHECK(kern::launch_moe_router(logits.ptr<float>(), w.gate_bias.ptr<float>(), Mc,
                                                 static_cast<int>(E), k, 1.0f / p.gate_temp, p.route_scale,
                                                 out_idx.ptr<int32_t>(), out_w.ptr<float>(), st));
@@ -71,8 +71,8 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
     // 3. routing plan. Tiles: sum_e ceil(n_e / 128) <= (P + 127 * #non-empty experts) / 128, and
     // <= E * ceil(Mc / 128) (an expert holds each row at most once).
     const int64_t used = std::min<int64_t>(E, P);
-    const int64_t max_tiles = std::max<int64_t>(
-        1, std::min<int64_t>(E * ((Mc + 127) / 128), (P + 127 * used) / 128));
+    const int64_t max_tiles =
+        std::max<int64_t>(1, std::min<int64_t>(E * ((Mc + 127) / 128), (P + 127 * used) / 128));
     Tensor counts = be.alloc(DType::I32, {E});
     Tensor e_begin = be.alloc(DType::I32, {E});
     Tensor e_end = be.alloc(DType::I32, {E});
@@ -82,11 +82,11 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
     Tensor pair_row = be.alloc(DType::I32, {P});
     Tensor pair_w = be.alloc(DType::F32, {P});
     Tensor slot_pos = be.alloc(DType::I32, {P});
-    DS4R_CUDA_CHECK(kern::launch_moe_routing(out_idx.ptr<int32_t>(), out_w.ptr<float>(), Mc, k, static_cast<int>(E),
-                                             counts.ptr<int32_t>(), e_begin.ptr<int32_t>(), e_end.ptr<int32_t>(),
-                                             tile_begin.ptr<int32_t>(), tile_expert.ptr<int32_t>(),
-                                             tile_start.ptr<int32_t>(), max_tiles, pair_row.ptr<int32_t>(),
-                                             pair_w.ptr<float>(), slot_pos.ptr<int32_t>(), st));
+    DS4R_CUDA_CHECK(kern::launch_moe_routing(
+        out_idx.ptr<int32_t>(), out_w.ptr<float>(), Mc, k, static_cast<int>(E), counts.ptr<int32_t>(),
+        e_begin.ptr<int32_t>(), e_end.ptr<int32_t>(), tile_begin.ptr<int32_t>(), tile_expert.ptr<int32_t>(),
+        tile_start.ptr<int32_t>(), max_tiles, pair_row.ptr<int32_t>(), pair_w.ptr<float>(),
+        slot_pos.ptr<int32_t>(), st));
 
     kern::GroupedFp4Gemm g{};
     g.tile_expert = tile_expert.ptr<int32_t>();
@@ -117,7 +117,8 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
         g.y[1] = h3.ptr<uint16_t>();
         DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4(g, st));
         DS4R_CUDA_CHECK(kern::launch_swiglu_quant(h1.ptr<uint16_t>(), h3.ptr<uint16_t>(), pair_w.ptr<float>(),
-                                                  p.swiglu_limit, P, I, q2.ptr<uint8_t>(), s2.ptr<uint8_t>(), st));
+                                                  p.swiglu_limit, P, I, q2.ptr<uint8_t>(), s2.ptr<uint8_t>(),
+                                                  st));
     }
 
     // 5. w2 per pair (activation rows = pair positions)
@@ -146,20 +147,25 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
         {
             Tensor gs = be.alloc(DType::BF16, {Mc, Is});
             Tensor us = be.alloc(DType::BF16, {Mc, Is});
-            DS4R_CUDA_CHECK(kern::launch_gemm_fp8(qx.ptr<uint8_t>(), sx.ptr<uint8_t>(), w.sw1.w.ptr<uint8_t>(),
-                                                  w.sw1.s.ptr<uint8_t>(), gs.ptr<uint16_t>(), Is, Mc, Is, D, st));
-            DS4R_CUDA_CHECK(kern::launch_gemm_fp8(qx.ptr<uint8_t>(), sx.ptr<uint8_t>(), w.sw3.w.ptr<uint8_t>(),
-                                                  w.sw3.s.ptr<uint8_t>(), us.ptr<uint16_t>(), Is, Mc, Is, D, st));
-            DS4R_CUDA_CHECK(kern::launch_swiglu_quant(gs.ptr<uint16_t>(), us.ptr<uint16_t>(), nullptr, p.swiglu_limit,
-                                                      Mc, Is, q2s.ptr<uint8_t>(), s2s.ptr<uint8_t>(), st));
+            DS4R_CUDA_CHECK(kern::launch_gemm_fp8(qx.ptr<uint8_t>(), sx.ptr<uint8_t>(),
+                                                  w.sw1.w.ptr<uint8_t>(), w.sw1.s.ptr<uint8_t>(),
+                                                  gs.ptr<uint16_t>(), Is, Mc, Is, D, st));
+            DS4R_CUDA_CHECK(kern::launch_gemm_fp8(qx.ptr<uint8_t>(), sx.ptr<uint8_t>(),
+                                                  w.sw3.w.ptr<uint8_t>(), w.sw3.s.ptr<uint8_t>(),
+                                                  us.ptr<uint16_t>(), Is, Mc, Is, D, st));
+            DS4R_CUDA_CHECK(kern::launch_swiglu_quant(gs.ptr<uint16_t>(), us.ptr<uint16_t>(), nullptr,
+                                                      p.swiglu_limit, Mc, Is, q2s.ptr<uint8_t>(),
+                                                      s2s.ptr<uint8_t>(), st));
         }
         DS4R_CUDA_CHECK(kern::launch_gemm_fp8(q2s.ptr<uint8_t>(), s2s.ptr<uint8_t>(), w.sw2.w.ptr<uint8_t>(),
-                                              w.sw2.s.ptr<uint8_t>(), shared.ptr<uint16_t>(), D, Mc, D, Is, st));
+                                              w.sw2.s.ptr<uint8_t>(), shared.ptr<uint16_t>(), D, Mc, D, Is,
+                                              st));
     }
 
     // 7. combine
-    DS4R_CUDA_CHECK(kern::launch_moe_combine(out_e.ptr<uint16_t>(), out_idx.ptr<int32_t>(), slot_pos.ptr<int32_t>(), k,
-                                             shared.ptr<uint16_t>(), Mc, D, y.ptr<uint16_t>(), st));
+    DS4R_CUDA_CHECK(kern::launch_moe_combine(out_e.ptr<uint16_t>(), out_idx.ptr<int32_t>(),
+                                             slot_pos.ptr<int32_t>(), k, shared.ptr<uint16_t>(), Mc, D,
+                                             y.ptr<uint16_t>(), st));
 }
 
 }  // namespace
@@ -186,7 +192,8 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, 
                "cuda moe: shared expert must be w1, w3 [I, %lld], w2 [%lld, I]; got %s, %s, %s", (long long)D,
                (long long)D, shape_str(w.sw1.w.shape).c_str(), shape_str(w.sw3.w.shape).c_str(),
                shape_str(w.sw2.w.shape).c_str());
-    DS4R_CHECK(sh.Is % 32 == 0, "cuda moe: shared hidden size %lld is not a multiple of 32", (long long)sh.Is);
+    DS4R_CHECK(sh.Is % 32 == 0, "cuda moe: shared hidden size %lld is not a multiple of 32",
+               (long long)sh.Is);
     check_aligned16(op, "shared w1", w.sw1.w);
     check_aligned16(op, "shared w3", w.sw3.w);
     check_aligned16(op, "shared w2", w.sw2.w);
@@ -198,13 +205,14 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, 
         const int64_t K1 = check_fp4_weight(op, "expert w1", ew.w1);
         const int64_t K3 = check_fp4_weight(op, "expert w3", ew.w3);
         const int64_t K2 = check_fp4_weight(op, "expert w2", ew.w2);
-        DS4R_CHECK(K1 == D && K3 == D && ew.w1.w.dim(0) == sh.I && ew.w3.w.dim(0) == sh.I && ew.w2.w.dim(0) == D &&
-                       K2 == sh.I,
-                   "cuda moe: expert %lld must have w1, w3 packed [%lld, %lld] and w2 [%lld, %lld] (every expert "
-                   "the same I); got %s, %s, %s",
-                   (long long)e, (long long)sh.I, (long long)(D / 2), (long long)D, (long long)(sh.I / 2),
-                   shape_str(ew.w1.w.shape).c_str(), shape_str(ew.w3.w.shape).c_str(),
-                   shape_str(ew.w2.w.shape).c_str());
+        DS4R_CHECK(
+            K1 == D && K3 == D && ew.w1.w.dim(0) == sh.I && ew.w3.w.dim(0) == sh.I && ew.w2.w.dim(0) == D &&
+                K2 == sh.I,
+            "cuda moe: expert %lld must have w1, w3 packed [%lld, %lld] and w2 [%lld, %lld] (every expert "
+            "the same I); got %s, %s, %s",
+            (long long)e, (long long)sh.I, (long long)(D / 2), (long long)D, (long long)(sh.I / 2),
+            shape_str(ew.w1.w.shape).c_str(), shape_str(ew.w3.w.shape).c_str(),
+            shape_str(ew.w2.w.shape).c_str());
         check_aligned16(op, "expert w1", ew.w1.w);
         check_aligned16(op, "expert w3", ew.w3.w);
         check_aligned16(op, "expert w2", ew.w2.w);
@@ -215,8 +223,8 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, 
         ep.w2.push_back(ew.w2.w.ptr<uint8_t>());
         ep.s2.push_back(ew.w2.s.ptr<uint8_t>());
     }
-    DS4R_CHECK(sh.I > 0 && sh.I % 32 == 0, "cuda moe: expert hidden size %lld is not a positive multiple of 32",
-               (long long)sh.I);
+    DS4R_CHECK(sh.I > 0 && sh.I % 32 == 0,
+               "cuda moe: expert hidden size %lld is not a positive multiple of 32", (long long)sh.I);
 
     const bool want_idx = opcheck::given(route_idx), want_w = opcheck::given(route_w);
     if (M == 0) return;
