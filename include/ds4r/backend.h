@@ -59,14 +59,21 @@ struct HeadStatsOut {
     Tensor topk_logit;    // F32 [M, k]
 };
 
-// An ordered host -> backend copy channel (a copy stream on CUDA) for the weight prefetcher: copies
-// run asynchronously to compute; fences order them. The default (CPU) copies synchronously.
+// An ordered copy channel between host and backend memory (a copy stream on CUDA), for the weight
+// prefetcher and the chunk state ring of the pass runner: copies run asynchronously to compute, in
+// the order issued; fences order them against the host and compute. The default (CPU) copies
+// synchronously.
 class CopyQueue {
 public:
     virtual ~CopyQueue() = default;
     // Copies `bytes` from host memory (pinned: from Backend::alloc_host) into dst at dst_offset.
     // The source must stay untouched until a fence recorded after this call has completed.
     virtual void copy(const Tensor& dst, size_t dst_offset, const void* src, size_t bytes) = 0;
+    // Copies `bytes` of src at src_offset into host memory dst (pinned: from Backend::alloc_host);
+    // dst holds them once a fence recorded after this call has completed (host_wait).
+    virtual void download(void* dst, const Tensor& src, size_t src_offset, size_t bytes) = 0;
+    // Copies issued after this call start after the backend's compute work issued before it.
+    virtual void wait_compute() = 0;
     // Marks the point after every copy issued so far; returns its id.
     virtual uint64_t fence() = 0;
     // Blocks the calling host thread until the fence has completed.

@@ -30,6 +30,11 @@ struct ReplayOptions {
     HiddenMode hidden_mode = HiddenMode::Mean;
 };
 
+// Rows per chunk that keep a chunk's activations (~ (14 + hc) * D * 4 bytes per row plus attention
+// scores, plus the state ring's 2 extra buffers of hc * (D * 2 + 4) bytes) within a quarter of the
+// backend's free memory; 64 .. 8192.
+int64_t default_chunk_rows(const ModelConfig& cfg, size_t free_bytes);
+
 // Engram hashing state and table readers for the whole run (MODEL.md 4.2, 4.8).
 struct EngramResources {
     EngramTokenMap map;
@@ -111,8 +116,19 @@ private:
     // Gathers Engram rows of Engram layer #ei for every row of the pass, in the background (MODEL.md
     // 4.8 step 1): BF16 [total_rows, cols * ehd]. Started one Engram layer ahead.
     void start_engram_gather(int ei);
-    void upload_chunk(const Chunk& ch, const Tensor& X, const Tensor& P);
-    void download_chunk(const Chunk& ch, const Tensor& X, const Tensor& P);
+    void upload_chunk(const Chunk& ch, const Tensor& X, const Tensor& P);  // synchronous (Engram)
+    // The chunk state ring (run_block, finish): chunk c's residual stream and pre-mix live in device
+    // buffer c % ring while chunk c computes; chunk c + 1 is uploaded (up_q_) and chunk c - 1
+    // downloaded (down_q_) meanwhile. Buffer b is refilled only after its previous chunk's download
+    // completed. Copies never change values: results are those of synchronous copies.
+    struct StateRing {
+        std::vector<Tensor> X, P;           // ring x BF16 [max_rows, hc, D] / F32 [max_rows, hc]
+        std::vector<uint64_t> up, down;     // per chunk: fences of its upload / download (0: none)
+    };
+    StateRing make_ring();
+    void ring_upload(StateRing& ring, size_t c);        // issues chunk c's upload into its buffer
+    void ring_download(StateRing& ring, size_t c);      // after chunk c's compute: its download
+    void ring_drain(StateRing& ring);                   // host waits for every download
 
     Backend& be_;
     const Checkpoint& ckpt_;
@@ -129,6 +145,7 @@ private:
     std::shared_ptr<void> premix_;  // F32 [total_rows, hc]
     std::vector<int64_t> hashes_;   // I64 [total_rows, n_engram_layers, cols]
     std::vector<Chunk> chunks_;
+    std::unique_ptr<CopyQueue> up_q_, down_q_;      // the state ring's host -> backend / backend -> host copies
     std::future<std::vector<uint16_t>> engram_rows_;  // the gather in flight
     int engram_rows_layer_ = -1;                      // its Engram layer index (-1: none)
 };

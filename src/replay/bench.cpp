@@ -162,11 +162,8 @@ void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* en
     std::unique_ptr<WeightSource> ws =
         opt.prefetch ? make_prefetch_weight_source(be, ck, po) : make_sync_weight_source(be, ck);
     ReplayOptions ro;
-    const int64_t per_row = (14 + c.hc_mult) * c.dim * 4 + c.n_heads * c.head_dim * 8;
     ro.max_batch_tokens =
-        opt.max_batch_tokens > 0
-            ? opt.max_batch_tokens
-            : std::clamp<int64_t>(static_cast<int64_t>(be.free_memory() / 4) / per_row, 64, 8192);
+        opt.max_batch_tokens > 0 ? opt.max_batch_tokens : default_chunk_rows(c, be.free_memory());
 #ifdef DS4R_HAVE_CUDA
     auto* cb = dynamic_cast<CudaBackend*>(&be);
     if (cb) cb->reset_high_water();

@@ -24,6 +24,12 @@ double now_s() {
 
 }  // namespace
 
+int64_t default_chunk_rows(const ModelConfig& cfg, size_t free_bytes) {
+    const int64_t activations = (14 + cfg.hc_mult) * cfg.dim * 4 + cfg.n_heads * cfg.head_dim * 8;
+    const int64_t ring = 2 * cfg.hc_mult * (cfg.dim * 2 + 4);  // the state ring's 2 extra buffers
+    return std::clamp<int64_t>(static_cast<int64_t>(free_bytes / 4) / (activations + ring), 64, 8192);
+}
+
 std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt) {
     const ModelConfig& cfg = ckpt.config();
     if (cfg.engram_layer_ids.empty()) return nullptr;
@@ -55,6 +61,8 @@ PassRunner::PassRunner(Backend& be, const Checkpoint& ckpt, WeightSource& weight
       roles_(ckpt.roles()),
       ctx_(be, ckpt.config()) {
     DS4R_CHECK(opt_.max_batch_tokens >= 2, "max_batch_tokens must be >= 2");
+    up_q_ = be_.make_copy_queue();
+    down_q_ = be_.make_copy_queue();
     if (!cfg_.engram_layer_ids.empty())
         DS4R_CHECK(engram_ != nullptr, "the model has Engram layers but no Engram resources were loaded");
     // One pass acquires layers 0..n-1, then the head; a prefetching source repeats this order.
@@ -210,12 +218,59 @@ void PassRunner::upload_chunk(const Chunk& ch, const Tensor& X, const Tensor& P)
     be_.upload(P, 0, static_cast<float*>(premix_.get()) + ch.r0 * hc, static_cast<size_t>(M * hc) * 4);
 }
 
-void PassRunner::download_chunk(const Chunk& ch, const Tensor& X, const Tensor& P) {
-    ProfileRange pr(be_, "io.chunk_download");
+PassRunner::StateRing PassRunner::make_ring() {
+    // Host-memory backends copy synchronously: two buffers suffice. Asynchronous ones get three, so
+    // that the upload of chunk c + 1 and the download of chunk c - 1 both overlap chunk c.
+    const size_t n = std::min<size_t>(be_.host_memory() ? 2 : 3, chunks_.size());
+    const int64_t hc = cfg_.hc_mult, D = cfg_.dim;
+    int64_t max_rows = 0;
+    for (const Chunk& ch : chunks_) max_rows = std::max(max_rows, ch.r1 - ch.r0);
+    StateRing ring;
+    for (size_t b = 0; b < n; ++b) {
+        ring.X.push_back(be_.alloc(DType::BF16, {max_rows, hc, D}));
+        ring.P.push_back(be_.alloc(DType::F32, {max_rows, hc}));
+    }
+    ring.up.assign(chunks_.size(), 0);
+    ring.down.assign(chunks_.size(), 0);
+    // The queues touch the buffers only once their (stream-ordered) allocation took effect.
+    up_q_->wait_compute();
+    down_q_->wait_compute();
+    return ring;
+}
+
+void PassRunner::ring_upload(StateRing& ring, size_t c) {
+    if (c >= chunks_.size()) return;
+    const size_t n = ring.X.size(), b = c % n;
+    // Buffer b last held chunk c - n: its state must have left it (run_block downloads it; finish
+    // downloads nothing, and its synchronous result downloads order the reuse instead).
+    if (c >= n && ring.down[c - n] != 0) down_q_->host_wait(ring.down[c - n]);
+    const Chunk& ch = chunks_[c];
     const int64_t hc = cfg_.hc_mult, D = cfg_.dim, M = ch.r1 - ch.r0;
-    be_.download(static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D, X, 0,
-                 static_cast<size_t>(M * hc * D) * 2);
-    be_.download(static_cast<float*>(premix_.get()) + ch.r0 * hc, P, 0, static_cast<size_t>(M * hc) * 4);
+    up_q_->copy(ring.X[b], 0, static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D,
+                static_cast<size_t>(M * hc * D) * 2);
+    up_q_->copy(ring.P[b], 0, static_cast<float*>(premix_.get()) + ch.r0 * hc, static_cast<size_t>(M * hc) * 4);
+    ring.up[c] = up_q_->fence();
+}
+
+void PassRunner::ring_download(StateRing& ring, size_t c) {
+    const size_t b = c % ring.X.size();
+    const Chunk& ch = chunks_[c];
+    const int64_t hc = cfg_.hc_mult, D = cfg_.dim, M = ch.r1 - ch.r0;
+    down_q_->wait_compute();  // the chunk's compute, issued before this call
+    down_q_->download(static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D, ring.X[b], 0,
+                      static_cast<size_t>(M * hc * D) * 2);
+    down_q_->download(static_cast<float*>(premix_.get()) + ch.r0 * hc, ring.P[b], 0,
+                      static_cast<size_t>(M * hc) * 4);
+    ring.down[c] = down_q_->fence();
+}
+
+void PassRunner::ring_drain(StateRing& ring) {
+    // The queue completes in order: its last fence covers every download.
+    for (auto it = ring.down.rbegin(); it != ring.down.rend(); ++it)
+        if (*it != 0) {
+            down_q_->host_wait(*it);
+            break;
+        }
 }
 
 void PassRunner::run_engram(const LayerWeights& w) {
@@ -247,7 +302,7 @@ void PassRunner::run_engram(const LayerWeights& w) {
 }
 
 void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {
-    const int64_t hc = cfg_.hc_mult, D = cfg_.dim, k = cfg_.n_activated_experts;
+    const int64_t D = cfg_.dim, k = cfg_.n_activated_experts;
     begin_layer(ctx_, w.role);
     if (host_taps) {
         host_taps->attn_out.assign(static_cast<size_t>(total_rows_ * D), 0);
@@ -260,15 +315,19 @@ void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {
     // (a group's tokens end at or before t, and chunk boundaries inside a sequence are even), index
     // keys and candidate blocks of those groups. Rows of later positions in the arenas are never read
     // (masked / not indexed). So each chunk's KV part can run right before its attention part.
-    for (Chunk& ch : chunks_) {
+    StateRing ring = make_ring();
+    ring_upload(ring, 0);
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+        Chunk& ch = chunks_[c];
+        ring_upload(ring, c + 1);  // runs while this chunk computes
         if (ch.rows.pos.data == nullptr && ch.rows.rows > 0) {
             ch.rows.pos = be_.alloc(DType::I32, {ch.rows.rows});
             be_.upload(ch.rows.pos, 0, ch.rows.host_pos.data(), ch.rows.host_pos.size() * 4);
         }
         const int64_t M = ch.r1 - ch.r0;
-        Tensor X = be_.alloc(DType::BF16, {M, hc, D});
-        Tensor P = be_.alloc(DType::F32, {M, hc});
-        upload_chunk(ch, X, P);
+        const size_t b = c % ring.X.size();
+        const Tensor X = ring.X[b].rows(0, M), P = ring.P[b].rows(0, M);
+        up_q_->compute_wait(ring.up[c]);
         kv_chunk(ctx_, w, ch.rows, X, P);
         LayerTaps taps;
         if (host_taps) {
@@ -278,7 +337,7 @@ void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {
             taps.route_w = be_.alloc(DType::F32, {M, k});
         }
         main_chunk(ctx_, w, ch.rows, X, P, host_taps ? &taps : nullptr);
-        download_chunk(ch, X, P);
+        ring_download(ring, c);
         if (host_taps) {
             be_.download(host_taps->attn_out.data() + ch.r0 * D, taps.attn_out, 0,
                          static_cast<size_t>(M * D) * 2);
@@ -290,6 +349,7 @@ void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {
                          static_cast<size_t>(M * k) * 4);
         }
     }
+    ring_drain(ring);  // the host state is complete before anything reads it
     be_.synchronize();
 }
 
@@ -318,7 +378,7 @@ void PassRunner::capture(int layer, HiddenSink* sink) {
 }
 
 std::vector<SequenceScores> PassRunner::finish(const GlobalWeights& g, HiddenSink* sink) {
-    const int64_t hc = cfg_.hc_mult, D = cfg_.dim, K = opt_.top_k;
+    const int64_t D = cfg_.dim, K = opt_.top_k;
     std::vector<SequenceScores> out(tokens_.size());
     for (size_t i = 0; i < tokens_.size(); ++i) {
         const int64_t n = static_cast<int64_t>(tokens_[i].size());
@@ -333,11 +393,14 @@ std::vector<SequenceScores> PassRunner::finish(const GlobalWeights& g, HiddenSin
     const bool cap_final = sink && std::find(opt_.capture_layers.begin(), opt_.capture_layers.end(),
                                              cfg_.n_layers) != opt_.capture_layers.end();
     std::vector<uint16_t> collapsed_host(static_cast<size_t>(cap_final ? total_rows_ * D : 0));
-    for (Chunk& ch : chunks_) {
+    StateRing ring = make_ring();
+    ring_upload(ring, 0);
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+        const Chunk& ch = chunks_[c];
+        ring_upload(ring, c + 1);  // runs while this chunk computes
         const int64_t M = ch.r1 - ch.r0;
-        Tensor X = be_.alloc(DType::BF16, {M, hc, D});
-        Tensor P = be_.alloc(DType::F32, {M, hc});
-        upload_chunk(ch, X, P);
+        const size_t b = c % ring.X.size();
+        const Tensor X = ring.X[b].rows(0, M), P = ring.P[b].rows(0, M);
         std::vector<int32_t> targets(static_cast<size_t>(M));
         for (const Segment& sg : ch.rows.segs) {
             const auto& toks = tokens_[static_cast<size_t>(sg.seq)];
@@ -355,6 +418,7 @@ std::vector<SequenceScores> PassRunner::finish(const GlobalWeights& g, HiddenSin
         hs.topk_ids = be_.alloc(DType::I32, {M, K});
         hs.topk_logit = be_.alloc(DType::F32, {M, K});
         Tensor collapsed = be_.alloc(DType::BF16, {M, D});
+        up_q_->compute_wait(ring.up[c]);
         head_chunk(ctx_, g, X, P, tg, static_cast<int>(K), collapsed, hs);
         std::vector<double> lse(static_cast<size_t>(M)), ent(static_cast<size_t>(M));
         std::vector<float> tl(static_cast<size_t>(M)), kl(static_cast<size_t>(M * K));

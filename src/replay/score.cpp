@@ -249,13 +249,8 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     ro.top_k = opt.top_k;
     ro.capture_layers = opt.capture_layers;
     ro.hidden_mode = opt.hidden_mode;
-    // Per-row activation footprint of a chunk is ~ (14 + hc) * D * 4 bytes plus attention scores;
-    // keep chunks to a quarter of the free backend memory.
-    const int64_t per_row = (14 + cfg.hc_mult) * cfg.dim * 4 + cfg.n_heads * cfg.head_dim * 8;
     ro.max_batch_tokens =
-        opt.max_batch_tokens > 0
-            ? opt.max_batch_tokens
-            : std::clamp<int64_t>(static_cast<int64_t>(be->free_memory() / 4) / per_row, 64, 8192);
+        opt.max_batch_tokens > 0 ? opt.max_batch_tokens : default_chunk_rows(cfg, be->free_memory());
     // Pass size: host state ~ hc*D*2 + hashes per token (<= 64 KB, DESIGN.md 5), half of MemAvailable.
     const int64_t host_per_token =
         cfg.hc_mult * cfg.dim * 2 + cfg.hc_mult * 4 +

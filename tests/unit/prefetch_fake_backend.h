@@ -44,6 +44,15 @@ public:
         ops_.push_back(Op{0, static_cast<uint8_t*>(dst.data) + off, static_cast<const uint8_t*>(src), bytes});
         cv_.notify_all();
     }
+    void download(void* dst, const Tensor& src, size_t off, size_t bytes) override {
+        DS4R_CHECK(off + bytes <= src.nbytes(), "fake copy queue: %zu bytes at %zu past a %zu-byte tensor",
+                   bytes, off, src.nbytes());
+        std::lock_guard<std::mutex> lk(mu_);
+        ops_.push_back(Op{0, static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src.data) + off, bytes});
+        cv_.notify_all();
+    }
+    // The fake's compute is host code that has completed when its call returned.
+    void wait_compute() override {}
     uint64_t fence() override {
         std::lock_guard<std::mutex> lk(mu_);
         ops_.push_back(Op{++issued_, nullptr, nullptr, 0});

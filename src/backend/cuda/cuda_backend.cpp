@@ -39,6 +39,7 @@ public:
         cudaSetDevice(be_.device());
         cudaStreamSynchronize(stream_);
         events_.clear();
+        if (compute_ev_) cudaEventDestroy(compute_ev_);
         cudaStreamDestroy(stream_);
     }
     // The queue is used from the prefetcher's threads: every call selects the backend's device
@@ -49,6 +50,21 @@ public:
         DS4R_CUDA_CHECK(cudaSetDevice(be_.device()));
         DS4R_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + off, src, bytes,
                                         cudaMemcpyHostToDevice, stream_));
+    }
+    void download(void* dst, const Tensor& src, size_t off, size_t bytes) override {
+        DS4R_CHECK(off + bytes <= src.nbytes(), "copy queue: download of %zu bytes at %zu past a %zu-byte tensor",
+                   bytes, off, src.nbytes());
+        if (bytes == 0) return;
+        DS4R_CUDA_CHECK(cudaSetDevice(be_.device()));
+        DS4R_CUDA_CHECK(cudaMemcpyAsync(dst, static_cast<const uint8_t*>(src.data) + off, bytes,
+                                        cudaMemcpyDeviceToHost, stream_));
+    }
+    // One event, re-recorded per call: a stream wait captures the event's state when it is issued.
+    void wait_compute() override {
+        DS4R_CUDA_CHECK(cudaSetDevice(be_.device()));
+        if (!compute_ev_) DS4R_CUDA_CHECK(cudaEventCreateWithFlags(&compute_ev_, cudaEventDisableTiming));
+        DS4R_CUDA_CHECK(cudaEventRecord(compute_ev_, be_.stream()));
+        DS4R_CUDA_CHECK(cudaStreamWaitEvent(stream_, compute_ev_, 0));
     }
     uint64_t fence() override {
         DS4R_CUDA_CHECK(cudaSetDevice(be_.device()));
@@ -92,6 +108,7 @@ private:
     }
     CudaBackend& be_;
     cudaStream_t stream_ = nullptr;
+    cudaEvent_t compute_ev_ = nullptr;  // wait_compute(): compute thread only
     std::mutex mu_;
     std::deque<std::pair<uint64_t, std::shared_ptr<Event>>> events_;
     uint64_t next_ = 0;
