@@ -122,13 +122,13 @@ private:
     // downloaded (down_q_) meanwhile. Buffer b is refilled only after its previous chunk's download
     // completed. Copies never change values: results are those of synchronous copies.
     struct StateRing {
-        std::vector<Tensor> X, P;           // ring x BF16 [max_rows, hc, D] / F32 [max_rows, hc]
-        std::vector<uint64_t> up, down;     // per chunk: fences of its upload / download (0: none)
+        std::vector<Tensor> X, P;        // ring x BF16 [max_rows, hc, D] / F32 [max_rows, hc]
+        std::vector<uint64_t> up, down;  // per chunk: fences of its upload / download (0: none)
     };
     StateRing make_ring();
-    void ring_upload(StateRing& ring, size_t c);        // issues chunk c's upload into its buffer
-    void ring_download(StateRing& ring, size_t c);      // after chunk c's compute: its download
-    void ring_drain(StateRing& ring);                   // host waits for every download
+    void ring_upload(StateRing& ring, size_t c);    // issues chunk c's upload into its buffer
+    void ring_download(StateRing& ring, size_t c);  // after chunk c's compute: its download
+    void ring_drain(StateRing& ring);               // host waits for every download
 
     Backend& be_;
     const Checkpoint& ckpt_;
@@ -145,7 +145,7 @@ private:
     std::shared_ptr<void> premix_;  // F32 [total_rows, hc]
     std::vector<int64_t> hashes_;   // I64 [total_rows, n_engram_layers, cols]
     std::vector<Chunk> chunks_;
-    std::unique_ptr<CopyQueue> up_q_, down_q_;      // the state ring's host -> backend / backend -> host copies
+    std::unique_ptr<CopyQueue> up_q_, down_q_;  // the state ring's host -> backend / backend -> host copies
     std::future<std::vector<uint16_t>> engram_rows_;  // the gather in flight
     int engram_rows_layer_ = -1;                      // its Engram layer index (-1: none)
 };

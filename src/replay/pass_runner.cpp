@@ -248,7 +248,8 @@ void PassRunner::ring_upload(StateRing& ring, size_t c) {
     const int64_t hc = cfg_.hc_mult, D = cfg_.dim, M = ch.r1 - ch.r0;
     up_q_->copy(ring.X[b], 0, static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D,
                 static_cast<size_t>(M * hc * D) * 2);
-    up_q_->copy(ring.P[b], 0, static_cast<float*>(premix_.get()) + ch.r0 * hc, static_cast<size_t>(M * hc) * 4);
+    up_q_->copy(ring.P[b], 0, static_cast<float*>(premix_.get()) + ch.r0 * hc,
+                static_cast<size_t>(M * hc) * 4);
     ring.up[c] = up_q_->fence();
 }
 

@@ -64,8 +64,8 @@ TEST(ChunkRing, LateAsynchronousCopiesGiveTheSynchronousScores) {
         test::FakeAsyncBackend fake(static_cast<unsigned>(chunk_rows), delay_us);
         const std::vector<SequenceScores> got = score(fake, ck, chunk_rows, seqs);
         expect_identical(want, got,
-                         "chunks of " + std::to_string(chunk_rows) + " rows, copies delayed <= " +
-                             std::to_string(delay_us) + " us");
+                         "chunks of " + std::to_string(chunk_rows) +
+                             " rows, copies delayed <= " + std::to_string(delay_us) + " us");
     }
 }
 
@@ -75,8 +75,8 @@ TEST(ChunkRing, DefaultChunkRowsStayWithinBounds) {
     EXPECT_EQ(default_chunk_rows(c, 0), 64);
     EXPECT_EQ(default_chunk_rows(c, size_t{1} << 50), 8192);
     // A quarter of the memory over the per-row footprint (activations + the ring's 2 extra buffers).
-    const int64_t per_row = (14 + c.hc_mult) * c.dim * 4 + c.n_heads * c.head_dim * 8 +
-                            2 * c.hc_mult * (c.dim * 2 + 4);
+    const int64_t per_row =
+        (14 + c.hc_mult) * c.dim * 4 + c.n_heads * c.head_dim * 8 + 2 * c.hc_mult * (c.dim * 2 + 4);
     const size_t free_bytes = static_cast<size_t>(per_row) * 4 * 1000;
     EXPECT_EQ(default_chunk_rows(c, free_bytes), 1000);
 }

@@ -52,8 +52,9 @@ public:
                                         cudaMemcpyHostToDevice, stream_));
     }
     void download(void* dst, const Tensor& src, size_t off, size_t bytes) override {
-        DS4R_CHECK(off + bytes <= src.nbytes(), "copy queue: download of %zu bytes at %zu past a %zu-byte tensor",
-                   bytes, off, src.nbytes());
+        DS4R_CHECK(off + bytes <= src.nbytes(),
+                   "copy queue: download of %zu bytes at %zu past a %zu-byte tensor", bytes, off,
+                   src.nbytes());
         if (bytes == 0) return;
         DS4R_CUDA_CHECK(cudaSetDevice(be_.device()));
         DS4R_CUDA_CHECK(cudaMemcpyAsync(dst, static_cast<const uint8_t*>(src.data) + off, bytes,
