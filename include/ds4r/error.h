@@ -50,6 +50,14 @@ public:
         : Error(ErrorKind::Runtime, std::move(message), f, l) {}
 };
 
+// The backend ran out of memory (an allocation failed or the GPU budget is spent). The pass runner
+// shrinks its chunks and runs the pass again (DESIGN.md section 6); elsewhere it stops the run (exit 1).
+class OutOfMemoryError : public RuntimeError {
+public:
+    OutOfMemoryError(std::string message, const char* f = nullptr, int l = 0)
+        : RuntimeError(std::move(message), f, l) {}
+};
+
 // printf-style formatting into std::string (the project compiles with g++ 12: no std::format).
 std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 

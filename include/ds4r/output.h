@@ -70,6 +70,7 @@ public:
     // Drops the rows added since the last commit (an interrupted pass): truncates every file back to
     // its committed rows and forgets the refs.
     void rollback();
+    void restart_pass() override { rollback(); }  // the pass's rows are its uncommitted ones
     std::string file_name(int layer) const;
 
 private:

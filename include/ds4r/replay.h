@@ -63,6 +63,9 @@ class HiddenSink {
 public:
     virtual ~HiddenSink() = default;
     virtual void add_rows(int layer, int seq, const uint16_t* data, int64_t rows, int64_t row_elems) = 0;
+    // The pass is run again from its start (PassRunner's out-of-memory retry): forget the rows added
+    // during it. Default: nothing (for sinks that overwrite the rows of a (layer, seq) when re-added).
+    virtual void restart_pass() {}
 };
 
 struct LayerTiming {
@@ -78,9 +81,15 @@ public:
                ReplayOptions opt);
     ~PassRunner();
 
-    // One whole pass: begin, every layer in order, finish.
+    // One whole pass: begin, every layer in order, finish. When the backend runs out of memory
+    // (OutOfMemoryError), the chunks are halved (down to kMinChunkRows) and the pass runs again from
+    // its start: results do not depend on the chunk size (batch invariance), so nothing changes but
+    // the time. Later passes keep the smaller chunks.
     std::vector<SequenceScores> run(const std::vector<std::vector<int32_t>>& seqs, HiddenSink* sink,
                                     const std::function<void(const LayerTiming&)>& on_layer = {});
+    static constexpr int64_t kMinChunkRows = 8;
+    int64_t chunk_rows() const { return opt_.max_batch_tokens; }  // the current chunk size
+    int out_of_memory_retries() const { return oom_retries_; }
 
     // --- step API (used by run() and by the teacher-forced tests) ---
     // Embeds the tokens, expands to hc copies, pre-mix = one-hot copy 0, computes Engram hashes.
@@ -108,6 +117,8 @@ public:
     const std::vector<std::vector<int32_t>>& tokens() const { return tokens_; }
 
 private:
+    std::vector<SequenceScores> run_pass(const std::vector<std::vector<int32_t>>& seqs, HiddenSink* sink,
+                                         const std::function<void(const LayerTiming&)>& on_layer);
     struct Chunk {
         int64_t r0 = 0, r1 = 0;  // pass rows
         ChunkRows rows;
@@ -124,8 +135,16 @@ private:
     struct StateRing {
         std::vector<Tensor> X, P;        // ring x BF16 [max_rows, hc, D] / F32 [max_rows, hc]
         std::vector<uint64_t> up, down;  // per chunk: fences of its upload / download (0: none)
+        CopyQueue* up_q = nullptr;
+        CopyQueue* down_q = nullptr;
+        StateRing() = default;
+        StateRing(const StateRing&) = delete;
+        StateRing& operator=(const StateRing&) = delete;
+        // Copies still in flight when the ring goes away (an exception in the middle of a layer)
+        // complete before its buffers are freed.
+        ~StateRing();
     };
-    StateRing make_ring();
+    void init_ring(StateRing& ring);
     void ring_upload(StateRing& ring, size_t c);    // issues chunk c's upload into its buffer
     void ring_download(StateRing& ring, size_t c);  // after chunk c's compute: its download
     void ring_drain(StateRing& ring);               // host waits for every download
@@ -145,6 +164,7 @@ private:
     std::shared_ptr<void> premix_;  // F32 [total_rows, hc]
     std::vector<int64_t> hashes_;   // I64 [total_rows, n_engram_layers, cols]
     std::vector<Chunk> chunks_;
+    int oom_retries_ = 0;
     std::unique_ptr<CopyQueue> up_q_, down_q_;  // the state ring's host -> backend / backend -> host copies
     std::future<std::vector<uint16_t>> engram_rows_;  // the gather in flight
     int engram_rows_layer_ = -1;                      // its Engram layer index (-1: none)

@@ -9,6 +9,7 @@
 
 #include "ds4r/checkpoint.h"
 #include "ds4r/file_util.h"
+#include "ds4r/log.h"
 #include "ds4r/numeric.h"
 #include "ds4r/replay.h"
 #include "ds4r/tokenizer.h"
@@ -218,14 +219,24 @@ void PassRunner::upload_chunk(const Chunk& ch, const Tensor& X, const Tensor& P)
     be_.upload(P, 0, static_cast<float*>(premix_.get()) + ch.r0 * hc, static_cast<size_t>(M * hc) * 4);
 }
 
-PassRunner::StateRing PassRunner::make_ring() {
+PassRunner::StateRing::~StateRing() {
+    try {
+        if (up_q) up_q->host_wait(up_q->fence());
+        if (down_q) down_q->host_wait(down_q->fence());
+    } catch (...) {
+        // a failing device: the error that unwinds this ring is the one reported
+    }
+}
+
+void PassRunner::init_ring(StateRing& ring) {
     // Host-memory backends copy synchronously: two buffers suffice. Asynchronous ones get three, so
     // that the upload of chunk c + 1 and the download of chunk c - 1 both overlap chunk c.
     const size_t n = std::min<size_t>(be_.host_memory() ? 2 : 3, chunks_.size());
     const int64_t hc = cfg_.hc_mult, D = cfg_.dim;
     int64_t max_rows = 0;
     for (const Chunk& ch : chunks_) max_rows = std::max(max_rows, ch.r1 - ch.r0);
-    StateRing ring;
+    ring.up_q = up_q_.get();
+    ring.down_q = down_q_.get();
     for (size_t b = 0; b < n; ++b) {
         ring.X.push_back(be_.alloc(DType::BF16, {max_rows, hc, D}));
         ring.P.push_back(be_.alloc(DType::F32, {max_rows, hc}));
@@ -235,7 +246,6 @@ PassRunner::StateRing PassRunner::make_ring() {
     // The queues touch the buffers only once their (stream-ordered) allocation took effect.
     up_q_->wait_compute();
     down_q_->wait_compute();
-    return ring;
 }
 
 void PassRunner::ring_upload(StateRing& ring, size_t c) {
@@ -316,7 +326,8 @@ void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {
     // (a group's tokens end at or before t, and chunk boundaries inside a sequence are even), index
     // keys and candidate blocks of those groups. Rows of later positions in the arenas are never read
     // (masked / not indexed). So each chunk's KV part can run right before its attention part.
-    StateRing ring = make_ring();
+    StateRing ring;
+    init_ring(ring);
     ring_upload(ring, 0);
     for (size_t c = 0; c < chunks_.size(); ++c) {
         Chunk& ch = chunks_[c];
@@ -394,7 +405,8 @@ std::vector<SequenceScores> PassRunner::finish(const GlobalWeights& g, HiddenSin
     const bool cap_final = sink && std::find(opt_.capture_layers.begin(), opt_.capture_layers.end(),
                                              cfg_.n_layers) != opt_.capture_layers.end();
     std::vector<uint16_t> collapsed_host(static_cast<size_t>(cap_final ? total_rows_ * D : 0));
-    StateRing ring = make_ring();
+    StateRing ring;
+    init_ring(ring);
     ring_upload(ring, 0);
     for (size_t c = 0; c < chunks_.size(); ++c) {
         const Chunk& ch = chunks_[c];
@@ -466,6 +478,28 @@ std::vector<SequenceScores> PassRunner::finish(const GlobalWeights& g, HiddenSin
 
 std::vector<SequenceScores> PassRunner::run(const std::vector<std::vector<int32_t>>& seqs, HiddenSink* sink,
                                             const std::function<void(const LayerTiming&)>& on_layer) {
+    for (;;) {
+        try {
+            return run_pass(seqs, sink, on_layer);
+        } catch (const OutOfMemoryError& e) {
+            // DESIGN.md section 6: shrink the chunks and go on, never return wrong data. Nothing of
+            // the pass has left the runner (its captured rows are dropped by the sink).
+            if (opt_.max_batch_tokens <= kMinChunkRows) throw;
+            const int64_t rows = std::max<int64_t>(kMinChunkRows, opt_.max_batch_tokens / 2);
+            log_warn(strfmt("out of backend memory with chunks of %lld rows (%s); running the pass again "
+                            "with chunks of %lld rows",
+                            (long long)opt_.max_batch_tokens, e.what(), (long long)rows));
+            opt_.max_batch_tokens = rows;
+            ++oom_retries_;
+            if (sink) sink->restart_pass();
+            be_.synchronize();
+        }
+    }
+}
+
+std::vector<SequenceScores> PassRunner::run_pass(const std::vector<std::vector<int32_t>>& seqs,
+                                                 HiddenSink* sink,
+                                                 const std::function<void(const LayerTiming&)>& on_layer) {
     begin(seqs);
     auto captured = [&](int L) {
         return std::find(opt_.capture_layers.begin(), opt_.capture_layers.end(), L) !=

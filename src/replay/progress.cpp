@@ -104,7 +104,8 @@ std::string Progress::pass_done_line() const {
 }
 
 void Progress::layer_done(const LayerTiming& t) {
-    ++layers_done_;
+    // from the layer, not a count: a pass run again after running out of memory starts over
+    layers_done_ = t.layer < 0 ? n_layers_ + 1 : t.layer + 1;
     if (mode_ == Mode::None) return;
     emit(layer_line(t), false);
 }

@@ -147,16 +147,18 @@ Tensor CudaBackend::alloc(DType t, const Shape& shape) {
     if (bytes == 0) return x;
     const size_t rounded = (bytes + 255) / 256 * 256;
     if (in_use_.load() + rounded > budget_)
-        throw RuntimeError(
+        throw OutOfMemoryError(
             strfmt("GPU memory budget exceeded: %zu bytes in use + %zu requested > %zu budget (lower "
                    "--max-batch-tokens / --pass-tokens, or set DS4R_GPU_MEMORY_GB)",
                    in_use_.load(), rounded, budget_));
     void* p = nullptr;
     cudaError_t err = cudaMallocAsync(&p, rounded, stream_);
     if (err != cudaSuccess) {
-        cudaGetLastError();
-        throw RuntimeError(strfmt("cudaMallocAsync of %zu bytes failed (%s); %zu bytes in use", rounded,
-                                  cudaGetErrorString(err), in_use_.load()));
+        cudaGetLastError();  // an allocation failure is not sticky: clear it
+        const std::string msg = strfmt("cudaMallocAsync of %zu bytes failed (%s); %zu bytes in use", rounded,
+                                       cudaGetErrorString(err), in_use_.load());
+        if (err == cudaErrorMemoryAllocation) throw OutOfMemoryError(msg);
+        throw RuntimeError(msg);
     }
     size_t now = in_use_.fetch_add(rounded) + rounded;
     size_t hw = high_water_.load();
