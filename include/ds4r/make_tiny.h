@@ -92,6 +92,9 @@ struct MakeTinyOptions {
     uint64_t seed = 0;
     bool force = false;  // allow a non-empty OUT_DIR (stale model-*.safetensors are removed)
     int threads = 0;     // generator threads; <= 0: hardware concurrency (output does not depend on it)
+    // Every shard is written as headers plus holes (all weights read as zero bytes): a checkpoint of the
+    // released size and layout for checking inspect / validation at scale, not for scoring.
+    bool headers_only = false;
     // Called after each written chunk (at most every ~64 MiB) and at the end of every file.
     std::function<void(const MakeTinyProgress&)> progress;
 };

@@ -474,7 +474,13 @@ std::string make_readme(const MakeTinyPlan& p, uint64_t seed) {
         "%zu shards, %.3f GB of tensors.\n",
         tiny_preset_name(p.preset), (long long)c.n_layers, (unsigned long long)seed, (long long)c.vocab_size,
         (long long)c.engram_compressed_vocab_size, p.shards.size(), p.total_tensor_bytes / 1e9);
-    if (p.sparse_bytes > 0)
+    if (p.sparse_bytes == p.total_tensor_bytes && p.total_tensor_bytes > 0)
+        s += strfmt(
+            "HEADERS ONLY (--headers-only): every shard is its safetensors header plus holes; all %.1f GB of\n"
+            "tensors read as zero bytes. For checking inspect / validation at the released scale, not for "
+            "scoring.\n",
+            p.sparse_bytes / 1e9);
+    else if (p.sparse_bytes > 0)
         s += strfmt(
             "Engram tables are SPARSE files: only the safetensors header is written; the rows and scales "
             "are\n"
@@ -490,6 +496,10 @@ MakeTinyResult make_tiny(const std::string& out_dir, const MakeTinyOptions& opts
     const auto t0 = std::chrono::steady_clock::now();
     MakeTinyResult res;
     res.plan = plan_make_tiny(opts.preset, opts.layers);
+    if (opts.headers_only) {
+        for (auto& sh : res.plan.shards) sh.sparse = true;
+        res.plan.sparse_bytes = res.plan.total_tensor_bytes;
+    }
     const MakeTinyPlan& plan = res.plan;
     check_out_dir(out_dir, plan, opts.force);
     check_free_space(out_dir, plan);

@@ -20,6 +20,7 @@ struct MakeTinyArgs {
     int layers = 0;
     uint64_t seed = 0;
     bool force = false;
+    bool headers_only = false;
     int threads = 0;
 };
 
@@ -74,6 +75,9 @@ void add_make_tiny_command(CLI::App& root, std::vector<Command>& out) {
         ->check(CLI::Range(1, 40));
     c.app->add_option("--seed", a->seed, "Random seed (same seed => byte-identical output; default 0)");
     c.app->add_flag("--force", a->force, "Write into a non-empty OUT_DIR (its stale shards are removed)");
+    c.app->add_flag("--headers-only", a->headers_only,
+                    "Write every shard as its header plus holes (weights read as zeros): a checkpoint of the "
+                    "released size for inspect / validation checks, not for scoring");
     c.app
         ->add_option("--threads", a->threads,
                      "Generator threads (default: all cores; the bytes do not depend on it)")
@@ -85,6 +89,7 @@ void add_make_tiny_command(CLI::App& root, std::vector<Command>& out) {
         o.seed = a->seed;
         o.force = a->force;
         o.threads = a->threads;
+        o.headers_only = a->headers_only;
         auto printer = std::make_shared<ProgressPrinter>();
         o.progress = [printer](const MakeTinyProgress& p) { (*printer)(p); };
         MakeTinyResult r = make_tiny(a->out_dir, o);
