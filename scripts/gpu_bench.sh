@@ -9,17 +9,10 @@ mkdir -p "$OUT"
 LAYERS="${1:-4}"
 WORKLOADS="${2:-kernels,a,b,c}"
 MODEL="${DS4R_BENCH_MODEL:-/tmp/ds4r-fullwidth-$LAYERS}"
-export PATH=/usr/local/cuda/bin:$PATH
-if [ ! -x build-gpu/ds4replay ]; then
-  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DDS4R_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${DS4R_ARCHS:-90}" >/dev/null &&
-    cmake --build build-gpu -j "$(nproc)" --target ds4replay >/dev/null || { echo "build failed"; exit 1; }
-fi
-BIN=build-gpu/ds4replay
+source scripts/gpu_common.sh
+ensure_gpu_build
 t=$(date +%s)
-if [ ! -f "$MODEL/model.safetensors.index.json" ]; then
-  "$BIN" make-tiny "$MODEL" --preset full-width --layers "$LAYERS" --seed 1 --force 2> "$OUT/make_tiny.log" ||
-    { echo "make-tiny failed"; tail -5 "$OUT/make_tiny.log"; exit 1; }
-fi
+ensure_fullwidth_model "$MODEL" "$LAYERS" "$OUT/make_tiny.log"
 echo "== make-tiny full-width --layers $LAYERS: $(( $(date +%s) - t ))s, $(du -sh --apparent-size "$MODEL" | cut -f1) apparent, $(du -sh "$MODEL" | cut -f1) on disk"
 "$BIN" inspect --model "$MODEL" > "$OUT/inspect.txt" 2>&1 || echo "inspect failed"
 t=$(date +%s)

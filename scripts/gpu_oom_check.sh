@@ -10,16 +10,9 @@ OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 BUDGET="${1:-17}"
 MODEL="${DS4R_BENCH_MODEL:-/tmp/ds4r-fullwidth-4}"
-export PATH=/usr/local/cuda/bin:$PATH
-if [ ! -x build-gpu/ds4replay ]; then
-  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DDS4R_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${DS4R_ARCHS:-90}" >/dev/null &&
-    cmake --build build-gpu -j "$(nproc)" --target ds4replay >/dev/null || { echo "build failed"; exit 1; }
-fi
-BIN=build-gpu/ds4replay
-if [ ! -f "$MODEL/model.safetensors.index.json" ]; then
-  "$BIN" make-tiny "$MODEL" --preset full-width --layers 4 --seed 1 --force 2> "$OUT/make_tiny.log" ||
-    { echo "make-tiny failed"; tail -5 "$OUT/make_tiny.log"; exit 1; }
-fi
+source scripts/gpu_common.sh
+ensure_gpu_build
+ensure_fullwidth_model "$MODEL" 4 "$OUT/make_tiny.log"
 in="$OUT/oom_input.jsonl"
 python3 - "$in" <<'EOF'
 import json, random, sys

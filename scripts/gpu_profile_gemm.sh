@@ -10,16 +10,9 @@ OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 LAUNCHES="${1:-24}"
 MODEL="${DS4R_PROFILE_MODEL:-/tmp/ds4r-fullwidth-1}"
-export PATH=/usr/local/cuda/bin:$PATH
-if [ ! -x build-gpu/ds4replay ]; then
-  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DDS4R_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${DS4R_ARCHS:-90}" >/dev/null &&
-    cmake --build build-gpu -j "$(nproc)" --target ds4replay >/dev/null || { echo "build failed"; exit 1; }
-fi
-BIN=build-gpu/ds4replay
-if [ ! -f "$MODEL/model.safetensors.index.json" ]; then
-  "$BIN" make-tiny "$MODEL" --preset full-width --layers 1 --seed 1 --force 2> "$OUT/make_tiny_1.log" ||
-    { echo "make-tiny failed"; tail -5 "$OUT/make_tiny_1.log"; exit 1; }
-fi
+source scripts/gpu_common.sh
+ensure_gpu_build
+ensure_fullwidth_model "$MODEL" 1 "$OUT/make_tiny_1.log"
 # --clock-control none: leave the clocks as they are (the device notes ask for it).
 ncu --clock-control none -k regex:'gemm_kernel|grouped_fp4_kernel' --launch-count "$LAUNCHES" \
   --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats --section WarpStateStats \
