@@ -476,7 +476,8 @@ std::string make_readme(const MakeTinyPlan& p, uint64_t seed) {
         (long long)c.engram_compressed_vocab_size, p.shards.size(), p.total_tensor_bytes / 1e9);
     if (p.sparse_bytes == p.total_tensor_bytes && p.total_tensor_bytes > 0)
         s += strfmt(
-            "HEADERS ONLY (--headers-only): every shard is its safetensors header plus holes; all %.1f GB of\n"
+            "HEADERS ONLY (--headers-only): every shard is its safetensors header plus holes; all %.1f GB "
+            "of\n"
             "tensors read as zero bytes. For checking inspect / validation at the released scale, not for "
             "scoring.\n",
             p.sparse_bytes / 1e9);

@@ -486,9 +486,10 @@ std::vector<SequenceScores> PassRunner::run(const std::vector<std::vector<int32_
             // the pass has left the runner (its captured rows are dropped by the sink).
             if (opt_.max_batch_tokens <= kMinChunkRows) throw;
             const int64_t rows = std::max<int64_t>(kMinChunkRows, opt_.max_batch_tokens / 2);
-            log_warn(strfmt("out of backend memory with chunks of %lld rows (%s); running the pass again "
-                            "with chunks of %lld rows",
-                            (long long)opt_.max_batch_tokens, e.what(), (long long)rows));
+            log_warn(
+                strfmt("out of backend memory with chunks of %lld rows (%s); running the pass again "
+                       "with chunks of %lld rows",
+                       (long long)opt_.max_batch_tokens, e.what(), (long long)rows));
             opt_.max_batch_tokens = rows;
             ++oom_retries_;
             if (sink) sink->restart_pass();

@@ -747,12 +747,11 @@ TEST(MakeTinyCli, WritesACheckpointThatInspectAccepts) {
 // True when `dir`'s filesystem keeps holes (a 1 GiB ftruncate allocates almost nothing).
 bool holes_supported(const std::string& dir) {
     const std::string f = dir + "/hole-probe";
-    {
-        std::ofstream o(f);
-    }
+    { std::ofstream o(f); }
     std::filesystem::resize_file(f, uint64_t{1} << 30);
     struct stat st {};
-    const bool ok = ::stat(f.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_blocks) * 512 < (uint64_t{1} << 20);
+    const bool ok =
+        ::stat(f.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_blocks) * 512 < (uint64_t{1} << 20);
     std::filesystem::remove(f);
     return ok;
 }

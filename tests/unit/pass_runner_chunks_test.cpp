@@ -11,10 +11,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 #include <random>
 #include <vector>
-
-#include <map>
 
 #include "ds4r/checkpoint.h"
 #include "ds4r/error.h"
@@ -57,8 +56,8 @@ struct RunResult {
     int retries = 0;
 };
 
-RunResult score(Backend& be, const Checkpoint& ck, int64_t chunk_rows, const std::vector<std::vector<int32_t>>& seqs,
-          RowSink* sink = nullptr) {
+RunResult score(Backend& be, const Checkpoint& ck, int64_t chunk_rows,
+                const std::vector<std::vector<int32_t>>& seqs, RowSink* sink = nullptr) {
     auto eng = load_engram_resources(ck);
     auto ws = make_sync_weight_source(be, ck);
     ReplayOptions ro;
@@ -88,8 +87,8 @@ public:
             for (int64_t w : widths_)
                 if (width == w) {
                     ++refusals_;
-                    throw OutOfMemoryError(strfmt("fake: %lld rows of %lld refused", (long long)shape[0],
-                                                  (long long)width));
+                    throw OutOfMemoryError(
+                        strfmt("fake: %lld rows of %lld refused", (long long)shape[0], (long long)width));
                 }
         }
         return FakeAsyncBackend::alloc(t, shape);
