@@ -74,6 +74,8 @@ public:
     virtual void download(void* dst, const Tensor& src, size_t src_offset, size_t bytes) = 0;
     // Copies issued after this call start after the backend's compute work issued before it.
     virtual void wait_compute() = 0;
+    // False when every copy has completed by the time its call returns (the default queue).
+    virtual bool asynchronous() const { return true; }
     // Marks the point after every copy issued so far; returns its id.
     virtual uint64_t fence() = 0;
     // Blocks the calling host thread until the fence has completed.

@@ -61,6 +61,7 @@ public:
         be_.download(dst, src, src_offset, bytes);
     }
     void wait_compute() override {}  // compute is done when its call returns: copies run after it
+    bool asynchronous() const override { return false; }
     uint64_t fence() override { return ++n_; }
     void host_wait(uint64_t) override {}
     void compute_wait(uint64_t) override {}

@@ -229,9 +229,10 @@ PassRunner::StateRing::~StateRing() {
 }
 
 void PassRunner::init_ring(StateRing& ring) {
-    // Host-memory backends copy synchronously: two buffers suffice. Asynchronous ones get three, so
-    // that the upload of chunk c + 1 and the download of chunk c - 1 both overlap chunk c.
-    const size_t n = std::min<size_t>(be_.host_memory() ? 2 : 3, chunks_.size());
+    // Synchronous queues (the CPU backend's) need two buffers. Asynchronous ones get three, so that
+    // the upload of chunk c + 1 and the download of chunk c - 1 both overlap chunk c.
+    const bool async = up_q_->asynchronous() || down_q_->asynchronous();
+    const size_t n = std::min<size_t>(async ? 3 : 2, chunks_.size());
     const int64_t hc = cfg_.hc_mult, D = cfg_.dim;
     int64_t max_rows = 0;
     for (const Chunk& ch : chunks_) max_rows = std::max(max_rows, ch.r1 - ch.r0);
