@@ -123,7 +123,8 @@ TEST(ChunkRing, LateAsynchronousCopiesGiveTheSynchronousScores) {
     const auto seqs = sequences(ck.config().vocab_size);
     auto cpu = make_cpu_backend();
     const std::vector<SequenceScores> want = score(*cpu, ck, 4096, seqs).scores;
-    for (const auto& [chunk_rows, delay_us] : {std::pair<int64_t, int>{8, 300}, {2, 50}, {30, 1000}, {4, 4000}}) {
+    for (const auto& [chunk_rows, delay_us] :
+         {std::pair<int64_t, int>{8, 300}, {2, 50}, {30, 1000}, {4, 4000}}) {
         test::FakeAsyncBackend fake(static_cast<unsigned>(chunk_rows), delay_us);
         const std::vector<SequenceScores> got = score(fake, ck, chunk_rows, seqs).scores;
         expect_identical(want, got,
