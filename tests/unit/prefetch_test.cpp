@@ -39,6 +39,15 @@ std::vector<const TensorLocation*> tensors_of_layer(const Checkpoint& ckpt, int 
     return out;
 }
 
+// Layer L's tensor that comes first in the checkpoint's files (lowest shard, then offset).
+const TensorLocation* first_tensor_of_layer(const Checkpoint& ckpt, int layer) {
+    const TensorLocation* first = nullptr;
+    for (const TensorLocation* t : tensors_of_layer(ckpt, layer))
+        if (!first || (t->shard == first->shard ? t->offset < first->offset : t->shard < first->shard))
+            first = t;
+    return first;
+}
+
 std::vector<int> one_pass(const Checkpoint& ckpt) {
     std::vector<int> order;
     for (int L = 0; L < static_cast<int>(ckpt.config().n_layers); ++L) order.push_back(L);
@@ -482,14 +491,10 @@ class PrefetchErrorTest : public PrefetchTest, public ::testing::WithParamInterf
 
 TEST_P(PrefetchErrorTest, TruncatedShardIsNamedByAcquire) {
     const bool upload = GetParam();
-    const std::string dir = test::temp_dir("prefetch-trunc") + "/model";
-    fs::copy(test::golden_model_dir(), dir, fs::copy_options::recursive);
+    const std::string dir = test::copy_golden_model("prefetch-trunc");
     Checkpoint ckpt = Checkpoint::open(dir);
     // Cut the shard of layer 2 inside layer 2's first tensor.
-    const TensorLocation* first = nullptr;
-    for (const TensorLocation* t : tensors_of_layer(ckpt, 2))
-        if (!first || (t->shard == first->shard ? t->offset < first->offset : t->shard < first->shard))
-            first = t;
+    const TensorLocation* first = first_tensor_of_layer(ckpt, 2);
     ASSERT_NE(first, nullptr);
     const ShardInfo& shard = ckpt.shards().at(static_cast<size_t>(first->shard));
     for (int L = 0; L < 2; ++L)
@@ -532,13 +537,9 @@ class PrefetchPieceErrorTest : public PrefetchTest,
 
 TEST_P(PrefetchPieceErrorTest, FailedRequestStopsTheOtherReaders) {
     const auto [upload, threads] = GetParam();
-    const std::string dir = test::temp_dir("prefetch-piece-err") + "/model";
-    fs::copy(test::golden_model_dir(), dir, fs::copy_options::recursive);
+    const std::string dir = test::copy_golden_model("prefetch-piece-err");
     Checkpoint ckpt = Checkpoint::open(dir);
-    const TensorLocation* first = nullptr;
-    for (const TensorLocation* t : tensors_of_layer(ckpt, 2))
-        if (!first || (t->shard == first->shard ? t->offset < first->offset : t->shard < first->shard))
-            first = t;
+    const TensorLocation* first = first_tensor_of_layer(ckpt, 2);
     ASSERT_NE(first, nullptr);
     const ShardInfo& shard = ckpt.shards().at(static_cast<size_t>(first->shard));
     for (int L : {0, 1})
