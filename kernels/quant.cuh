@@ -1,5 +1,6 @@
 // Launch wrappers of the activation-quantization kernels (MODEL.md 5.1, 5.2), bit exact with the CPU
-// backend (src/backend/cpu/cpu_ref.h). Plain declarations: included by g++-compiled backend code.
+// backend (src/backend/cpu/cpu_ref.h; scalar steps shared in include/ds4r/numeric.h). Plain declarations:
+// included by g++-compiled backend code.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,21 +1,12 @@
-// Device building blocks of the activation quantizers (MODEL.md 5.1, 5.2): twins of the CPU's
-// src/backend/cpu/cpu_ref.h (fp8_quant_block, fp4_block_scale, fp4_quant_block), operation for
-// operation, so results are bit identical. Used by kernels/quant.cu and the MoE SwiGLU kernel.
-// Device code only; CUDA headers and common.cuh only.
+// Device building blocks of the activation quantizers (MODEL.md 5.1, 5.2): vector loads / stores and
+// the warp-level amax around the scalar steps of include/ds4r/numeric.h, which the CPU backend's
+// fp8_quant_block / fp4_quant_block (cpu_ref.h) use too, so results are bit identical. Used by
+// kernels/quant.cu and the MoE SwiGLU kernel. Device code only; CUDA headers and common.cuh only.
 #pragma once
 
 #include "common.cuh"
 
 namespace ds4r::kern {
-
-// The kernels multiply by the reciprocals as fp32 constants (1/448 and 1/6 rounded once from double).
-__device__ __forceinline__ float fp8_max_inv() {
-    return static_cast<float>(1.0 / 448.0);
-}
-__device__ __forceinline__ float fp4_max_inv() {
-    return static_cast<float>(1.0 / 6.0);
-}
-constexpr float kDevFp8AmaxFloor = 1e-4f;  // act_quant: amax.clamp_min(1e-4)
 
 // max that propagates NaN (torch.amax does; fmaxf would drop it).
 __device__ __forceinline__ float nan_max(float a, float b) {
@@ -24,51 +15,13 @@ __device__ __forceinline__ float nan_max(float a, float b) {
     return fmaxf(a, b);
 }
 
-// 2^ceil(log2(amax * max_inv)) by the kernels' bit trick (MODEL.md 5.1): biased exponent of the fp32
-// product, +1 when its mantissa is non-zero. A NaN product yields the bit pattern 0x80000000 (the
-// exponent overflows into the sign), exactly as the CPU twin computes it.
-__device__ __forceinline__ float ceil_pow2_scale(float amax, float max_inv) {
-    const uint32_t bits = __float_as_uint(__fmul_rn(amax, max_inv));
-    const int32_t e = static_cast<int32_t>((bits >> 23) & 0xffu) - 127 + ((bits & 0x7fffffu) != 0u ? 1 : 0);
-    return __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
-}
-__device__ __forceinline__ uint8_t e8m0_of_pow2(float s) {
-    return static_cast<uint8_t>((__float_as_uint(s) >> 23) & 0xffu);
-}
+// The scalar steps (fp8_block_scale, fp8_code, fp4_e8m0_block_scale, fp4_e4m3_block_scale_code,
+// fp4_code, e8m0_of_pow2) are include/ds4r/numeric.h's, shared with the CPU backend.
 
-// fp8 block scale from the raw (NaN-propagating) amax: floor 1e-4, rounded up to a power of two.
-__device__ __forceinline__ float fp8_block_scale(float amax) {
-    if (!(amax >= kDevFp8AmaxFloor) && !(amax != amax)) amax = kDevFp8AmaxFloor;
-    return ceil_pow2_scale(amax, fp8_max_inv());
-}
-// e4m3 code of x / s, clamped to +-448, RNE saturating (division by a power of two: exact).
-__device__ __forceinline__ uint8_t fp8_code(float x, float s) {
-    float v = __fdiv_rn(x, s);
-    if (v > 448.0f) v = 448.0f;
-    if (v < -448.0f) v = -448.0f;
-    return f32_to_e4m3(v);
-}
-
-// fp4 scale from the raw amax (MODEL.md 5.2, 8.2). e4m3_16 = false: E8M0 branch (floor 6 * 2^-126,
-// power of two rounded up); true: E4M3 branch (floor 6 * 2^-9, e4m3(amax / 6) with a true division).
+// fp4 scale from the raw amax (MODEL.md 5.2, 8.2): e4m3_16 = false: E8M0 branch, true: E4M3 branch
+// (the scale is the e4m3 value of its code).
 __device__ __forceinline__ float fp4_block_scale(float amax, bool e4m3_16) {
-    if (!e4m3_16) {
-        const float floor_v = 0x1.8p-124f;  // 6 * 2^-126
-        if (!(amax >= floor_v) && !(amax != amax)) amax = floor_v;
-        return ceil_pow2_scale(amax, fp4_max_inv());
-    }
-    const float floor_v = 0x1.8p-7f;  // 6 * 2^-9
-    if (!(amax >= floor_v) && !(amax != amax)) amax = floor_v;
-    float r = __fdiv_rn(amax, 6.0f);
-    if (r > 448.0f) r = 448.0f;
-    return e4m3_to_f32(f32_to_e4m3(r));
-}
-// e2m1 code of x / s: true fp32 division, clamp +-6, ties to the even code.
-__device__ __forceinline__ uint32_t fp4_code(float x, float s) {
-    float v = __fdiv_rn(x, s);
-    if (v > 6.0f) v = 6.0f;
-    if (v < -6.0f) v = -6.0f;
-    return f32_to_e2m1(v);
+    return e4m3_16 ? e4m3_to_f32(fp4_e4m3_block_scale_code(amax)) : fp4_e8m0_block_scale(amax);
 }
 
 // 8 consecutive bf16 values <-> fp32 (a 16-byte vector access when kVec).

@@ -21,9 +21,10 @@ struct ScoreOptions {
     HiddenMode hidden_mode = HiddenMode::Mean;
     std::string backend = "auto";  // auto | cuda | cpu
     int device = 0;
-    int64_t max_batch_tokens = 0;  // 0 = sized from free backend memory
-    int64_t pass_tokens = 0;       // 0 = sized from available host / backend memory
-    int64_t max_seq_len = 0;       // 0 = max_position_embeddings of the config
+    double gpu_memory_gb = 0;  // CUDA memory budget (--gpu-memory-gb); 0: the default 22 GB
+    int64_t chunk_rows = 0;    // 0 = sized from free backend memory
+    int64_t pass_tokens = 0;   // 0 = sized from available host / backend memory
+    int64_t max_seq_len = 0;   // 0 = max_position_embeddings of the config
     bool resume = false;
     bool skip_bad = false;
     // Before scoring, check that the Engram hash multipliers derived from numpy's
@@ -37,10 +38,6 @@ struct ScoreSummary {
     int64_t sequences = 0, tokens = 0, resumed = 0, bad_lines = 0, passes = 0;
     double seconds = 0;
 };
-
-// "auto": CUDA when a usable GPU is present, else the CPU backend. Throws RuntimeError for
-// "cuda" without a GPU (the message says why).
-std::unique_ptr<Backend> select_backend(const std::string& kind, int device);
 
 ScoreSummary run_score(const ScoreOptions& opt);
 

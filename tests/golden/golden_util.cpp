@@ -6,10 +6,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "ds4r/backend.h"
 #include "ds4r/file_util.h"
 #include "ds4r/numeric.h"
 #include "ds4r/output.h"
-#include "ds4r/score.h"
 #include "test_util.h"
 
 namespace ds4r::test {
@@ -103,12 +103,12 @@ GoldenModel& golden_model(const std::string& backend) {
     return *m;
 }
 
-std::map<int, std::string> score_golden(const std::vector<std::vector<int>>& groups, int64_t max_batch_tokens,
+std::map<int, std::string> score_golden(const std::vector<std::vector<int>>& groups, int64_t chunk_rows,
                                         MemSink* sink, const std::string& backend) {
     GoldenModel& gm = golden_model(backend);
     auto seqs = golden_sequences();
     ReplayOptions ro;
-    ro.max_batch_tokens = max_batch_tokens;
+    ro.chunk_rows = chunk_rows;
     ro.top_k = 8;
     if (sink) ro.capture_layers = {2, 6};
     PassRunner runner(*gm.be, *gm.ckpt, *gm.weights, gm.engram.get(), ro);

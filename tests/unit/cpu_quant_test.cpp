@@ -136,14 +136,14 @@ TEST(CpuQuant, E2m1ExhaustiveRoundTripAndTiesToEvenCode) {
 
 TEST(CpuQuant, CeilPow2ScaleKeepsExactPowersAndRoundsUp) {
     // amax * fp32(1/448) with a zero mantissa stays; anything else goes to the next power of two.
-    EXPECT_EQ(cpuref::ceil_pow2_scale(2.0f, 0.5f), 1.0f);
-    EXPECT_EQ(cpuref::ceil_pow2_scale(3.0f, 0.5f), 2.0f);
-    EXPECT_EQ(cpuref::ceil_pow2_scale(0.75f, 1.0f), 1.0f);
-    EXPECT_EQ(cpuref::ceil_pow2_scale(448.0f, cpuref::kFp8MaxInv),
-              f32_bits(448.0f * cpuref::kFp8MaxInv) == f32_bits(1.0f) ? 1.0f : 2.0f);
+    EXPECT_EQ(ceil_pow2_scale(2.0f, 0.5f), 1.0f);
+    EXPECT_EQ(ceil_pow2_scale(3.0f, 0.5f), 2.0f);
+    EXPECT_EQ(ceil_pow2_scale(0.75f, 1.0f), 1.0f);
+    EXPECT_EQ(ceil_pow2_scale(448.0f, kFp8MaxInv),
+              f32_bits(448.0f * kFp8MaxInv) == f32_bits(1.0f) ? 1.0f : 2.0f);
     // The e8m0 byte is the scale's biased exponent.
-    EXPECT_EQ(cpuref::e8m0_of_pow2(1.0f), 127);
-    EXPECT_EQ(cpuref::e8m0_of_pow2(std::ldexp(1.0f, -20)), 107);
+    EXPECT_EQ(e8m0_of_pow2(1.0f), 127);
+    EXPECT_EQ(e8m0_of_pow2(std::ldexp(1.0f, -20)), 107);
     // An all-zero block: the 1e-4 floor gives the scale 2^ceil(log2(1e-4 / 448)) = 2^-22.
     uint16_t zeros[32] = {};
     uint8_t q[32], sb = 0;
@@ -160,9 +160,9 @@ TEST(CpuQuant, E4m3ScaleDivisionEqualsReciprocalMultiplyForEveryBf16Amax) {
     int differ = 0;
     for (uint32_t b = 1; b < 0x7f80; ++b) {
         float amax = bf16_to_f32(static_cast<uint16_t>(b));
-        if (amax < cpuref::kFp4E4m3AmaxFloor) amax = cpuref::kFp4E4m3AmaxFloor;
+        if (amax < kFp4E4m3AmaxFloor) amax = kFp4E4m3AmaxFloor;
         const uint8_t by_div = f32_to_e4m3(std::min(amax / 6.0f, 448.0f));
-        const uint8_t by_mul = f32_to_e4m3(std::min(amax * cpuref::kFp4MaxInv, 448.0f));
+        const uint8_t by_mul = f32_to_e4m3(std::min(amax * kFp4MaxInv, 448.0f));
         differ += by_div != by_mul;
     }
     EXPECT_EQ(differ, 0);

@@ -71,10 +71,10 @@ TEST(CpuRope, TablesMatchTheGoldenTablesBitForBit) {
 
 TEST(CpuRope, YarnBandAndBlendOfTheReleasedModel) {
     int64_t low = 0, high = 0;
-    cpuref::yarn_band(160000.0, 65536, 32.0, 1.0, 64, &low, &high);
+    yarn_band(160000.0, 65536, 32.0, 1.0, 64, &low, &high);
     EXPECT_EQ(low, 15);  // MODEL.md 4.0: pairs 0..15 keep their frequency, >= 25 are divided by 16
     EXPECT_EQ(high, 25);
-    cpuref::yarn_band(160000.0, 32, 32.0, 1.0, 16, &low, &high);
+    yarn_band(160000.0, 32, 32.0, 1.0, 16, &low, &high);
     EXPECT_EQ(low, 0);
     EXPECT_EQ(high, 2);
     float plain[32], yarn[32];

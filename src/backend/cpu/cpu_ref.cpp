@@ -47,46 +47,26 @@ float block_amax_bf16(const uint16_t* x, int64_t n) {
 
 float fp8_quant_block(const uint16_t* x, int64_t n, uint8_t* q, uint8_t* scale_byte) {
     // MODEL.md 5.1: amax floored at 1e-4, scale rounded UP to a power of two, clamp +-448, RNE.
-    float amax = block_amax_bf16(x, n);
-    if (!(amax >= kFp8AmaxFloor) && !std::isnan(amax)) amax = kFp8AmaxFloor;
-    const float s = ceil_pow2_scale(amax, kFp8MaxInv);
-    for (int64_t i = 0; i < n; ++i) {
-        float v = bf16_to_f32(x[i]) / s;  // division by a power of two: exact
-        if (v > kFp8Max) v = kFp8Max;
-        if (v < -kFp8Max) v = -kFp8Max;
-        q[i] = f32_to_e4m3(v);
-    }
+    const float s = fp8_block_scale(block_amax_bf16(x, n));
+    for (int64_t i = 0; i < n; ++i) q[i] = fp8_code(bf16_to_f32(x[i]), s);
     if (scale_byte) *scale_byte = e8m0_of_pow2(s);
     return s;
 }
 
 float fp4_block_scale(float amax, Fp4Scale kind, uint8_t* scale_byte) {
     if (kind == Fp4Scale::E8M0_32) {
-        // MODEL.md 5.2 E8M0 branch: floor 6 * 2^-126, power of two rounded up.
-        if (!(amax >= kFp4E8m0AmaxFloor) && !std::isnan(amax)) amax = kFp4E8m0AmaxFloor;
-        const float s = ceil_pow2_scale(amax, kFp4MaxInv);
+        const float s = fp4_e8m0_block_scale(amax);
         if (scale_byte) *scale_byte = e8m0_of_pow2(s);
         return s;
     }
-    // MODEL.md 5.2 / 8.2 E4M3 branch: floor 6 * 2^-9 (an all-zero block still gets 2^-9), then
-    // s = e4m3(amax / 6) with a TRUE fp32 division, RNE, saturating at 448. (The golden quant data
-    // distinguishes this from amax * fp32(1/6): see cpu_quant_test.)
-    if (!(amax >= kFp4E4m3AmaxFloor) && !std::isnan(amax)) amax = kFp4E4m3AmaxFloor;
-    float r = amax / kFp4Max;
-    if (r > kFp8Max) r = kFp8Max;
-    const uint8_t code = f32_to_e4m3(r);
+    const uint8_t code = fp4_e4m3_block_scale_code(amax);
     if (scale_byte) *scale_byte = code;
     return e4m3_to_f32(code);
 }
 
 float fp4_quant_block(const uint16_t* x, int64_t n, Fp4Scale kind, uint8_t* codes, uint8_t* scale_byte) {
     const float s = fp4_block_scale(block_amax_bf16(x, n), kind, scale_byte);
-    for (int64_t i = 0; i < n; ++i) {
-        float v = bf16_to_f32(x[i]) / s;  // true fp32 division (not exact for e4m3 scales)
-        if (v > kFp4Max) v = kFp4Max;
-        if (v < -kFp4Max) v = -kFp4Max;
-        codes[i] = f32_to_e2m1(v);
-    }
+    for (int64_t i = 0; i < n; ++i) codes[i] = fp4_code(bf16_to_f32(x[i]), s);
     return s;
 }
 
@@ -177,17 +157,6 @@ void hc_split_sinkhorn(const float* m, const float* scale, const float* base, in
 }
 
 // ------------------------------------------------------------------ RoPE tables
-
-void yarn_band(double base, int64_t orig, double beta_fast, double beta_slow, int64_t rd, int64_t* low,
-               int64_t* high) {
-    const double pi = 3.141592653589793;
-    auto corrected_dim = [&](double rotations) {
-        return static_cast<double>(rd) * std::log(static_cast<double>(orig) / (rotations * 2 * pi)) /
-               (2 * std::log(base));
-    };
-    *low = std::max<int64_t>(static_cast<int64_t>(std::floor(corrected_dim(beta_fast))), 0);
-    *high = std::min<int64_t>(static_cast<int64_t>(std::ceil(corrected_dim(beta_slow))), rd - 1);
-}
 
 void rope_inv_freqs(double base, double factor, int64_t orig, double beta_fast, double beta_slow, int64_t rd,
                     float* f) {

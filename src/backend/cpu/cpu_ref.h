@@ -13,31 +13,13 @@
 
 #include "ds4r/backend.h"
 #include "ds4r/numeric.h"
+#include "ds4r/yarn.h"
 
 namespace ds4r::cpuref {
 
-// ------------------------------------------------------------------ constants (MODEL.md 5.1, 5.2)
-// The kernels multiply by the reciprocals as fp32 constants (1/448 and 1/6 rounded once from double).
-inline const float kFp8MaxInv = static_cast<float>(1.0 / 448.0);
-inline const float kFp4MaxInv = static_cast<float>(1.0 / 6.0);
-inline constexpr float kFp8Max = 448.0f;
-inline constexpr float kFp4Max = 6.0f;
-inline constexpr float kFp8AmaxFloor = 1e-4f;                   // act_quant: amax.clamp_min(1e-4)
-inline const float kFp4E8m0AmaxFloor = std::ldexp(6.0f, -126);  // fp4 E8M0 branch: 6 * 2^-126
-inline const float kFp4E4m3AmaxFloor = std::ldexp(6.0f, -9);    // fp4 E4M3 branch: 6 * 2^-9
-
-// 2^ceil(log2(amax * max_inv)) with the kernels' bit trick (MODEL.md 5.1): biased exponent of the
-// fp32 product, plus one when its mantissa is non-zero, so an exact power of two stays.
-inline float ceil_pow2_scale(float amax, float max_inv) {
-    const uint32_t bits = f32_bits(amax * max_inv);
-    const int32_t exp_field = static_cast<int32_t>((bits >> 23) & 0xffu);
-    const int32_t e = exp_field - 127 + ((bits & 0x7fffffu) != 0 ? 1 : 0);
-    return bits_f32(static_cast<uint32_t>(e + 127) << 23);
-}
-// e8m0 byte of a power-of-two scale (its biased exponent field).
-inline uint8_t e8m0_of_pow2(float s) {
-    return static_cast<uint8_t>((f32_bits(s) >> 23) & 0xffu);
-}
+// The scalar quantization steps and their constants (kFp8MaxInv, fp8_block_scale, fp8_code,
+// fp4_e8m0_block_scale, fp4_e4m3_block_scale_code, fp4_code, ...) are include/ds4r/numeric.h's,
+// shared with the CUDA kernels.
 
 // amax = max |x| of a block of bf16 values, in fp32 (exact; NaN-propagating like torch.amax).
 float block_amax_bf16(const uint16_t* x, int64_t n);
@@ -112,13 +94,7 @@ inline float sum_sq_bf16_f32(const uint16_t* x, int64_t n) {
 float topk_weight_sum(const float* w, int k);
 
 // ------------------------------------------------------------------ top-k (MODEL.md 8.1)
-// CUDA torch.topk's radix order key: a larger key is a larger value; NaN is the largest; -0 < +0
-// (the key distinguishes the two zeros, so they never tie).
-inline uint32_t topk_order_key(float v) {
-    const uint32_t x = f32_bits(v);
-    if (std::isnan(v)) return 0xffffffffu;
-    return (x & 0x80000000u) ? ~x : (x | 0x80000000u);
-}
+// Order key: topk_order_key (include/ds4r/numeric.h, shared with the CUDA router).
 // Indices of the k largest of values[0..n) under CUDA torch.topk's rule: every index whose value is
 // strictly greater than the k-th largest, in ascending index order, then the indices whose value
 // equals it, in ascending index order, until k are taken. Returned in that selection order.
@@ -145,10 +121,7 @@ void hc_split_sinkhorn(const float* mixes, const float* scale, const float* base
                        float eps, float* pre, float* post, float* comb);
 
 // ------------------------------------------------------------------ RoPE (MODEL.md 4.0, 8.3)
-// YaRN correction band (MODEL.md 4.0): low = max(floor(corrected_dim(beta_fast)), 0),
-// high = min(ceil(corrected_dim(beta_slow)), rd - 1), in Python double arithmetic.
-void yarn_band(double base, int64_t orig, double beta_fast, double beta_slow, int64_t rd, int64_t* low,
-               int64_t* high);
+// YaRN correction band: yarn_band (include/ds4r/yarn.h, shared with the CUDA backend).
 // Inverse frequencies f[rd / 2] in fp32, in model.py precompute_freqs_cis's order:
 // f = 1 / pow(base, (2i) / rd) (pow correctly rounded); with YaRN (orig > 0):
 // ramp = clamp((i - low) / max(high - low, 0.001), 0, 1), smooth = 1 - ramp,
