@@ -5,7 +5,7 @@
 // two CTAs per SM); the experts' grouped GEMM uses 128 x 128 (the routing plan's 128-row tiles). The
 // choice depends on M but no result does: every output element's instruction sequence is the same in
 // both (gemm_tile.cuh NUMERICS; tests/cuda/cuda_gemm_paths_test.cpp checks it bitwise against the
-// reference kernels of gemm_oracle.cu).
+// reference kernels of tests/cuda/testkit/gemm_oracle.cu).
 #include "gemm.cuh"
 #include "gemm_tile.cuh"
 
@@ -301,16 +301,6 @@ cudaError_t launch_grouped_gemm_fp4(const GroupedFp4Gemm& g, cudaStream_t stream
         if (err != cudaSuccess) return err;
     }
     return cudaSuccess;
-}
-
-int gemm_smem_bytes_bf16() {
-    return Bf16Big<false>::kSmemBytes;
-}
-int gemm_smem_bytes_fp8() {
-    return Fp8Big::kSmemBytes;
-}
-int gemm_smem_bytes_fp4() {
-    return Fp4Big::kSmemBytes;
 }
 
 }  // namespace ds4r::kern

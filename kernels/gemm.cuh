@@ -1,4 +1,5 @@
-// Launch wrappers of the GEMM kernels (kernels/gemm.cu, gemm_simt.cu, gemm_oracle.cu, gemm_peak.cu).
+// Launch wrappers of the GEMM kernels (kernels/gemm.cu, gemm_simt.cu, gemm_peak.cu; the reference
+// kernels the tests hold them to are tests/cuda/testkit/gemm_oracle.cu).
 // Plain declarations: included by g++-compiled backend code. All matrices are row major; A [M, K] are
 // activations, W [N, K] weights (K contiguous), C = A . W^T [M, N]. Pitches are in ELEMENTS of the
 // named type. Every kernel fixes each output element's reduction order (instruction sequence); tile
@@ -65,25 +66,6 @@ struct GroupedFp4Gemm {
     uint16_t* y[2];              // bf16 [pairs, N]
 };
 cudaError_t launch_grouped_gemm_fp4(const GroupedFp4Gemm& g, cudaStream_t stream);
-
-// Dynamic shared memory the tensor-core kernels need (for reports / the benchmark).
-int gemm_smem_bytes_bf16();
-int gemm_smem_bytes_fp8();
-int gemm_smem_bytes_fp4();
-
-// Reference kernels for the tests (kernels/gemm_oracle.cu): the exact per-element instruction
-// sequences the kernels above must reproduce bit for bit, one 16 x 8 block per warp from global
-// memory. Same arguments as their fast twins, except that q holds Fp8CodeOrder::Canonical codes.
-cudaError_t launch_gemm_bf16_oracle(const uint16_t* x, int64_t lda, int64_t x_goff, const uint16_t* w,
-                                    int64_t ldw, int64_t w_goff, void* y, bool y_f32, int64_t ldc,
-                                    int64_t y_goff, int64_t M, int64_t N, int64_t K, int64_t groups,
-                                    cudaStream_t stream);
-cudaError_t launch_gemm_fp8_oracle(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
-                                   uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K,
-                                   cudaStream_t stream);
-cudaError_t launch_gemm_fp4_oracle(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
-                                   uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K,
-                                   cudaStream_t stream);
 
 // mma.sync peak microbenchmark (kernels/gemm_peak.cu): `blocks` blocks of mma_peak_threads_per_block()
 // threads, each warp issuing iters x 16 independent m16n8k16 bf16 -> fp32 MMAs from registers;

@@ -5,7 +5,7 @@
 //
 // NUMERICS: each output element's result is fixed by its own instruction sequence, which no tile
 // shape, warp layout or row count changes (an mma.sync element depends on its row of A, its column of
-// B and its accumulator only). The sequences are those of kernels/gemm_oracle.cu, bit for bit:
+// B and its accumulator only). The sequences are those of tests/cuda/testkit/gemm_oracle.cu, bit for bit:
 // - bf16 x bf16: acc = mma(A[., 16s .. 16s+15], B[., 16s ..], acc) for s = 0 .. 2 * ceil(K / 32) - 1
 //   in order (operands beyond K are zero), acc from +0; out bf16 (one RNE rounding) or f32.
 // - block-scaled (MODEL.md 5.3): per 32-wide K block kb a fresh partial P = mma(h1, mma(h0, +0)) on

@@ -1,10 +1,15 @@
 // Built when the CUDA backend is compiled out (no nvcc): --backend cuda reports why.
 #include "ds4r/backend.h"
+#include "ds4r/kernel_bench.h"
 
 namespace ds4r {
 
-std::unique_ptr<Backend> make_cuda_backend(int, std::string* why) {
+std::unique_ptr<Backend> make_cuda_backend(int, std::string* why, double) {
     if (why) *why = "this ds4replay was built without CUDA (no nvcc at configure time)";
+    return nullptr;
+}
+
+std::unique_ptr<KernelBench> make_kernel_bench(Backend&) {
     return nullptr;
 }
 

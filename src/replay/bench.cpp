@@ -9,14 +9,12 @@
 #include <random>
 #include <sstream>
 
+#include "ds4r/backend.h"
 #include "ds4r/checkpoint.h"
+#include "ds4r/kernel_bench.h"
 #include "ds4r/log.h"
 #include "ds4r/replay.h"
-#include "ds4r/score.h"
-#ifdef DS4R_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_bench.h"
-#endif
+#include "ds4r/settings.h"
 
 namespace ds4r {
 
@@ -82,12 +80,11 @@ std::string percent_of(double value, double reference) {
     return reference > 0 ? strfmt("%.0f%%", 100 * value / reference) : std::string("-");
 }
 
-#ifdef DS4R_HAVE_CUDA
-void bench_kernels(CudaBackend& cb, const ModelConfig& c, const BenchOptions& opt, Csv& csv, std::FILE* out,
+void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& opt, Csv& csv, std::FILE* out,
                    double* bf16_peak) {
     const int it = opt.iters;
-    const double peak = bench_cublas_bf16_tflops(cb, 8192, 8192, 8192, it);
-    const double mma_peak = bench_mma_sync_peak_tflops(cb);
+    const double peak = kb.cublas_bf16_tflops(8192, 8192, 8192, it);
+    const double mma_peak = kb.mma_sync_peak_tflops();
     *bf16_peak = peak;
     std::fprintf(
         out,
@@ -118,10 +115,10 @@ void bench_kernels(CudaBackend& cb, const ModelConfig& c, const BenchOptions& op
         {"expert w2 fp4 (dense M)", M, c.dim, c.moe_inter_dim, 1},
     };
     for (const Shape& s : shapes) {
-        double ours = s.kind == 0   ? bench_linear_fp8_tflops(cb, s.m, s.n, s.k, it)
-                      : s.kind == 1 ? bench_linear_fp4_tflops(cb, s.m, s.n, s.k, it)
-                                    : bench_linear_bf16_tflops(cb, s.m, s.n, s.k, it);
-        double ref = bench_cublas_bf16_tflops(cb, s.m, s.n, s.k, it);
+        double ours = s.kind == 0   ? kb.linear_fp8_tflops(s.m, s.n, s.k, it)
+                      : s.kind == 1 ? kb.linear_fp4_tflops(s.m, s.n, s.k, it)
+                                    : kb.linear_bf16_tflops(s.m, s.n, s.k, it);
+        double ref = kb.cublas_bf16_tflops(s.m, s.n, s.k, it);
         std::fprintf(out, "  %-32s %6lld %6lld %6lld %10.1f %10.1f %7.0f%% %7.0f%% %8.0f%%\n", s.name,
                      (long long)s.m, (long long)s.n, (long long)s.k, ours, ref, 100 * ours / ref,
                      100 * ours / peak, 100 * ours / mma_peak);
@@ -137,9 +134,8 @@ void bench_kernels(CudaBackend& cb, const ModelConfig& c, const BenchOptions& op
     const Grouped grouped[] = {{"experts w1+w3 fp4 (grouped)", c.moe_inter_dim, c.dim, 2},
                                {"experts w2 fp4 (grouped)", c.dim, c.moe_inter_dim, 1}};
     for (const Grouped& g : grouped) {
-        const double ours =
-            bench_grouped_fp4_tflops(cb, c.n_routed_experts, per_expert, g.n, g.k, g.proj, it);
-        const double ref = bench_cublas_bf16_tflops(cb, per_expert, g.n, g.k, it);
+        const double ours = kb.grouped_fp4_tflops(c.n_routed_experts, per_expert, g.n, g.k, g.proj, it);
+        const double ref = kb.cublas_bf16_tflops(per_expert, g.n, g.k, it);
         std::fprintf(out, "  %-32s %6lld %6lld %6lld %10.1f %10.1f %7.0f%% %7.0f%% %8.0f%%\n", g.name,
                      (long long)per_expert, (long long)g.n, (long long)g.k, ours, ref, 100 * ours / ref,
                      100 * ours / peak, 100 * ours / mma_peak);
@@ -147,10 +143,9 @@ void bench_kernels(CudaBackend& cb, const ModelConfig& c, const BenchOptions& op
                 strfmt("experts=%lld cublas_one_expert=%.3f", (long long)c.n_routed_experts, ref));
     }
 }
-#endif
 
-void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* eng, const Workload& w,
-                    const BenchOptions& opt, double bf16_peak, Csv& csv, std::FILE* out) {
+void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const EngramResources* eng,
+                    const Workload& w, const BenchOptions& opt, double bf16_peak, Csv& csv, std::FILE* out) {
     const ModelConfig& c = ck.config();
     auto seqs = make_sequences(w, c.vocab_size, opt.seed);
     const int64_t total = w.sequences * w.tokens;
@@ -162,12 +157,8 @@ void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* en
     std::unique_ptr<WeightSource> ws =
         opt.prefetch ? make_prefetch_weight_source(be, ck, po) : make_sync_weight_source(be, ck);
     ReplayOptions ro;
-    ro.max_batch_tokens =
-        opt.max_batch_tokens > 0 ? opt.max_batch_tokens : default_chunk_rows(c, be.free_memory());
-#ifdef DS4R_HAVE_CUDA
-    auto* cb = dynamic_cast<CudaBackend*>(&be);
-    if (cb) cb->reset_high_water();
-#endif
+    ro.chunk_rows = resolve_chunk_rows(opt.chunk_rows, c, be.free_memory());
+    if (kb) kb->reset_memory_high_water();
     PassRunner runner(be, ck, *ws, eng, ro);
     be.profile_reset();
     std::vector<LayerTiming> timings;
@@ -177,7 +168,7 @@ void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* en
     const WeightSourceStats st = ws->stats();
     std::fprintf(out, "\nworkload %s: %lld x %lld tokens (%lld), chunks of %lld rows, %s weights\n",
                  w.name.c_str(), (long long)w.sequences, (long long)w.tokens, (long long)total,
-                 (long long)ro.max_batch_tokens, opt.prefetch ? "prefetched" : "synchronous");
+                 (long long)ro.chunk_rows, opt.prefetch ? "prefetched" : "synchronous");
     std::fprintf(out, "  %-6s %9s %8s %8s %8s %8s %8s %7s %9s %7s\n", "layer", "GB", "read s", "upload s",
                  "compute s", "stall s", "wall s", "overlap", "TFLOP/s", "of bf16");
     double sum_wall = 0, sum_bound = 0, sum_compute = 0, sum_flops = 0;
@@ -251,9 +242,7 @@ void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* en
     std::fprintf(out, "  projected to 40 layers (%s): %.1f s per pass, %.0f tokens/s\n", how.c_str(),
                  projected, projected > 0 ? static_cast<double>(total) / projected : 0.0);
     double gpu_hw = 0;
-#ifdef DS4R_HAVE_CUDA
-    if (cb) gpu_hw = static_cast<double>(cb->high_water());
-#endif
+    if (kb) gpu_hw = static_cast<double>(kb->memory_high_water());
     std::fprintf(out,
                  "  weights read: %.2f GB in %.2f s of reading (%.2f GB/s; %llu requests, %.0f%% O_DIRECT, "
                  "%d reader threads)\n",
@@ -296,7 +285,7 @@ void bench_workload(Backend& be, const Checkpoint& ck, const EngramResources* en
 int run_bench(const BenchOptions& opt, std::FILE* out) {
     Checkpoint ck = Checkpoint::open(opt.model_dir);
     const ModelConfig& c = ck.config();
-    auto be = select_backend(opt.backend, opt.device);
+    auto be = select_backend(opt.backend, opt.device, opt.gpu_memory_gb);
     std::fprintf(out, "ds4replay bench: %s, %lld layers, dim %lld, %lld experts; backend %s\n",
                  opt.model_dir.c_str(), (long long)c.n_layers, (long long)c.dim,
                  (long long)c.n_routed_experts, be->name().c_str());
@@ -308,28 +297,25 @@ int run_bench(const BenchOptions& opt, std::FILE* out) {
         while (std::getline(ss, x, ','))
             if (!x.empty()) wl.push_back(x);
     }
+    const std::unique_ptr<KernelBench> kb = make_kernel_bench(*be);  // nullptr: not a CUDA backend
     double bf16_peak = 0;
     for (const auto& w : wl) {
         if (w == "kernels") {
-#ifdef DS4R_HAVE_CUDA
-            if (auto* cb = dynamic_cast<CudaBackend*>(be.get())) {
-                bench_kernels(*cb, c, opt, csv, out, &bf16_peak);
+            if (kb) {
+                bench_kernels(*kb, c, opt, csv, out, &bf16_peak);
                 continue;
             }
-#endif
             std::fprintf(out, "\nkernels: skipped (needs the CUDA backend)\n");
         }
     }
-#ifdef DS4R_HAVE_CUDA
     // Workloads report their GEMM rate as a fraction of the measured bf16 rate: measure it when the
     // kernel benchmarks did not.
-    if (auto* cb = dynamic_cast<CudaBackend*>(be.get()); cb && bf16_peak <= 0) {
-        bf16_peak = bench_cublas_bf16_tflops(*cb, 8192, 8192, 8192, opt.iters);
+    if (kb && bf16_peak <= 0) {
+        bf16_peak = kb->cublas_bf16_tflops(8192, 8192, 8192, opt.iters);
         std::fprintf(out, "\ncuBLAS bf16 8192^3 measured %.1f TFLOP/s (the workloads' reference rate)\n",
                      bf16_peak);
         csv.row("kernels", "cublas_bf16_8192", -1, 0, 8192, 8192, 8192, bf16_peak, "TFLOP/s");
     }
-#endif
     auto eng = load_engram_resources(ck);
     for (const auto& w : wl) {
         Workload wk;
@@ -343,7 +329,7 @@ int run_bench(const BenchOptions& opt, std::FILE* out) {
             continue;
         else
             throw InputError("bench: unknown workload '" + w + "' (kernels, a, b, c)");
-        bench_workload(*be, ck, eng.get(), wk, opt, bf16_peak, csv, out);
+        bench_workload(*be, kb.get(), ck, eng.get(), wk, opt, bf16_peak, csv, out);
         std::fflush(out);
     }
     return 0;

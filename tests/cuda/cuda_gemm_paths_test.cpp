@@ -1,6 +1,6 @@
 // The tensor-core GEMMs against their reference kernels, BITWISE (kernels/gemm_tile.cuh NUMERICS):
 // every output element of linear_fp8 / linear_fp4 / linear_bf16 / linear_f32 / linear_wo_a and of the
-// experts' grouped kernel must equal, bit for bit, what kernels/gemm_oracle.cu computes with the
+// experts' grouped kernel must equal, bit for bit, what tests/cuda/testkit/gemm_oracle.cu computes with the
 // plain per-element instruction sequence (one warp per 16 x 8 block, canonical activation codes, the
 // original (P * sa) * sw scale expression). This pins down, on the GPU at hand:
 // - the fragment-ordered activation codes (quant.cuh Fp8CodeOrder::GemmFragment) and their widening;
@@ -25,7 +25,7 @@
 
 #ifdef DS4R_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_gemm_check.h"
+#include "testkit/cuda_gemm_check.h"
 #endif
 
 using namespace ds4r;

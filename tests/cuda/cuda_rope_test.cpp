@@ -18,7 +18,7 @@
 #include "test_util.h"
 
 #ifdef DS4R_HAVE_CUDA
-#include "backend/cuda/cuda_ops_misc.h"
+#include "testkit/rope_libdevice.h"
 #endif
 
 using namespace ds4r;

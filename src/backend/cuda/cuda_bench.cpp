@@ -1,12 +1,11 @@
-// GEMM micro-benchmarks (see cuda_bench.h).
-#include "backend/cuda/cuda_bench.h"
-
+// GEMM micro-benchmarks of the CUDA backend (see include/ds4r/kernel_bench.h).
 #include <algorithm>
 #include <cstring>
 #include <functional>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "ds4r/kernel_bench.h"
 #include "ds4r/numeric.h"
 #include "gemm.cuh"
 #include "quant.cuh"
@@ -77,8 +76,6 @@ double time_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters,
     return flops / (static_cast<double>(ms) * 1e-3) / 1e12;
 }
 
-}  // namespace
-
 double bench_linear_fp8_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters) {
     Tensor x = random_bf16(be, M, K, 4.0f, 1);
     Fp8Linear w{random_bytes(be, DType::F8_E4M3, {N, K}, 2, e4m3_code),
@@ -103,53 +100,16 @@ double bench_linear_bf16_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K
     return time_tflops(be, M, N, K, iters, [&] { be.linear_bf16(x, w, y); });
 }
 
-namespace {
-
 // Quantized activations [M, K] as the block-scaled GEMMs take them.
-struct QuantActs {
-    Tensor q, s;
-};
-QuantActs quant_acts(CudaBackend& be, int64_t M, int64_t K, uint64_t seed) {
+CudaBackend::GemmActs quant_acts(CudaBackend& be, int64_t M, int64_t K, uint64_t seed) {
     DS4R_CHECK(K % 32 == 0, "bench: K = %lld is not a multiple of 32", (long long)K);
-    Tensor x = random_bf16(be, M, K, 4.0f, seed);
-    QuantActs a{be.alloc(DType::F8_E4M3, {M, K}), be.alloc(DType::F8_E8M0, {M, K / 32})};
-    DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), M,
-                                               K, kern::Fp8ScaleBytes::GemmNanMarker,
-                                               kern::Fp8CodeOrder::GemmFragment, be.stream()));
-    return a;
+    return be.quantize_gemm_acts(random_bf16(be, M, K, 4.0f, seed), M, K);
 }
 
 Tensor upload_i32(CudaBackend& be, const std::vector<int32_t>& v) {
     Tensor t = be.alloc(DType::I32, {static_cast<int64_t>(v.size())});
     be.upload(t, 0, v.data(), v.size() * sizeof(int32_t));
     return t;
-}
-
-}  // namespace
-
-double bench_gemm_fp8_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters) {
-    const QuantActs a = quant_acts(be, M, K, 11);
-    Fp8Linear w{random_bytes(be, DType::F8_E4M3, {N, K}, 12, e4m3_code),
-                random_bytes(be, DType::F8_E8M0, {(N + 31) / 32, (K + 31) / 32}, 13, scale_byte)};
-    Tensor y = be.alloc(DType::BF16, {M, N});
-    return time_tflops(be, M, N, K, iters, [&] {
-        DS4R_CUDA_CHECK(kern::launch_gemm_fp8(a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.w.ptr<uint8_t>(),
-                                              w.s.ptr<uint8_t>(), y.ptr<uint16_t>(), N, M, N, K,
-                                              be.stream()));
-    });
-}
-
-double bench_gemm_fp4_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters) {
-    const QuantActs a = quant_acts(be, M, K, 14);
-    Fp4Linear w{
-        random_bytes(be, DType::I8, {N, K / 2}, 15, [](uint64_t v) { return static_cast<uint8_t>(v >> 24); }),
-        random_bytes(be, DType::F8_E8M0, {N, K / 32}, 16, scale_byte)};
-    Tensor y = be.alloc(DType::BF16, {M, N});
-    return time_tflops(be, M, N, K, iters, [&] {
-        DS4R_CUDA_CHECK(kern::launch_gemm_fp4(a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.w.ptr<uint8_t>(),
-                                              w.s.ptr<uint8_t>(), y.ptr<uint16_t>(), N, M, N, K,
-                                              be.stream()));
-    });
 }
 
 double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_expert, int64_t N, int64_t K,
@@ -159,7 +119,7 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
                "bench: bad grouped GEMM arguments (%d experts x %lld rows, N=%lld K=%lld, %d projections)",
                experts, (long long)rows_per_expert, (long long)N, (long long)K, n_proj);
     const int64_t P = experts * rows_per_expert;
-    const QuantActs a = quant_acts(be, P, K, 17);
+    const CudaBackend::GemmActs a = quant_acts(be, P, K, 17);
     // the routing plan of `experts` equal groups (expert e owns pair positions [e R, (e + 1) R)),
     // 128-row tiles; activation rows gathered through an (identity) row list as for w1 / w3
     std::vector<int32_t> tile_expert, tile_start, tile_begin, expert_end, rows(static_cast<size_t>(P));
@@ -266,6 +226,41 @@ double bench_cublas_bf16_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K
     }
     DS4R_CUBLAS_CHECK(cublasSetMathMode(h, saved));
     return r;
+}
+
+class CudaKernelBench : public KernelBench {
+public:
+    explicit CudaKernelBench(CudaBackend& be) : be_(be) {}
+    double linear_fp8_tflops(int64_t M, int64_t N, int64_t K, int iters) override {
+        return bench_linear_fp8_tflops(be_, M, N, K, iters);
+    }
+    double linear_fp4_tflops(int64_t M, int64_t N, int64_t K, int iters) override {
+        return bench_linear_fp4_tflops(be_, M, N, K, iters);
+    }
+    double linear_bf16_tflops(int64_t M, int64_t N, int64_t K, int iters) override {
+        return bench_linear_bf16_tflops(be_, M, N, K, iters);
+    }
+    double cublas_bf16_tflops(int64_t M, int64_t N, int64_t K, int iters) override {
+        return bench_cublas_bf16_tflops(be_, M, N, K, iters);
+    }
+    double grouped_fp4_tflops(int experts, int64_t rows_per_expert, int64_t N, int64_t K, int n_proj,
+                              int iters) override {
+        return bench_grouped_fp4_tflops(be_, experts, rows_per_expert, N, K, n_proj, iters);
+    }
+    double mma_sync_peak_tflops() override { return bench_mma_sync_peak_tflops(be_); }
+    void reset_memory_high_water() override { be_.reset_high_water(); }
+    size_t memory_high_water() const override { return be_.high_water(); }
+
+private:
+    CudaBackend& be_;
+};
+
+}  // namespace
+
+std::unique_ptr<KernelBench> make_kernel_bench(Backend& be) {
+    auto* cb = dynamic_cast<CudaBackend*>(&be);
+    if (!cb) return nullptr;
+    return std::make_unique<CudaKernelBench>(*cb);
 }
 
 }  // namespace ds4r

@@ -1,6 +1,6 @@
-// Argument checks of the CUDA ops (cuda_ops_*.cpp, cuda_gemm_check.cpp). The ops' contracts and the
-// generic helpers are backend/op_checks.h (shared with the CPU backend), brought in here under their
-// CUDA-side names; this header adds only the limits of the CUDA kernels (grid size, alignment).
+// Argument checks of the CUDA ops (cuda_ops_*.cpp, tests/cuda/testkit/cuda_gemm_check.cpp). The ops'
+// contracts and the generic helpers are backend/op_checks.h (shared with the CPU backend), brought in here
+// under their CUDA-side names; this header adds only the limits of the CUDA kernels (grid size, alignment).
 #pragma once
 
 #include <cstdint>

@@ -1,11 +1,12 @@
 // Test hooks for the tensor-core GEMMs (see cuda_gemm_check.h).
-#include "backend/cuda/cuda_gemm_check.h"
+#include "cuda_gemm_check.h"
 
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_linear_checks.h"
 #include "gemm.cuh"
+#include "gemm_oracle.cuh"
 #include "quant.cuh"
 
 namespace ds4r {
@@ -118,11 +119,9 @@ void linear_fp4_grouped(CudaBackend& be, const Tensor& x, const Fp4Linear& w, co
     check_numel(op, "y", y, M * N);
     DS4R_CHECK(M < (int64_t{1} << 30), "cuda %s: %lld rows", op, (long long)M);
     if (M == 0 || N == 0) return;
-    Tensor q = be.alloc(DType::F8_E4M3, {M, K});
-    Tensor s = be.alloc(DType::F8_E8M0, {M, K / 32});
-    DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), q.ptr<uint8_t>(), s.ptr<uint8_t>(), M, K,
-                                               kern::Fp8ScaleBytes::GemmNanMarker,
-                                               kern::Fp8CodeOrder::GemmFragment, be.stream()));
+    const CudaBackend::GemmActs acts = be.quantize_gemm_acts(x, M, K);
+    const Tensor& q = acts.q;
+    const Tensor& s = acts.s;
     // one expert owning pair positions [0, M): 128-row tiles, as the MoE routing plan lists them
     const int64_t tiles = (M + 127) / 128;
     std::vector<int32_t> tile_expert(static_cast<size_t>(tiles), 0), tile_start(static_cast<size_t>(tiles));

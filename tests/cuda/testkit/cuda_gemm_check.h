@@ -2,7 +2,7 @@
 // (kernels/gemm_tile.cuh) promise a fixed per-element instruction sequence whatever the tile shape,
 // row count, scale values or activation code order; these hooks compute the same products another
 // way so that a test can hold them to it bit for bit:
-// - *_oracle: through the reference kernels of kernels/gemm_oracle.cu (one 16 x 8 block per warp,
+// - *_oracle: through the reference kernels of tests/cuda/testkit/gemm_oracle.cu (one 16 x 8 block per warp,
 //   straight from global memory, canonical activation codes, the original scale expression);
 // - linear_fp4_grouped: through the routed experts' grouped kernel, all rows as one expert.
 // Shapes, dtypes and the contract are those of the CudaBackend op named in each comment.

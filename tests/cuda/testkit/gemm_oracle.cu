@@ -1,4 +1,4 @@
-// Reference tensor-core GEMMs for the tests (declared in gemm.cuh): the per-element instruction
+// Reference tensor-core GEMMs for the tests (declared in gemm_oracle.cuh): the per-element instruction
 // sequences of kernels/gemm_tile.cuh, written as plainly as possible so that they are obviously the
 // sequences that file's NUMERICS comment states. One warp computes one 16 x 8 output block, loading
 // every mma.sync fragment element straight from global memory (canonical layouts: the activation
@@ -12,6 +12,7 @@
 
 #include "common.cuh"
 #include "gemm.cuh"
+#include "gemm_oracle.cuh"
 
 namespace ds4r::kern {
 

@@ -1,0 +1,44 @@
+// GEMM micro-benchmarks and memory probes of a backend for `ds4replay bench` (DESIGN.md 8: fp8/fp4
+// dequant-GEMM vs cuBLAS bf16 on pre-dequantized weights of the same shape). Implemented by the CUDA
+// backend (src/backend/cuda/cuda_bench.cpp); replay/bench.cpp sees only this interface. Each GEMM
+// benchmark builds random operands of the given shape on the device, runs 2 warm-up calls, then
+// times `iters` calls; the result is 2 * M * N * K * iters / elapsed, in TFLOP/s. Not tests: they
+// assert nothing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "ds4r/backend.h"
+
+namespace ds4r {
+
+class KernelBench {
+public:
+    virtual ~KernelBench() = default;
+    // The whole linear_fp8 op (activation quant + block-scaled fp8 GEMM): x bf16 [M, K], W e4m3 [N, K].
+    virtual double linear_fp8_tflops(int64_t M, int64_t N, int64_t K, int iters) = 0;
+    // The whole linear_fp4 op: x bf16 [M, K], W packed e2m1 [N, K / 2].
+    virtual double linear_fp4_tflops(int64_t M, int64_t N, int64_t K, int iters) = 0;
+    // Our bf16 tensor-core GEMM (linear_bf16): x bf16 [M, K], W bf16 [N, K] -> bf16.
+    virtual double linear_bf16_tflops(int64_t M, int64_t N, int64_t K, int iters) = 0;
+    // cuBLAS reference: bf16 x bf16 -> bf16 with fp32 compute, in the default math mode.
+    virtual double cublas_bf16_tflops(int64_t M, int64_t N, int64_t K, int iters) = 0;
+    // The routed experts' grouped fp4 GEMM as the MoE launches it (activations already quantized):
+    // `experts` experts with distinct weights [N, K / 2], `rows_per_expert` pairs each, `n_proj`
+    // projections (2: w1 + w3, 1: w2). FLOPs: 2 * experts * rows_per_expert * N * K * n_proj.
+    virtual double grouped_fp4_tflops(int experts, int64_t rows_per_expert, int64_t N, int64_t K, int n_proj,
+                                      int iters) = 0;
+    // The instruction-level ceiling of the portable tensor-core path: back-to-back independent
+    // mma.sync.m16n8k16 bf16 -> fp32 from registers on every SM, in TFLOP/s.
+    virtual double mma_sync_peak_tflops() = 0;
+    // Device memory high-water mark in bytes since the last reset.
+    virtual void reset_memory_high_water() = 0;
+    virtual size_t memory_high_water() const = 0;
+};
+
+// The benchmarks of `be`, or nullptr when it has none (the CPU backend, or CUDA compiled out).
+std::unique_ptr<KernelBench> make_kernel_bench(Backend& be);
+
+}  // namespace ds4r
