@@ -22,7 +22,7 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"id": f"s{i}", "tokens": [random.randrange(129280) for _ in range(n)]}) + "\n")
 EOF
 t=$(date +%s)
-DS4R_GPU_MEMORY_GB="$BUDGET" "$BIN" score --model "$MODEL" --backend cuda --input "$in" --output "$OUT/oom_small_budget.jsonl" \
+"$BIN" score --model "$MODEL" --backend cuda --gpu-memory-gb "$BUDGET" --input "$in" --output "$OUT/oom_small_budget.jsonl" \
   --max-batch-tokens 8192 --progress none 2> "$OUT/oom_small_budget.err"
 rc1=$?
 "$BIN" score --model "$MODEL" --backend cuda --input "$in" --output "$OUT/oom_reference.jsonl" \

@@ -1,4 +1,5 @@
-// The Backend interface: the ops the V4.1 forward (src/model/) is written against, once.
+// The Backend interface: the ops the V4.1 forward (src/model/) and the output head call, and nothing
+// else (ops that only tests use are members of the implementations, not of this interface).
 // Two implementations: backend/cpu (the executable specification: plain loops, fp32/fp64 where
 // the reference is fp32) and backend/cuda (the product). Every op's contract cites MODEL.md; shapes
 // in comments use M = rows (tokens) of the chunk, m = rows of one sequence's part of a chunk,
@@ -107,8 +108,9 @@ public:
     // A new asynchronous copy channel (see CopyQueue). Default: synchronous memcpy (host memory).
     virtual std::unique_ptr<CopyQueue> make_copy_queue();
 
-    // Profiling (opt-in with DS4R_PROFILE=1, used by `ds4replay bench`): the backend time of named,
-    // non-nested regions of the forward, summed per name. No effect on results; no-ops by default.
+    // Profiling (opt-in with DS4R_PROFILE=1, see ds4r/settings.h; used by `ds4replay bench`): the backend
+    // time of named, non-nested regions of the forward, summed per name. No effect on results; no-ops by
+    // default.
     virtual void range_push(const char* name);
     virtual void range_pop();
     // Seconds per region name since the last reset (synchronizes the backend).
@@ -116,10 +118,8 @@ public:
     virtual void profile_reset();
 
     // ---------------------------------------------------------------- quantization (MODEL.md 5.1, 5.2)
-    // x BF16 [M, K] -> q F8_E4M3 [M, K], s F8_E8M0 [M, K/32]. Bit exact (amax floor 1e-4,
-    // ue8m0 scale rounded up, clamp +-448, RNE saturating).
-    virtual void act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s) = 0;
-    // x BF16 [M, K] in place: x <- bf16(e4m3(x / s) * s) with the scales above (window KV).
+    // x BF16 [M, K] in place: x <- bf16(e4m3(x / s) * s), s the per-32 scale of act_quant (amax floor
+    // 1e-4, ue8m0 scale rounded up, clamp +-448, RNE saturating). Bit exact (window KV).
     virtual void act_quant_fp8_inplace(const Tensor& x) = 0;
     // x BF16 [M, K] in place: fp4 e2m1 round trip with the given scale kind. Bit exact.
     virtual void fp4_quant_inplace(const Tensor& x, Fp4Scale kind) = 0;
@@ -128,8 +128,6 @@ public:
     // y BF16 [M, N] = act_quant(x BF16 [M, K]) @ W^T with per-32 K-block partial sums in fp32,
     // scaled and added in K order, rounded to bf16 once.
     virtual void linear_fp8(const Tensor& x, const Fp8Linear& w, const Tensor& y) = 0;
-    // Same with fp4 weights (the shared path of the routed experts; used by tests).
-    virtual void linear_fp4(const Tensor& x, const Fp4Linear& w, const Tensor& y) = 0;
     // y BF16 [M, N] = x BF16 [M, K] @ W BF16 [N, K]^T, fp32 accumulation, one bf16 rounding.
     virtual void linear_bf16(const Tensor& x, const Tensor& w, const Tensor& y) = 0;
     // y F32 [M, N] = f32(x) @ f32(W)^T; x BF16 or F32 [M, K], W BF16 or F32 [N, K]. No TF32.
@@ -176,7 +174,8 @@ public:
     virtual void index_scores(const Tensor& q, const Tensor& k, const Tensor& w, const Tensor& qpos,
                               int ratio, const Tensor& score) = 0;
     // Candidate blocks (candidate source layer): score BF16 [m, T], qpos I32 [m]
-    // -> mask U32 [m, ceil(ceil(T / block) / 32)], bit b set when block b is kept.
+    // -> mask I32 [m, ceil(ceil(T / block) / 32)] of 32-bit words (the dtype set has no U32): bit
+    // b % 32 of word b / 32 set when block b is kept.
     virtual void candidate_blocks(const Tensor& score, const Tensor& qpos, int ratio, int64_t block,
                                   int64_t topk_blocks, const Tensor& mask) = 0;
     // score[t, j] = -inf where the block bit of j is not set in mask[t] (reindex layers).
@@ -188,16 +187,12 @@ public:
                             const Tensor& idx) = 0;
 
     // ---------------------------------------------------------------- attention (MODEL.md 4.6, 5.4)
-    // Window index rows: idx I32 [m, W] with idx[r, c] = max(p - W_win + 1, 0) + c, or -1 if > p,
-    // p = qpos[r]; W = idx.dim(1) = min(s, window).
-    virtual void window_indices(const Tensor& qpos, int64_t window, const Tensor& idx) = 0;
-    // The full attention index rows of one sequence: idx I32 [m, W + Kc] = [window_indices(qpos,
-    // window) (W columns) ; topk (I32 [m, Kc], already offset by +s; may have Kc = 0)].
-    // Default implementation: host memory only (CUDA overrides).
-    virtual void attn_indices(const Tensor& qpos, int64_t window, const Tensor& topk, const Tensor& idx);
+    // The full attention index rows of one sequence: idx I32 [m, W + Kc] = [window columns ; topk].
+    // Window column c of row r: max(p - window + 1, 0) + c, or -1 where that exceeds p = qpos[r]
+    // (W = min(s, window)); topk I32 [m, Kc], already offset by +s (may have Kc = 0).
+    virtual void attn_indices(const Tensor& qpos, int64_t window, const Tensor& topk, const Tensor& idx) = 0;
     // x BF16 in place: x <- bf16(fp32(x) * factor) (indexer weights * 1/64, MODEL.md 4.6.2 step 3).
-    // Default implementation: host memory only (CUDA overrides).
-    virtual void mul_scalar_bf16(const Tensor& x, float factor);
+    virtual void mul_scalar_bf16(const Tensor& x, float factor) = 0;
     // One sequence: q BF16 [m, H, hd]; win_kv BF16 [s, hd]; cmp_kv BF16 [T, hd] (T may be 0);
     // sink F32 [H]; idx I32 [m, n_idx]: j < s -> win_kv[j], j >= s -> cmp_kv[j - s], -1 empty
     // -> o BF16 [m, H, hd]. 64-slot tiles, running max seeded -1e30, bf16 probabilities before PV.
@@ -237,12 +232,15 @@ private:
     Backend& be_;
 };
 
-// True when DS4R_PROFILE=1 is set (read once).
-bool profiling_enabled();
-
 std::unique_ptr<Backend> make_cpu_backend();
 
 // CUDA backend, or nullptr with *why set when CUDA is not compiled in / no usable GPU is present.
-std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why);
+// gpu_memory_gb: the device memory budget in GB (--gpu-memory-gb); <= 0: the default, 22 GB
+// whatever the GPU (the product targets a 24 GB card, DESIGN.md 5).
+std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, double gpu_memory_gb = 0);
+
+// --backend: "cpu"; "cuda" (throws RuntimeError without a usable GPU, the message says why); "auto":
+// CUDA when a usable GPU is present, else the CPU backend (logged). gpu_memory_gb: as above.
+std::unique_ptr<Backend> select_backend(const std::string& kind, int device, double gpu_memory_gb = 0);
 
 }  // namespace ds4r

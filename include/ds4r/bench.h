@@ -26,8 +26,9 @@ struct BenchOptions {
     std::string csv;                          // CSV output path (optional)
     std::string backend = "auto";
     int device = 0;
-    int64_t max_batch_tokens = 0;  // 0: sized from free memory, as `score`
-    bool prefetch = true;          // false: the synchronous weight source (no overlap), for comparison
+    double gpu_memory_gb = 0;  // CUDA memory budget (--gpu-memory-gb); 0: the default 22 GB
+    int64_t chunk_rows = 0;    // 0: sized from free memory, as `score`
+    bool prefetch = true;      // false: the synchronous weight source (no overlap), for comparison
     int64_t b_sequences = 80, b_tokens = 1800;
     int64_t c_tokens = 32768;
     int64_t kernel_rows = 8192;  // M of the kernel benchmarks

@@ -1,4 +1,5 @@
-// Default implementations of the few Backend members that have one (host memory only).
+// Default implementations of the Backend members that have one: pinned-less host allocation, the
+// synchronous copy queue and host-clock profiling (for host-memory backends; CUDA overrides them).
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -10,7 +11,7 @@
 #include <vector>
 
 #include "ds4r/backend.h"
-#include "ds4r/numeric.h"
+#include "ds4r/settings.h"
 
 namespace ds4r {
 
@@ -19,36 +20,6 @@ std::shared_ptr<void> Backend::alloc_host(size_t bytes) {
     if (!p) throw std::bad_alloc();
     return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
 }
-
-void Backend::attn_indices(const Tensor& qpos, int64_t window, const Tensor& topk, const Tensor& idx) {
-    DS4R_CHECK(host_memory(), "%s: attn_indices default implementation needs host memory", name().c_str());
-    const int64_t m = idx.dim(0), n = idx.dim(1);
-    const int64_t kc = topk.empty() ? 0 : topk.dim(1);
-    const int64_t W = n - kc;
-    DS4R_CHECK(W >= 0 && qpos.dim(0) == m, "attn_indices: bad shapes");
-    const int32_t* pos = qpos.ptr<int32_t>();
-    const int32_t* tk = topk.empty() ? nullptr : topk.ptr<int32_t>();
-    int32_t* out = idx.ptr<int32_t>();
-    for (int64_t r = 0; r < m; ++r) {
-        const int64_t p = pos[r];
-        const int64_t start = std::max<int64_t>(p - window + 1, 0);
-        for (int64_t c = 0; c < W; ++c) {
-            const int64_t j = start + c;
-            out[r * n + c] = j > p ? -1 : static_cast<int32_t>(j);
-        }
-        for (int64_t c = 0; c < kc; ++c) out[r * n + W + c] = tk[r * kc + c];
-    }
-}
-
-void Backend::mul_scalar_bf16(const Tensor& x, float factor) {
-    DS4R_CHECK(host_memory(), "%s: mul_scalar_bf16 default implementation needs host memory", name().c_str());
-    uint16_t* p = x.ptr<uint16_t>();
-    for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] = f32_to_bf16(bf16_to_f32(p[i]) * factor);
-}
-
-}  // namespace ds4r
-
-namespace ds4r {
 
 namespace {
 class SyncCopyQueue : public CopyQueue {
@@ -74,14 +45,6 @@ private:
 
 std::unique_ptr<CopyQueue> Backend::make_copy_queue() {
     return std::make_unique<SyncCopyQueue>(*this);
-}
-
-bool profiling_enabled() {
-    static const bool on = [] {
-        const char* e = std::getenv("DS4R_PROFILE");
-        return e && *e && std::string(e) != "0";
-    }();
-    return on;
 }
 
 // Host-clock profiling for synchronous backends (the CPU): region time = wall time between push/pop.

@@ -422,6 +422,24 @@ WindowDims window_indices(const Tensor& qpos, int64_t window, const Tensor& idx)
     return {m, W};
 }
 
+AttnIndexDims attn_indices(const Tensor& qpos, int64_t window, const Tensor& topk, const Tensor& idx) {
+    const char* op = "attn_indices";
+    expect_dtype(op, "qpos", qpos, DType::I32);
+    expect_dtype(op, "idx", idx, DType::I32);
+    DS4R_CHECK(window > 0, "%s: window = %lld must be positive", op, (long long)window);
+    expect_rank(op, "idx", idx, 2, "[m, W + Kc]");
+    const int64_t m = idx.dim(0), n = idx.dim(1);
+    const int64_t kc = topk.empty() ? 0 : topk.dim(1);
+    if (kc > 0) {
+        expect_dtype(op, "topk", topk, DType::I32);
+        expect_shape(op, "topk", topk, {m, kc});
+    }
+    DS4R_CHECK(kc <= n, "%s: topk has %lld columns, idx only %lld", op, (long long)kc, (long long)n);
+    expect_numel(op, "qpos", qpos, m);
+    expect_disjoint(op, "idx", idx, "topk", topk);
+    return {m, n - kc, kc};
+}
+
 AttnDims sparse_attn(const Tensor& q, const Tensor& win_kv, const Tensor& cmp_kv, const Tensor& sink,
                      const Tensor& idx, const Tensor& o) {
     const char* op = "sparse_attn";

@@ -131,6 +131,11 @@ struct WindowDims {
 };
 // qpos I32 [m]; idx I32 [m, W]; window > 0.
 WindowDims window_indices(const Tensor& qpos, int64_t window, const Tensor& idx);
+struct AttnIndexDims {
+    int64_t m, W, Kc;  // rows, window columns, top-k columns
+};
+// qpos I32 [m]; topk I32 [m, Kc] (may be empty: Kc = 0); idx I32 [m, W + Kc] disjoint from topk.
+AttnIndexDims attn_indices(const Tensor& qpos, int64_t window, const Tensor& topk, const Tensor& idx);
 struct AttnDims {
     int64_t m, H, hd, s, T, n_idx;  // rows, heads, head dim, window rows, compressed rows, index columns
 };

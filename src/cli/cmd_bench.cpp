@@ -21,7 +21,10 @@ void add_bench_command(CLI::App& root, std::vector<Command>& out) {
         ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
         ->capture_default_str();
     app->add_option("--device", opt->device, "CUDA device index")->capture_default_str();
-    app->add_option("--max-batch-tokens", opt->max_batch_tokens, "Rows per chunk (0 = from free memory)");
+    app->add_option("--gpu-memory-gb", opt->gpu_memory_gb,
+                    "GPU memory budget in GB (0 = 22, sized for a 24 GB card); never changes results")
+        ->check(CLI::NonNegativeNumber);
+    app->add_option("--max-batch-tokens", opt->chunk_rows, "Rows per chunk (0 = from free memory)");
     app->add_flag("--no-prefetch", *no_prefetch, "Read layers synchronously (no overlap) for comparison");
     app->add_option("--b-sequences", opt->b_sequences, "Workload b: number of sequences")
         ->capture_default_str();

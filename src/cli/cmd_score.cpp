@@ -52,7 +52,10 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
         ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
         ->capture_default_str();
     app->add_option("--device", opt->device, "CUDA device index")->capture_default_str();
-    app->add_option("--max-batch-tokens", opt->max_batch_tokens,
+    app->add_option("--gpu-memory-gb", opt->gpu_memory_gb,
+                    "GPU memory budget in GB (0 = 22, sized for a 24 GB card); never changes results")
+        ->check(CLI::NonNegativeNumber);
+    app->add_option("--max-batch-tokens", opt->chunk_rows,
                     "Rows per chunk (0 = from free memory); never changes results")
         ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
     app->add_option("--pass-tokens", opt->pass_tokens, "Tokens per pass (0 = from available memory)")
@@ -77,7 +80,7 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
         }
         opt->capture_layers = parse_layers(*layers);
         opt->hidden_mode = *mode == "copies" ? HiddenMode::Copies : HiddenMode::Mean;
-        if (opt->max_batch_tokens == 1) throw InputError("--max-batch-tokens must be 0 (auto) or >= 2");
+        if (opt->chunk_rows == 1) throw InputError("--max-batch-tokens must be 0 (auto) or >= 2");
         // Ctrl-C / SIGTERM: stop at the next layer boundary with nothing half-written (exit 130).
         install_interrupt_handlers();
         ScoreSummary s;

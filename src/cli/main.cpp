@@ -8,13 +8,12 @@
 #include "cli/commands.h"
 #include "ds4r/error.h"
 #include "ds4r/log.h"
+#include "ds4r/settings.h"
 
 namespace ds4r::cli {
 
 std::string default_model_dir() {
-    if (const char* p = std::getenv("DSV41_PATH"); p && *p) return p;
-    const char* home = std::getenv("HOME");
-    return std::string(home ? home : ".") + "/models/DeepSeek-V4.1-Flash";
+    return ds4r::default_model_dir();  // $DSV41_PATH, else ~/models/... (src/common/settings.cpp)
 }
 
 }  // namespace ds4r::cli

@@ -176,19 +176,6 @@ static void check_engram_seeds(const ModelConfig& cfg) {
     }
 }
 
-std::unique_ptr<Backend> select_backend(const std::string& kind, int device) {
-    if (kind == "cpu") return make_cpu_backend();
-    std::string why;
-    if (kind == "cuda" || kind == "auto") {
-        auto be = make_cuda_backend(device, &why);
-        if (be) return be;
-        if (kind == "cuda") throw RuntimeError("--backend cuda: " + why);
-        log_info("no usable GPU (" + why + "); using the CPU reference backend");
-        return make_cpu_backend();
-    }
-    throw InputError("--backend must be auto, cuda or cpu, not '" + kind + "'");
-}
-
 ScoreSummary run_score(const ScoreOptions& opt) {
     const double t_start = now_s();
     if (opt.resume && opt.output == "-")
@@ -242,15 +229,14 @@ ScoreSummary run_score(const ScoreOptions& opt) {
 
     auto engram = load_engram_resources(ckpt);
     if (opt.seed_check) check_engram_seeds(cfg);
-    auto be = select_backend(opt.backend, opt.device);
+    auto be = select_backend(opt.backend, opt.device, opt.gpu_memory_gb);
     log_info("backend: " + be->name());
 
     ReplayOptions ro;
     ro.top_k = opt.top_k;
     ro.capture_layers = opt.capture_layers;
     ro.hidden_mode = opt.hidden_mode;
-    ro.max_batch_tokens =
-        opt.max_batch_tokens > 0 ? opt.max_batch_tokens : default_chunk_rows(cfg, be->free_memory());
+    ro.chunk_rows = resolve_chunk_rows(opt.chunk_rows, cfg, be->free_memory());
     // Pass size: host state ~ hc*D*2 + hashes per token (<= 64 KB, DESIGN.md 5), half of MemAvailable.
     const int64_t host_per_token =
         cfg.hc_mult * cfg.dim * 2 + cfg.hc_mult * 4 +
@@ -261,7 +247,7 @@ ScoreSummary run_score(const ScoreOptions& opt) {
         pass_tokens = avail ? static_cast<int64_t>(avail / 2) / host_per_token : (1 << 20);
         pass_tokens = std::clamp<int64_t>(pass_tokens, 1024, 1 << 20);
     }
-    log_info(strfmt("chunks of <= %lld rows, passes of <= %lld tokens", (long long)ro.max_batch_tokens,
+    log_info(strfmt("chunks of <= %lld rows, passes of <= %lld tokens", (long long)ro.chunk_rows,
                     (long long)pass_tokens));
 
     // Layer L+1 is read (and uploaded) while layer L computes.

@@ -174,8 +174,8 @@ TEST(CudaAttention, WindowAndAttnIndicesIdentical) {
         for (int64_t r = 0; r < m; ++r) qpos[static_cast<size_t>(r)] = static_cast<int32_t>((r * 7) % s);
         Pair pp = i32_pair(qpos, {m});
         Pair wi = make_output(DType::I32, {m, W});
-        cpu().window_indices(pp.c, window, wi.c);
-        cuda()->window_indices(pp.g, window, wi.g);
+        window_indices(cpu(), pp.c, window, wi.c);
+        window_indices(*cuda(), pp.g, window, wi.g);
         expect_bitwise_equal(wi, "window_indices s=" + std::to_string(s));
         for (int64_t kc : {int64_t{0}, int64_t{37}}) {
             std::vector<int32_t> tk(static_cast<size_t>(m * kc));

@@ -164,8 +164,8 @@ LinearCase fp4_case(int64_t N, int64_t K, uint64_t seed) {
     c.name = "linear_fp4 " + std::to_string(N) + "x" + std::to_string(K);
     c.K = K;
     c.N = N;
-    c.cpu_op = [wc](Backend& be, const Tensor& x, const Tensor& y) { be.linear_fp4(x, wc, y); };
-    c.gpu_op = [wg](Backend& be, const Tensor& x, const Tensor& y) { be.linear_fp4(x, wg, y); };
+    c.cpu_op = [wc](Backend& be, const Tensor& x, const Tensor& y) { linear_fp4(be, x, wc, y); };
+    c.gpu_op = [wg](Backend& be, const Tensor& x, const Tensor& y) { linear_fp4(be, x, wg, y); };
     c.abs_dot = [wc, K](const float* xa, int64_t n) {
         const uint8_t* w = wc.w.ptr<uint8_t>() + n * (K / 2);
         const uint8_t* s = wc.s.ptr<uint8_t>() + n * (K / 32);

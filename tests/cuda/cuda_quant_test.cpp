@@ -46,8 +46,8 @@ std::vector<uint16_t> spread_rows(int64_t M, int64_t K, uint64_t seed) {
 void run_act_quant(const Pair& x, int64_t M, int64_t K, const std::string& what) {
     Pair q = make_output(DType::F8_E4M3, {M, K});
     Pair s = make_output(DType::F8_E8M0, {M, K / 32});
-    cpu().act_quant_fp8(x.c, q.c, s.c);
-    cuda()->act_quant_fp8(x.g, q.g, s.g);
+    act_quant_fp8(cpu(), x.c, q.c, s.c);
+    act_quant_fp8(*cuda(), x.g, q.g, s.g);
     expect_bitwise_equal(q, what + " q");
     expect_bitwise_equal(s, what + " s");
 }
@@ -72,8 +72,8 @@ TEST(CudaQuant, ActQuantFp8MatchesGoldenAndCpu) {
     Pair x = make_pair(DType::BF16, {M, K}, xa.data.data());
     Pair q = make_output(DType::F8_E4M3, {M, K});
     Pair s = make_output(DType::F8_E8M0, {M, K / 32});
-    cpu().act_quant_fp8(x.c, q.c, s.c);
-    cuda()->act_quant_fp8(x.g, q.g, s.g);
+    act_quant_fp8(cpu(), x.c, q.c, s.c);
+    act_quant_fp8(*cuda(), x.g, q.g, s.g);
     expect_bitwise_equal(q, "golden act_quant q (cpu vs cuda)");
     expect_bitwise_equal(s, "golden act_quant s (cpu vs cuda)");
     EXPECT_EQ(to_host(*cuda(), q.g), qa.data) << "cuda act_quant q vs the reference's known answer";
@@ -175,8 +175,8 @@ TEST(CudaQuant, UnalignedViewsUseTheScalarPath) {
     Tensor gq = tensor_view(static_cast<uint8_t*>(qbuf.data) + 1, DType::F8_E4M3, {M, K});
     Pair q{cpu().alloc(DType::F8_E4M3, {M, K}), gq};
     Pair s = make_output(DType::F8_E8M0, {M, K / 32});
-    cpu().act_quant_fp8(x.c, q.c, s.c);
-    cuda()->act_quant_fp8(gx, gq, s.g);
+    act_quant_fp8(cpu(), x.c, q.c, s.c);
+    act_quant_fp8(*cuda(), gx, gq, s.g);
     expect_bitwise_equal(q, "unaligned act_quant q");
     expect_bitwise_equal(s, "unaligned act_quant s");
 
@@ -196,13 +196,13 @@ TEST(CudaQuant, RowsAloneEqualRowsInABatch) {
     Tensor x = g.alloc(DType::BF16, {M, K});
     g.upload(x, 0, host.data(), host.size() * 2);
     Tensor q = g.alloc(DType::F8_E4M3, {M, K}), s = g.alloc(DType::F8_E8M0, {M, K / 32});
-    g.act_quant_fp8(x, q, s);
+    act_quant_fp8(g, x, q, s);
     const auto qa = to_host(g, q), sa = to_host(g, s);
     for (int64_t r : {0, 64, 129}) {
         Tensor x1 = g.alloc(DType::BF16, {1, K});
         g.upload(x1, 0, host.data() + r * K, static_cast<size_t>(K) * 2);
         Tensor q1 = g.alloc(DType::F8_E4M3, {1, K}), s1 = g.alloc(DType::F8_E8M0, {1, K / 32});
-        g.act_quant_fp8(x1, q1, s1);
+        act_quant_fp8(g, x1, q1, s1);
         const auto qb = to_host(g, q1), sb = to_host(g, s1);
         EXPECT_EQ(0, std::memcmp(qb.data(), qa.data() + r * K, static_cast<size_t>(K)))
             << "row " << r << " q";
@@ -216,12 +216,12 @@ TEST(CudaQuant, RejectsBadShapes) {
     Backend& g = *cuda();
     Tensor x = g.alloc(DType::BF16, {4, 48});
     Tensor q = g.alloc(DType::F8_E4M3, {4, 48}), s = g.alloc(DType::F8_E8M0, {4, 1});
-    EXPECT_THROW(g.act_quant_fp8(x, q, s), RuntimeError);  // K not a multiple of 32
+    EXPECT_THROW(act_quant_fp8(g, x, q, s), RuntimeError);  // K not a multiple of 32
     EXPECT_THROW(g.act_quant_fp8_inplace(x), RuntimeError);
     EXPECT_THROW(g.fp4_quant_inplace(x, Fp4Scale::E8M0_32), RuntimeError);
     EXPECT_NO_THROW(g.fp4_quant_inplace(x, Fp4Scale::E4M3_16));  // 48 = 3 blocks of 16
     Tensor x2 = g.alloc(DType::BF16, {4, 64});
     Tensor q2 = g.alloc(DType::F8_E4M3, {4, 64}), s2 = g.alloc(DType::F8_E8M0, {4, 3});
-    EXPECT_THROW(g.act_quant_fp8(x2, q2, s2), RuntimeError);  // scale count
+    EXPECT_THROW(act_quant_fp8(g, x2, q2, s2), RuntimeError);  // scale count
     g.synchronize();
 }

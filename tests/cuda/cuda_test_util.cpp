@@ -5,7 +5,13 @@
 #include <cstring>
 #include <random>
 
+#include "backend/cpu/cpu_backend.h"
+#include "ds4r/error.h"
 #include "ds4r/numeric.h"
+
+#ifdef DS4R_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace ds4r::test {
 
@@ -32,6 +38,28 @@ Backend* cuda() {
 }
 const std::string& cuda_why() {
     return bk().why;
+}
+
+namespace {
+// fn(impl) on the backend's implementation type.
+template <class Fn>
+void on_impl(Backend& be, const char* op, Fn&& fn) {
+    if (auto* c = dynamic_cast<CpuBackend*>(&be)) return fn(*c);
+#ifdef DS4R_HAVE_CUDA
+    if (auto* g = dynamic_cast<CudaBackend*>(&be)) return fn(*g);
+#endif
+    throw RuntimeError(std::string(op) + ": backend " + be.name() + " has no such op");
+}
+}  // namespace
+
+void act_quant_fp8(Backend& be, const Tensor& x, const Tensor& q, const Tensor& s) {
+    on_impl(be, "act_quant_fp8", [&](auto& impl) { impl.act_quant_fp8(x, q, s); });
+}
+void linear_fp4(Backend& be, const Tensor& x, const Fp4Linear& w, const Tensor& y) {
+    on_impl(be, "linear_fp4", [&](auto& impl) { impl.linear_fp4(x, w, y); });
+}
+void window_indices(Backend& be, const Tensor& qpos, int64_t window, const Tensor& idx) {
+    on_impl(be, "window_indices", [&](auto& impl) { impl.window_indices(qpos, window, idx); });
 }
 
 Pair make_pair(DType t, const Shape& shape, const void* host) {

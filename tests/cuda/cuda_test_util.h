@@ -26,6 +26,12 @@ Backend& cpu();
 Backend* cuda();
 const std::string& cuda_why();
 
+// Ops of both implementations that are not Backend ops (the forward never calls them; tests do):
+// dispatched to CpuBackend / CudaBackend by the backend's type.
+void act_quant_fp8(Backend& be, const Tensor& x, const Tensor& q, const Tensor& s);
+void linear_fp4(Backend& be, const Tensor& x, const Fp4Linear& w, const Tensor& y);
+void window_indices(Backend& be, const Tensor& qpos, int64_t window, const Tensor& idx);
+
 #define DS4R_REQUIRE_CUDA()                                                          \
     do {                                                                             \
         if (!::ds4r::test::cuda())                                                   \

@@ -1,7 +1,7 @@
 // A test-only Backend for the prefetching weight source: host memory (so tests read every byte) but a
 // CopyQueue that behaves like a GPU copy stream: copies are queued and executed later, in order, on a
-// worker thread after random delays; fences complete when the worker reaches them. Every op and the
-// memory calls are delegated to the CPU backend.
+// worker thread after random delays; fences complete when the worker reaches them. Everything else is
+// the CPU backend's (the fake derives from it).
 //
 // It also watches the slot-recycling rule: the test registers the byte ranges of the tensors it holds
 // (guard_hold) and, when it drops a handle, moves them to "compute pending" (guard_release), emulating
@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "ds4r/backend.h"
 
 namespace ds4r::test {
@@ -93,122 +94,33 @@ private:
     std::thread worker_;  // last: starts after everything above is built
 };
 
-class FakeAsyncBackend : public Backend {
+// The CPU backend with a GPU-like copy queue: only what the tests observe is overridden (allocation
+// counts, the emulated compute stream's drain, host allocations, the copy queue); every op is the
+// CPU backend's own, so a new Backend op needs nothing here.
+class FakeAsyncBackend : public CpuBackend {
 public:
-    FakeAsyncBackend(unsigned seed, int max_delay_us)
-        : inner_(make_cpu_backend()), seed_(seed), max_delay_us_(max_delay_us) {}
+    FakeAsyncBackend(unsigned seed, int max_delay_us) : seed_(seed), max_delay_us_(max_delay_us) {}
 
     std::string name() const override { return "fake-async"; }
-    bool host_memory() const override { return true; }
     Tensor alloc(DType t, const Shape& shape) override {
-        Tensor x = inner_->alloc(t, shape);
+        Tensor x = CpuBackend::alloc(t, shape);
         allocs_.fetch_add(1);
         alloc_bytes_.fetch_add(x.nbytes());
         return x;
     }
-    void upload(const Tensor& d, size_t o, const void* s, size_t n) override { inner_->upload(d, o, s, n); }
-    void download(void* d, const Tensor& s, size_t o, size_t n) override { inner_->download(d, s, o, n); }
-    void copy(const Tensor& d, size_t doff, const Tensor& s, size_t soff, size_t n) override {
-        inner_->copy(d, doff, s, soff, n);
-    }
-    void fill(const Tensor& t, uint8_t b) override { inner_->fill(t, b); }
     void synchronize() override {
         std::lock_guard<std::mutex> lk(guard_mu_);
         pending_.clear();  // the emulated compute stream has drained
         syncs_.fetch_add(1);
     }
-    size_t free_memory() const override { return inner_->free_memory(); }
     std::shared_ptr<void> alloc_host(size_t bytes) override {
         host_allocs_.fetch_add(1);
-        return Backend::alloc_host(bytes);
+        return CpuBackend::alloc_host(bytes);
     }
     std::unique_ptr<CopyQueue> make_copy_queue() override {
         auto q = std::make_unique<FakeCopyQueue>(*this, seed_, max_delay_us_);
         last_queue_ = q.get();
         return q;
-    }
-
-    // ---- ops: the CPU backend's
-    void act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s) override {
-        inner_->act_quant_fp8(x, q, s);
-    }
-    void act_quant_fp8_inplace(const Tensor& x) override { inner_->act_quant_fp8_inplace(x); }
-    void fp4_quant_inplace(const Tensor& x, Fp4Scale k) override { inner_->fp4_quant_inplace(x, k); }
-    void linear_fp8(const Tensor& x, const Fp8Linear& w, const Tensor& y) override {
-        inner_->linear_fp8(x, w, y);
-    }
-    void linear_fp4(const Tensor& x, const Fp4Linear& w, const Tensor& y) override {
-        inner_->linear_fp4(x, w, y);
-    }
-    void linear_bf16(const Tensor& x, const Tensor& w, const Tensor& y) override {
-        inner_->linear_bf16(x, w, y);
-    }
-    void linear_f32(const Tensor& x, const Tensor& w, const Tensor& y) override {
-        inner_->linear_f32(x, w, y);
-    }
-    void linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t g, const Tensor& y) override {
-        inner_->linear_wo_a(o, w, g, y);
-    }
-    void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) override {
-        inner_->rms_norm(x, w, eps, y);
-    }
-    void rope_table(double base, double factor, int64_t yo, double bf, double bs, int64_t rd,
-                    const Tensor& t) override {
-        inner_->rope_table(base, factor, yo, bf, bs, rd, t);
-    }
-    void rope_inplace(const Tensor& x, int64_t h, int64_t w, int64_t rd, const Tensor& pos,
-                      const Tensor& table, bool inverse) override {
-        inner_->rope_inplace(x, h, w, rd, pos, table, inverse);
-    }
-    void hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale, const Tensor& base, float ne,
-                  float he, int iters, const Tensor& pre, const Tensor& post, const Tensor& comb) override {
-        inner_->hc_mixes(X, fn, scale, base, ne, he, iters, pre, post, comb);
-    }
-    void hc_pre(const Tensor& X, const Tensor& mix, const Tensor& y) override { inner_->hc_pre(X, mix, y); }
-    void hc_post(const Tensor& x, const Tensor& R, const Tensor& post, const Tensor& comb,
-                 const Tensor& out) override {
-        inner_->hc_post(x, R, post, comb, out);
-    }
-    void compress_pool2(const Tensor& kv, const Tensor& sc, const Tensor& out) override {
-        inner_->compress_pool2(kv, sc, out);
-    }
-    void index_scores(const Tensor& q, const Tensor& k, const Tensor& w, const Tensor& qpos, int ratio,
-                      const Tensor& score) override {
-        inner_->index_scores(q, k, w, qpos, ratio, score);
-    }
-    void candidate_blocks(const Tensor& score, const Tensor& qpos, int ratio, int64_t block, int64_t topk,
-                          const Tensor& mask) override {
-        inner_->candidate_blocks(score, qpos, ratio, block, topk, mask);
-    }
-    void apply_candidate_mask(const Tensor& score, const Tensor& mask, int64_t block) override {
-        inner_->apply_candidate_mask(score, mask, block);
-    }
-    void index_topk(const Tensor& score, const Tensor& qpos, int ratio, int64_t offset,
-                    const Tensor& idx) override {
-        inner_->index_topk(score, qpos, ratio, offset, idx);
-    }
-    void window_indices(const Tensor& qpos, int64_t window, const Tensor& idx) override {
-        inner_->window_indices(qpos, window, idx);
-    }
-    void attn_indices(const Tensor& qpos, int64_t window, const Tensor& topk, const Tensor& idx) override {
-        inner_->attn_indices(qpos, window, topk, idx);
-    }
-    void mul_scalar_bf16(const Tensor& x, float f) override { inner_->mul_scalar_bf16(x, f); }
-    void sparse_attn(const Tensor& q, const Tensor& wkv, const Tensor& ckv, const Tensor& sink,
-                     const Tensor& idx, float scale, const Tensor& o) override {
-        inner_->sparse_attn(q, wkv, ckv, sink, idx, scale, o);
-    }
-    void moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y, const Tensor& ri,
-             const Tensor& rw) override {
-        inner_->moe(x, w, p, y, ri, rw);
-    }
-    void engram_update(const Tensor& X, const Tensor& kv, const Tensor& qw, const Tensor& kw,
-                       float eps) override {
-        inner_->engram_update(X, kv, qw, kw, eps);
-    }
-    void head_stats(const Tensor& x, const Tensor& head, const Tensor& targets, int k,
-                    const HeadStatsOut& out) override {
-        inner_->head_stats(x, head, targets, k, out);
     }
 
     // ---- the recycling guard
@@ -242,7 +154,6 @@ public:
     FakeCopyQueue* last_queue() const { return last_queue_; }
 
 private:
-    std::unique_ptr<Backend> inner_;
     unsigned seed_;
     int max_delay_us_;
     std::mutex guard_mu_;

@@ -39,23 +39,39 @@ void CpuBackend::compress_pool2(const Tensor& kv, const Tensor& sc, const Tensor
     });
 }
 
+namespace {
+
+// Row r of the window index columns: out[c] = max(p - window + 1, 0) + c, or -1 where that exceeds
+// p = qpos[r] (model.py get_window_topk_idxs, MODEL.md 4.6 b).
+void window_row(int64_t r, int64_t p, int64_t window, int64_t W, int32_t* out) {
+    DS4R_CHECK(p >= 0, "cpu window_indices: qpos[%lld] = %lld is negative", (long long)r, (long long)p);
+    const int64_t start = std::max<int64_t>(p - window + 1, 0);
+    for (int64_t c = 0; c < W; ++c) {
+        const int64_t j = start + c;
+        out[c] = j > p ? -1 : static_cast<int32_t>(j);
+    }
+}
+
+}  // namespace
+
 void CpuBackend::window_indices(const Tensor& qpos, int64_t window, const Tensor& idx) {
-    // idx I32 [m, W]: idx[r, c] = max(p - window + 1, 0) + c, or -1 where that exceeds p = qpos[r]
-    // (model.py get_window_topk_idxs, MODEL.md 4.6 b).
-    // Named variables, not a structured binding: lambdas below capture them (clang 14).
-    const auto dims = opcheck::window_indices(qpos, window, idx);
-    const auto m = dims.m;
-    const auto W = dims.W;
+    // qpos I32 [m] -> idx I32 [m, W].
+    const auto [m, W] = opcheck::window_indices(qpos, window, idx);
     const int32_t* pp = qpos.ptr<int32_t>();
     int32_t* ip = idx.ptr<int32_t>();
+    for (int64_t r = 0; r < m; ++r) window_row(r, pp[r], window, W, ip + r * W);
+}
+
+void CpuBackend::attn_indices(const Tensor& qpos, int64_t window, const Tensor& topk, const Tensor& idx) {
+    // qpos I32 [m]; topk I32 [m, Kc] (may be empty) -> idx I32 [m, W + Kc] = [window columns ; topk].
+    const auto [m, W, kc] = opcheck::attn_indices(qpos, window, topk, idx);
+    const int32_t* pp = qpos.ptr<int32_t>();
+    const int32_t* tk = kc > 0 ? topk.ptr<int32_t>() : nullptr;
+    int32_t* ip = idx.ptr<int32_t>();
+    const int64_t n = W + kc;
     for (int64_t r = 0; r < m; ++r) {
-        const int64_t p = pp[r];
-        DS4R_CHECK(p >= 0, "cpu window_indices: qpos[%lld] = %lld is negative", (long long)r, (long long)p);
-        const int64_t start = std::max<int64_t>(p - window + 1, 0);
-        for (int64_t c = 0; c < W; ++c) {
-            const int64_t j = start + c;
-            ip[r * W + c] = j > p ? -1 : static_cast<int32_t>(j);
-        }
+        window_row(r, pp[r], window, W, ip + r * n);
+        for (int64_t c = 0; c < kc; ++c) ip[r * n + W + c] = tk[r * kc + c];
     }
 }
 

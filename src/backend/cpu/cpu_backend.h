@@ -16,7 +16,7 @@
 
 namespace ds4r {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
 public:
     // threads <= 0: std::thread::hardware_concurrency().
     explicit CpuBackend(int threads = 0);
@@ -35,14 +35,16 @@ public:
     void synchronize() override {}
     size_t free_memory() const override;
 
-    // quantization (cpu_quant.cpp)
-    void act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s) override;
+    // quantization (cpu_quant.cpp); act_quant_fp8 (x BF16 [M, K] -> q F8_E4M3 [M, K], s F8_E8M0
+    // [M, K/32], MODEL.md 5.1) is not a Backend op: the linears quantize inside; tests call it.
+    void act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s);
     void act_quant_fp8_inplace(const Tensor& x) override;
     void fp4_quant_inplace(const Tensor& x, Fp4Scale kind) override;
 
     // linears (cpu_linear.cpp)
     void linear_fp8(const Tensor& x, const Fp8Linear& w, const Tensor& y) override;
-    void linear_fp4(const Tensor& x, const Fp4Linear& w, const Tensor& y) override;
+    // fp4 weights (the routed experts' path as a standalone op, for tests): as linear_fp8.
+    void linear_fp4(const Tensor& x, const Fp4Linear& w, const Tensor& y);
     void linear_bf16(const Tensor& x, const Tensor& w, const Tensor& y) override;
     void linear_f32(const Tensor& x, const Tensor& w, const Tensor& y) override;
     void linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t groups, const Tensor& y) override;
@@ -62,13 +64,16 @@ public:
     void hc_post(const Tensor& x, const Tensor& R, const Tensor& post, const Tensor& comb,
                  const Tensor& out) override;
 
-    // compressor pooling, window indices, sparse attention (cpu_attention.cpp)
+    // compressor pooling, attention indices, sparse attention (cpu_attention.cpp)
     void compress_pool2(const Tensor& kv, const Tensor& sc, const Tensor& out) override;
-    void window_indices(const Tensor& qpos, int64_t window, const Tensor& idx) override;
+    void attn_indices(const Tensor& qpos, int64_t window, const Tensor& topk, const Tensor& idx) override;
+    // The window columns alone: idx I32 [m, W] (attn_indices without top-k; for tests).
+    void window_indices(const Tensor& qpos, int64_t window, const Tensor& idx);
     void sparse_attn(const Tensor& q, const Tensor& win_kv, const Tensor& cmp_kv, const Tensor& sink,
                      const Tensor& idx, float scale, const Tensor& o) override;
 
     // indexer (cpu_indexer.cpp)
+    void mul_scalar_bf16(const Tensor& x, float factor) override;
     void index_scores(const Tensor& q, const Tensor& k, const Tensor& w, const Tensor& qpos, int ratio,
                       const Tensor& score) override;
     void candidate_blocks(const Tensor& score, const Tensor& qpos, int ratio, int64_t block,

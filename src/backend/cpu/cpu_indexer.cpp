@@ -164,4 +164,12 @@ void CpuBackend::index_topk(const Tensor& score, const Tensor& qpos, int ratio, 
     });
 }
 
+void CpuBackend::mul_scalar_bf16(const Tensor& x, float factor) {
+    // x BF16 (any shape) in place: x <- bf16(fp32(x) * factor) (MODEL.md 4.6.2 step 3).
+    opcheck::expect_dtype("mul_scalar_bf16", "x", x, DType::BF16);
+    opcheck::expect_data("mul_scalar_bf16", "x", x);
+    uint16_t* p = x.ptr<uint16_t>();
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) p[i] = f32_to_bf16(bf16_to_f32(p[i]) * factor);
+}
+
 }  // namespace ds4r

@@ -1,10 +1,10 @@
 // CudaBackend core: device selection, memory, copies, the copy queue.
 #include "backend/cuda/cuda_backend.h"
 
-#include <cstdlib>
 #include <deque>
 
 #include "ds4r/log.h"
+#include "ds4r/settings.h"
 
 namespace ds4r {
 
@@ -19,14 +19,10 @@ void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, i
 
 namespace {
 
-// Default GPU memory budget: the product targets a 24 GB card (DESIGN.md 5): <= 22 GB whatever the
-// GPU. DS4R_GPU_MEMORY_GB overrides (benchmarks on bigger GPUs keep the default on purpose).
-size_t default_budget() {
-    if (const char* e = std::getenv("DS4R_GPU_MEMORY_GB")) {
-        double gb = std::atof(e);
-        if (gb > 0) return static_cast<size_t>(gb * 1e9);
-    }
-    return static_cast<size_t>(22e9);
+// GPU memory budget: the product targets a 24 GB card (DESIGN.md 5): <= 22 GB whatever the GPU unless
+// --gpu-memory-gb says otherwise (benchmarks on bigger GPUs keep the default on purpose).
+size_t memory_budget_bytes(double gpu_memory_gb) {
+    return static_cast<size_t>(gpu_memory_gb > 0 ? gpu_memory_gb * 1e9 : 22e9);
 }
 
 class CudaCopyQueue : public CopyQueue {
@@ -149,7 +145,7 @@ Tensor CudaBackend::alloc(DType t, const Shape& shape) {
     if (in_use_.load() + rounded > budget_)
         throw OutOfMemoryError(
             strfmt("GPU memory budget exceeded: %zu bytes in use + %zu requested > %zu budget (lower "
-                   "--max-batch-tokens / --pass-tokens, or set DS4R_GPU_MEMORY_GB)",
+                   "--max-batch-tokens / --pass-tokens, or raise --gpu-memory-gb)",
                    in_use_.load(), rounded, budget_));
     void* p = nullptr;
     cudaError_t err = cudaMallocAsync(&p, rounded, stream_);
@@ -283,7 +279,7 @@ cublasHandle_t CudaBackend::cublas() {
     return cublas_;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why) {
+std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, double gpu_memory_gb) {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess || n == 0) {
@@ -305,7 +301,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why) {
         return nullptr;
     }
     try {
-        return std::make_unique<CudaBackend>(device, default_budget());
+        return std::make_unique<CudaBackend>(device, memory_budget_bytes(gpu_memory_gb));
     } catch (const Error& e) {
         if (why) *why = e.what();
         return nullptr;

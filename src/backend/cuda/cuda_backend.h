@@ -58,18 +58,20 @@ public:
     size_t free_memory() const override;
     std::shared_ptr<void> alloc_host(size_t bytes) override;
     std::unique_ptr<CopyQueue> make_copy_queue() override;
-    // Profiling with CUDA events on the compute stream (DS4R_PROFILE=1).
+    // Profiling with CUDA events on the compute stream (DS4R_PROFILE=1, ds4r/settings.h).
     void range_push(const char* name) override;
     void range_pop() override;
     std::vector<std::pair<std::string, double>> profile_totals() override;
     void profile_reset() override;
 
     // ---- ops (cuda_ops_linear.cpp) ----
-    void act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s) override;
+    // Not Backend ops (see CpuBackend): for the tests.
+    void act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s);
+    void linear_fp4(const Tensor& x, const Fp4Linear& w, const Tensor& y);
+    void window_indices(const Tensor& qpos, int64_t window, const Tensor& idx);
     void act_quant_fp8_inplace(const Tensor& x) override;
     void fp4_quant_inplace(const Tensor& x, Fp4Scale kind) override;
     void linear_fp8(const Tensor& x, const Fp8Linear& w, const Tensor& y) override;
-    void linear_fp4(const Tensor& x, const Fp4Linear& w, const Tensor& y) override;
     void linear_bf16(const Tensor& x, const Tensor& w, const Tensor& y) override;
     void linear_f32(const Tensor& x, const Tensor& w, const Tensor& y) override;
     void linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t groups, const Tensor& y) override;
@@ -91,6 +93,16 @@ public:
     void engram_update(const Tensor& X, const Tensor& kv, const Tensor& qw, const Tensor& kw,
                        float eps) override;
     void mul_scalar_bf16(const Tensor& x, float factor) override;
+    // The block-scaled GEMMs' A operand: x BF16 [M, K] (K % 32 == 0) -> q F8_E4M3 [M, K] activation
+    // codes in the GEMM's fragment order, s F8_E8M0 [M, K / 32] scales (NaN / inf blocks marked 0xFF).
+    struct GemmActs {
+        Tensor q, s;
+    };
+    GemmActs quantize_gemm_acts(const Tensor& x, int64_t M, int64_t K);
+    // rope_table's inverse frequencies F32 [rd / 2] on the GPU, after validating the call against
+    // table F32 [n_pos, rd/2, 2] (also used by the CUDA test kit's libdevice table).
+    Tensor rope_inv_freqs(double base, double factor, int64_t yarn_orig, double beta_fast, double beta_slow,
+                          int64_t rd, const Tensor& table);
     // ---- ops (cuda_ops_attention.cpp) ----
     void index_scores(const Tensor& q, const Tensor& k, const Tensor& w, const Tensor& qpos, int ratio,
                       const Tensor& score) override;
@@ -99,7 +111,6 @@ public:
     void apply_candidate_mask(const Tensor& score, const Tensor& mask, int64_t block) override;
     void index_topk(const Tensor& score, const Tensor& qpos, int ratio, int64_t offset,
                     const Tensor& idx) override;
-    void window_indices(const Tensor& qpos, int64_t window, const Tensor& idx) override;
     void attn_indices(const Tensor& qpos, int64_t window, const Tensor& topk, const Tensor& idx) override;
     void sparse_attn(const Tensor& q, const Tensor& win_kv, const Tensor& cmp_kv, const Tensor& sink,
                      const Tensor& idx, float scale, const Tensor& o) override;
@@ -132,7 +143,7 @@ private:
     std::vector<std::pair<std::string, double>> profile_;  // name -> seconds (folded from closed_ranges_)
 };
 
-// "cuda:0 (NVIDIA H200, sm_90, 139.8 GiB)"; nullptr + *why when no usable device.
-std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why);
+// "cuda:0 (NVIDIA H200, sm_90, 139.8 GiB)"; nullptr + *why when no usable device (see ds4r/backend.h).
+std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, double gpu_memory_gb);
 
 }  // namespace ds4r
