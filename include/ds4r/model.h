@@ -70,7 +70,7 @@ struct SeqInfo {
     // Shared slots (MODEL.md 5.6), set by the latest source layers:
     int64_t cmp_rows = 0;    // T: rows of compressed KV / index keys (s / ratio of the latest KV source)
     int64_t topk_width = 0;  // K_c of the latest index source (0: window only)
-    int64_t cand_words = 0;  // u32 words per row of the candidate block mask (0: none yet)
+    int64_t cand_words = 0;  // 32-bit words per row of the candidate block mask (0: none yet)
 };
 
 // A contiguous piece of one sequence inside a chunk.
@@ -99,7 +99,8 @@ struct PassContext {
     Tensor cmp_kv;   // BF16 [total_rows, hd]: compressed KV of the latest KV source (seq at row0)
     Tensor index_k;  // BF16 [total_rows, ihd]: index keys of the latest key-owning source
     Tensor topk;  // I32 [total_rows * index_topk] flat: sequence i holds [len, topk_width] at row0*index_topk
-    Tensor cand;  // U32 flat: sequence i holds [len, cand_words] at row0 * cand_words_max
+    Tensor cand;  // I32 flat (32-bit mask words, see Backend::candidate_blocks): sequence i holds [len,
+                  // cand_words] at row0 * cand_words_max
     int64_t cand_words_max = 0;
     Tensor rope_plain;  // F32 [max_len, rd/2, 2]: ratio-0 layers (base rope_theta, no YaRN)
     Tensor rope_yarn;   // F32 [max_len, rd/2, 2]: ratio>0 layers and indexers (compress_rope_theta, YaRN)
@@ -108,7 +109,7 @@ struct PassContext {
     void setup(const std::vector<int64_t>& lens);
     // Views of one sequence's slots.
     Tensor seq_topk(int i) const;  // I32 [len, topk_width]
-    Tensor seq_cand(int i) const;  // U32 [len, cand_words]
+    Tensor seq_cand(int i) const;  // I32 [len, cand_words] (mask words)
 };
 
 // Optional per-chunk outputs for tests (teacher-forced golden comparisons). Empty tensors = off.
@@ -121,12 +122,16 @@ struct LayerTaps {
 
 // Engram (MODEL.md 4.8): X BF16 [M, hc, D] updated in place; e BF16 [M, cols*ehd] = gathered rows.
 void engram_chunk(PassContext& ctx, const LayerWeights& w, const Tensor& X, const Tensor& e);
-// Sweep 1 (4.6 b, c, 4.6.1, 4.6.2 step 1). Chunk segments must start at even positions.
-void kv_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, const Tensor& X,
-              const Tensor& P);
-// Sweep 2: the rest of block L. X BF16 [M, hc, D] <- block output; P F32 [M, hc] <- f_pre.
+// The attention input of a chunk (4.5 steps 3-4): x BF16 [M, D] = attn_norm(hc_pre(X, P)) with
+// X BF16 [M, hc, D], P F32 [M, hc]; computed once, read by kv_chunk and main_chunk.
+Tensor attn_input(PassContext& ctx, const LayerWeights& w, const Tensor& X, const Tensor& P);
+// Sweep 1 (4.6 b, c, 4.6.1, 4.6.2 step 1) from x = attn_input(...). Chunk segments must start at even
+// positions.
+void kv_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, const Tensor& x);
+// Sweep 2: the rest of block L from x = attn_input(X, P). X BF16 [M, hc, D] <- block output; P F32
+// [M, hc] <- f_pre.
 void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, const Tensor& X,
-                const Tensor& P, const LayerTaps* taps);
+                const Tensor& P, const Tensor& x, const LayerTaps* taps);
 // After the last block (4.9): x = hc_pre(X, P) -> `collapsed` (BF16 [M, D], the capture point of
 // layer n_layers) -> final norm -> head statistics against targets I32 [M].
 void head_chunk(PassContext& ctx, const GlobalWeights& g, const Tensor& X, const Tensor& P,

@@ -2,7 +2,7 @@
 // state fits in host memory; every layer is applied to every sequence of the pass before the next
 // layer is acquired from the WeightSource. Per-sequence state (4-copy residual stream, next
 // pre-mix) lives in host memory between layers and streams through the backend in chunks of at
-// most max_batch_tokens rows.
+// most chunk_rows rows.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +24,7 @@ class Tokenizer;
 enum class HiddenMode { Mean, Copies };
 
 struct ReplayOptions {
-    int64_t max_batch_tokens = 4096;  // rows per chunk (bounds activation memory, never results)
+    int64_t chunk_rows = 4096;        // rows per chunk (bounds activation memory, never results)
     int top_k = 8;                    // alternatives per position
     std::vector<int> capture_layers;  // 0..n_layers (n_layers = collapsed final hidden state)
     HiddenMode hidden_mode = HiddenMode::Mean;
@@ -34,6 +34,9 @@ struct ReplayOptions {
 // scores, plus the state ring's 2 extra buffers of hc * (D * 2 + 4) bytes) within a quarter of the
 // backend's free memory; 64 .. 8192.
 int64_t default_chunk_rows(const ModelConfig& cfg, size_t free_bytes);
+// The chunk size of a run (--max-batch-tokens of score / bench): `requested` rows when > 0, else
+// default_chunk_rows(cfg, free_bytes).
+int64_t resolve_chunk_rows(int64_t requested, const ModelConfig& cfg, size_t free_bytes);
 
 // Engram hashing state and table readers for the whole run (MODEL.md 4.2, 4.8).
 struct EngramResources {
@@ -88,7 +91,7 @@ public:
     std::vector<SequenceScores> run(const std::vector<std::vector<int32_t>>& seqs, HiddenSink* sink,
                                     const std::function<void(const LayerTiming&)>& on_layer = {});
     static constexpr int64_t kMinChunkRows = 8;
-    int64_t chunk_rows() const { return opt_.max_batch_tokens; }  // the current chunk size
+    int64_t chunk_rows() const { return opt_.chunk_rows; }  // the current chunk size
     int out_of_memory_retries() const { return oom_retries_; }
 
     // --- step API (used by run() and by the teacher-forced tests) ---

@@ -154,7 +154,7 @@ void plan_direct(const std::vector<ByteRun>& runs, size_t max_read, LayerPlan& p
 
 std::vector<ByteRun> plan_runs(const Checkpoint& ckpt, int layer) {
     if (layer != kHeadLayer) return ckpt.layer_runs(layer);
-    return merge_byte_runs({&ckpt.at("norm.weight"), &ckpt.at("head.weight")});
+    return merge_byte_runs({&ckpt.at(kFinalNormTensorName), &ckpt.at(kHeadTensorName)});
 }
 
 LayerPlan make_layer_plan(const Checkpoint& ckpt, int layer, bool upload, size_t staging_bytes) {

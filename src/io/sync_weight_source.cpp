@@ -55,7 +55,7 @@ private:
     std::vector<ByteRun> runs_for(int layer) const {
         if (layer != kHeadLayer) return ckpt_.layer_runs(layer);
         std::vector<ByteRun> runs;
-        for (const char* n : {"norm.weight", "head.weight"}) {
+        for (const char* n : {kFinalNormTensorName, kHeadTensorName}) {
             const TensorLocation& t = ckpt_.at(n);
             ByteRun r;
             r.shard = t.shard;

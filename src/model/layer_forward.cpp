@@ -139,21 +139,25 @@ void engram_chunk(PassContext& ctx, const LayerWeights& w, const Tensor& X, cons
     ctx.be.engram_update(X, kv, w.eng_q, w.eng_k, static_cast<float>(c.norm_eps));
 }
 
-void kv_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, const Tensor& X,
-              const Tensor& P) {
+Tensor attn_input(PassContext& ctx, const LayerWeights& w, const Tensor& X, const Tensor& P) {
+    Backend& be = ctx.be;
+    ProfileRange pr(be, "attn.input");
+    Tensor x = be.alloc(DType::BF16, {X.dim(0), ctx.cfg.dim});
+    be.hc_pre(X, P, x);
+    be.rms_norm(x, w.attn_norm, static_cast<float>(ctx.cfg.norm_eps), x);
+    return x;
+}
+
+void kv_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, const Tensor& x) {
     Backend& be = ctx.be;
     const ModelConfig& c = ctx.cfg;
     const LayerRole& role = w.role;
-    const int64_t M = rows.rows, D = c.dim, hd = c.head_dim, rd = c.rope_head_dim, ihd = c.index_head_dim;
+    const int64_t M = rows.rows, hd = c.head_dim, rd = c.rope_head_dim, ihd = c.index_head_dim;
     const float eps = static_cast<float>(c.norm_eps);
     const Tensor& table = rope_table_for(ctx, role);
 
     Phase ph(be);
     ph("kv.window");
-    // x = attn_norm(hc_pre(X, P_in)) (4.5 steps 3-4).
-    Tensor x = be.alloc(DType::BF16, {M, D});
-    be.hc_pre(X, P, x);
-    be.rms_norm(x, w.attn_norm, eps, x);
 
     // (b) window KV: kv_norm(wkv(x)), RoPE on the last rd dims, fp8 round trip over all 512 dims.
     Tensor kv = be.alloc(DType::BF16, {M, hd});
@@ -229,7 +233,7 @@ void kv_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, co
 }
 
 void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, const Tensor& X,
-                const Tensor& P, const LayerTaps* taps) {
+                const Tensor& P, const Tensor& x, const LayerTaps* taps) {
     Backend& be = ctx.be;
     const ModelConfig& c = ctx.cfg;
     const LayerRole& role = w.role;
@@ -240,9 +244,6 @@ void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, 
 
     Phase ph(be);
     ph("attn.q_proj");
-    Tensor x = be.alloc(DType::BF16, {M, D});
-    be.hc_pre(X, P, x);
-    be.rms_norm(x, w.attn_norm, eps, x);
 
     // (a) queries: qr = q_norm(wq_a(x)), q = wq_b(qr), RoPE on each head's last rd dims.
     Tensor qr = be.alloc(DType::BF16, {M, c.q_lora_rank});

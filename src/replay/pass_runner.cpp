@@ -31,6 +31,10 @@ int64_t default_chunk_rows(const ModelConfig& cfg, size_t free_bytes) {
     return std::clamp<int64_t>(static_cast<int64_t>(free_bytes / 4) / (activations + ring), 64, 8192);
 }
 
+int64_t resolve_chunk_rows(int64_t requested, const ModelConfig& cfg, size_t free_bytes) {
+    return requested > 0 ? requested : default_chunk_rows(cfg, free_bytes);
+}
+
 std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt) {
     const ModelConfig& cfg = ckpt.config();
     if (cfg.engram_layer_ids.empty()) return nullptr;
@@ -40,8 +44,8 @@ std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt) {
     res->map = build_engram_token_map(tok, cfg, tok_path, /*check=*/true);
     res->layout = build_engram_layout(cfg);
     for (int L : cfg.engram_layer_ids) {
-        const TensorLocation& w = ckpt.at(layer_tensor_name(L, "engram.embed.weight"));
-        const TensorLocation& s = ckpt.at(layer_tensor_name(L, "engram.embed.scale"));
+        const TensorLocation& w = ckpt.at(engram_table_tensor_name(L));
+        const TensorLocation& s = ckpt.at(engram_table_scale_tensor_name(L));
         if (w.shard != s.shard)
             throw CheckpointError(
                 strfmt("layer %d: engram.embed.weight and .scale are in different shards", L));
@@ -61,7 +65,7 @@ PassRunner::PassRunner(Backend& be, const Checkpoint& ckpt, WeightSource& weight
       cfg_(ckpt.config()),
       roles_(ckpt.roles()),
       ctx_(be, ckpt.config()) {
-    DS4R_CHECK(opt_.max_batch_tokens >= 2, "max_batch_tokens must be >= 2");
+    DS4R_CHECK(opt_.chunk_rows >= 2, "chunk_rows must be >= 2");
     up_q_ = be_.make_copy_queue();
     down_q_ = be_.make_copy_queue();
     if (!cfg_.engram_layer_ids.empty())
@@ -112,7 +116,7 @@ void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs) {
     premix_ = be_.alloc_host(static_cast<size_t>(total_rows_ * hc) * 4);
 
     // Embedding rows (MODEL.md 4.3), read from the shard on the host: a gather, never streamed.
-    const TensorLocation& emb = ckpt_.at("embed.weight");
+    const TensorLocation& emb = ckpt_.at(kEmbedTensorName);
     FileHandle f(ckpt_.shards().at(static_cast<size_t>(emb.shard)).path, O_RDONLY, 0, true);
     std::vector<uint16_t> row(static_cast<size_t>(D));
     uint16_t* X = static_cast<uint16_t*>(stream_.get());
@@ -178,7 +182,7 @@ void PassRunner::plan_chunks() {
     // Chunks are contiguous pass rows; a boundary inside a sequence always falls on an even
     // position so that ratio-2 compressor pairs never straddle two chunks.
     chunks_.clear();
-    const int64_t cap = opt_.max_batch_tokens;
+    const int64_t cap = opt_.chunk_rows;
     int64_t r = 0;
     while (r < total_rows_) {
         int64_t end = std::min(total_rows_, r + cap);
@@ -341,7 +345,8 @@ void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {
         const size_t b = c % ring.X.size();
         const Tensor X = ring.X[b].rows(0, M), P = ring.P[b].rows(0, M);
         up_q_->compute_wait(ring.up[c]);
-        kv_chunk(ctx_, w, ch.rows, X, P);
+        const Tensor x = attn_input(ctx_, w, X, P);  // read by both sweeps of the chunk
+        kv_chunk(ctx_, w, ch.rows, x);
         LayerTaps taps;
         if (host_taps) {
             taps.attn_out = be_.alloc(DType::BF16, {M, D});
@@ -349,7 +354,7 @@ void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {
             taps.route_idx = be_.alloc(DType::I32, {M, k});
             taps.route_w = be_.alloc(DType::F32, {M, k});
         }
-        main_chunk(ctx_, w, ch.rows, X, P, host_taps ? &taps : nullptr);
+        main_chunk(ctx_, w, ch.rows, X, P, x, host_taps ? &taps : nullptr);
         ring_download(ring, c);
         if (host_taps) {
             be_.download(host_taps->attn_out.data() + ch.r0 * D, taps.attn_out, 0,
@@ -485,13 +490,13 @@ std::vector<SequenceScores> PassRunner::run(const std::vector<std::vector<int32_
         } catch (const OutOfMemoryError& e) {
             // DESIGN.md section 6: shrink the chunks and go on, never return wrong data. Nothing of
             // the pass has left the runner (its captured rows are dropped by the sink).
-            if (opt_.max_batch_tokens <= kMinChunkRows) throw;
-            const int64_t rows = std::max<int64_t>(kMinChunkRows, opt_.max_batch_tokens / 2);
+            if (opt_.chunk_rows <= kMinChunkRows) throw;
+            const int64_t rows = std::max<int64_t>(kMinChunkRows, opt_.chunk_rows / 2);
             log_warn(
                 strfmt("out of backend memory with chunks of %lld rows (%s); running the pass again "
                        "with chunks of %lld rows",
-                       (long long)opt_.max_batch_tokens, e.what(), (long long)rows));
-            opt_.max_batch_tokens = rows;
+                       (long long)opt_.chunk_rows, e.what(), (long long)rows));
+            opt_.chunk_rows = rows;
             ++oom_retries_;
             if (sink) sink->restart_pass();
             be_.synchronize();

@@ -67,7 +67,7 @@ struct MemSink : HiddenSink {
 // Scores the golden sequences in `groups` (each group of sequence indices = one pass) and returns
 // the formatted output record of every sequence index. With a sink, layers 2 and 6 are captured
 // (keyed by the golden sequence index).
-std::map<int, std::string> score_golden(const std::vector<std::vector<int>>& groups, int64_t max_batch_tokens,
+std::map<int, std::string> score_golden(const std::vector<std::vector<int>>& groups, int64_t chunk_rows,
                                         MemSink* sink = nullptr, const std::string& backend = "cpu");
 std::vector<int> all_golden_indices();
 

@@ -60,7 +60,7 @@ TeacherForcedReport run_teacher_forced(const std::string& backend) {
         NpyArray moe_out = dump(sn + "_layers/moe_out.npy"), route_idx = dump(sn + "_layers/route_idx.npy");
         NpyArray route_w = dump(sn + "_layers/route_w.npy");
         ReplayOptions ro;
-        ro.max_batch_tokens = 1 << 20;
+        ro.chunk_rows = 1 << 20;
         PassRunner runner(*gm.be, *gm.ckpt, *gm.weights, gm.engram.get(), ro);
         runner.begin({seqs[static_cast<size_t>(si)].tokens});
         PassContext& ctx = runner.context();

@@ -61,7 +61,7 @@ RunResult score(Backend& be, const Checkpoint& ck, int64_t chunk_rows,
     auto eng = load_engram_resources(ck);
     auto ws = make_sync_weight_source(be, ck);
     ReplayOptions ro;
-    ro.max_batch_tokens = chunk_rows;
+    ro.chunk_rows = chunk_rows;
     if (sink) ro.capture_layers = {2, 6};
     PassRunner runner(be, ck, *ws, eng.get(), ro);
     RunResult r;
