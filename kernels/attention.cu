@@ -258,14 +258,15 @@ cudaError_t launch_sa(const uint16_t* q, const uint16_t* win_kv, const uint16_t*
 
 }  // namespace
 
-void launch_attn_indices(const int32_t* qpos, int64_t m, int64_t window, int64_t W, const int32_t* topk,
-                         int64_t kc, int32_t* idx, cudaStream_t stream) {
+cudaError_t launch_attn_indices(const int32_t* qpos, int64_t m, int64_t window, int64_t W,
+                                const int32_t* topk, int64_t kc, int32_t* idx, cudaStream_t stream) {
     const int64_t total = m * (W + kc);
-    if (total == 0) return;
+    if (total == 0) return cudaSuccess;
     const int threads = 256;
     const int64_t blocks = (total + threads - 1) / threads;
     attn_indices_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), threads, 0, stream>>>(
         qpos, m, window, W, topk, kc, idx);
+    return cudaGetLastError();
 }
 
 bool sparse_attn_supported_dim(int64_t hd) {

@@ -11,8 +11,8 @@ namespace ds4r::kern {
 // idx I32 [m, n] with n = W + Kc: idx[r, c] = max(p - window + 1, 0) + c, or -1 if that exceeds
 // p = qpos[r] (I32 [m]), for c < W; idx[r, W + c] = topk[r, c] (I32 [m, Kc], Kc may be 0, topk may
 // then be null). window_indices is the Kc = 0 case.
-void launch_attn_indices(const int32_t* qpos, int64_t m, int64_t window, int64_t W, const int32_t* topk,
-                         int64_t kc, int32_t* idx, cudaStream_t stream);
+cudaError_t launch_attn_indices(const int32_t* qpos, int64_t m, int64_t window, int64_t W,
+                                const int32_t* topk, int64_t kc, int32_t* idx, cudaStream_t stream);
 
 // Head dims sparse_attn is instantiated for.
 bool sparse_attn_supported_dim(int64_t hd);

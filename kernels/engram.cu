@@ -8,14 +8,6 @@ namespace ds4r::kern {
 
 namespace {
 
-constexpr int kElemThreads = 256;
-constexpr int64_t kMaxElemBlocks = 65535LL * 16;
-
-int elem_blocks(int64_t n) {
-    const int64_t b = cdiv(n, kElemThreads);
-    return static_cast<int>(b < kMaxElemBlocks ? (b > 0 ? b : 1) : kMaxElemBlocks);
-}
-
 // One block of 256 threads per (row, copy). Thread t takes d = t, t+256, ... in order for the three
 // sums, then the fixed block reduction; the update pass rereads h (unchanged until then: the
 // barriers inside block_sum_fixed order every read before any write, and each element is written by
@@ -81,23 +73,26 @@ __global__ void mul_scalar_bf16_kernel(uint16_t* __restrict__ x, int64_t n, floa
 
 }  // namespace
 
-void launch_engram_update(uint16_t* X, const uint16_t* kv, const uint16_t* qw, const uint16_t* kw, int64_t M,
-                          int64_t hc, int64_t D, float inv_d, float inv_sqrt_d, float eps,
-                          cudaStream_t stream) {
-    if (M <= 0 || hc <= 0 || D <= 0) return;
+cudaError_t launch_engram_update(uint16_t* X, const uint16_t* kv, const uint16_t* qw, const uint16_t* kw,
+                                 int64_t M, int64_t hc, int64_t D, float inv_d, float inv_sqrt_d, float eps,
+                                 cudaStream_t stream) {
+    if (M <= 0 || hc <= 0 || D <= 0) return cudaSuccess;
     engram_update_kernel<<<static_cast<unsigned>(M * hc), kFixedReduceThreads, 0, stream>>>(
         X, kv, qw, kw, hc, D, inv_d, inv_sqrt_d, eps);
+    return cudaGetLastError();
 }
 
-void launch_compress_pool2(const float* kv, const float* sc, uint16_t* out, int64_t n, int64_t hd,
-                           cudaStream_t stream) {
-    if (n <= 0 || hd <= 0) return;
+cudaError_t launch_compress_pool2(const float* kv, const float* sc, uint16_t* out, int64_t n, int64_t hd,
+                                  cudaStream_t stream) {
+    if (n <= 0 || hd <= 0) return cudaSuccess;
     compress_pool2_kernel<<<elem_blocks(n * hd), kElemThreads, 0, stream>>>(kv, sc, out, n, hd);
+    return cudaGetLastError();
 }
 
-void launch_mul_scalar_bf16(uint16_t* x, int64_t n, float factor, cudaStream_t stream) {
-    if (n <= 0) return;
+cudaError_t launch_mul_scalar_bf16(uint16_t* x, int64_t n, float factor, cudaStream_t stream) {
+    if (n <= 0) return cudaSuccess;
     mul_scalar_bf16_kernel<<<elem_blocks(n), kElemThreads, 0, stream>>>(x, n, factor);
+    return cudaGetLastError();
 }
 
 }  // namespace ds4r::kern

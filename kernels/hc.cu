@@ -9,14 +9,6 @@ namespace ds4r::kern {
 
 namespace {
 
-constexpr int kElemThreads = 256;
-constexpr int64_t kMaxElemBlocks = 65535LL * 16;
-
-int elem_blocks(int64_t n) {
-    const int64_t b = cdiv(n, kElemThreads);
-    return static_cast<int>(b < kMaxElemBlocks ? (b > 0 ? b : 1) : kMaxElemBlocks);
-}
-
 // ------------------------------------------------------------------ hc_mixes
 // Tokens per block. fn (mix x hc*D fp32, 1.97 MB for V4.1) is streamed from L2 once per block, so it
 // is read M / kMixTok times per call; each thread keeps kMixTok * (mix + 1) = 100 fp32 accumulators.
@@ -183,25 +175,28 @@ __global__ void hc_post_kernel(const uint16_t* __restrict__ x, const uint16_t* R
 
 }  // namespace
 
-void launch_hc_mixes(const uint16_t* X, const float* fn, const float* scale, const float* base, int64_t M,
-                     int64_t D, float inv_n, float norm_eps, float hc_eps, int iters, float* pre, float* post,
-                     float* comb, cudaStream_t stream) {
-    if (M <= 0) return;
+cudaError_t launch_hc_mixes(const uint16_t* X, const float* fn, const float* scale, const float* base,
+                            int64_t M, int64_t D, float inv_n, float norm_eps, float hc_eps, int iters,
+                            float* pre, float* post, float* comb, cudaStream_t stream) {
+    if (M <= 0) return cudaSuccess;
     const int64_t blocks = cdiv(M, kMixTok);
     hc_mixes_kernel<<<static_cast<unsigned>(blocks), kFixedReduceThreads, 0, stream>>>(
         X, fn, scale, base, M, kHcMult * D, inv_n, norm_eps, hc_eps, iters, pre, post, comb);
+    return cudaGetLastError();
 }
 
-void launch_hc_pre(const uint16_t* X, const float* mix, uint16_t* y, int64_t M, int64_t hc, int64_t D,
-                   cudaStream_t stream) {
-    if (M <= 0 || D <= 0) return;
+cudaError_t launch_hc_pre(const uint16_t* X, const float* mix, uint16_t* y, int64_t M, int64_t hc, int64_t D,
+                          cudaStream_t stream) {
+    if (M <= 0 || D <= 0) return cudaSuccess;
     hc_pre_kernel<<<elem_blocks(M * D), kElemThreads, 0, stream>>>(X, mix, y, M, hc, D);
+    return cudaGetLastError();
 }
 
-void launch_hc_post(const uint16_t* x, const uint16_t* R, const float* post, const float* comb, uint16_t* out,
-                    int64_t M, int64_t hc, int64_t D, cudaStream_t stream) {
-    if (M <= 0 || D <= 0) return;
+cudaError_t launch_hc_post(const uint16_t* x, const uint16_t* R, const float* post, const float* comb,
+                           uint16_t* out, int64_t M, int64_t hc, int64_t D, cudaStream_t stream) {
+    if (M <= 0 || D <= 0) return cudaSuccess;
     hc_post_kernel<<<elem_blocks(M * D), kElemThreads, 0, stream>>>(x, R, post, comb, out, M, hc, D);
+    return cudaGetLastError();
 }
 
 }  // namespace ds4r::kern

@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(kHsThreads)
         const double l = row[v];
         const double e = exp(l - dmx);
         se += e;
-        sel += e * l;
+        sel = __fma_rn(e, l, sel);  // one fma, as contraction compiled it before --fmad=false (same bytes)
     }
     se = block_sum_f64(se, sm.red);
     sel = block_sum_f64(sel, sm.red);
@@ -243,12 +243,13 @@ cudaError_t launch_head_logits(const uint16_t* x, const uint16_t* w, float* logi
     return cudaGetLastError();
 }
 
-void launch_head_row_stats(const float* logits, const int32_t* targets, int64_t R, int64_t V, int k,
-                           double* lse, double* entropy, float* target_logit, int32_t* rank,
-                           int32_t* topk_ids, float* topk_logit, cudaStream_t stream) {
-    if (R == 0) return;
+cudaError_t launch_head_row_stats(const float* logits, const int32_t* targets, int64_t R, int64_t V, int k,
+                                  double* lse, double* entropy, float* target_logit, int32_t* rank,
+                                  int32_t* topk_ids, float* topk_logit, cudaStream_t stream) {
+    if (R == 0) return cudaSuccess;
     head_row_stats_kernel<<<static_cast<unsigned>(R), kHsThreads, 0, stream>>>(
         logits, targets, V, k, lse, entropy, target_logit, rank, topk_ids, topk_logit);
+    return cudaGetLastError();
 }
 
 }  // namespace ds4r::kern

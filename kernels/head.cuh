@@ -24,8 +24,8 @@ cudaError_t launch_head_logits(const uint16_t* x, const uint16_t* w, float* logi
 // target_logit F32 [R] and rank I32 [R] = 1 + #{l > l_target} (0 and 0 without a target),
 // topk_ids I32 [R, k] / topk_logit F32 [R, k]: the k largest logits, descending, equal logits by
 // lower id (+0 == -0; NaN below everything). 0 <= k <= min(V, kHeadMaxTopK).
-void launch_head_row_stats(const float* logits, const int32_t* targets, int64_t R, int64_t V, int k,
-                           double* lse, double* entropy, float* target_logit, int32_t* rank,
-                           int32_t* topk_ids, float* topk_logit, cudaStream_t stream);
+cudaError_t launch_head_row_stats(const float* logits, const int32_t* targets, int64_t R, int64_t V, int k,
+                                  double* lse, double* entropy, float* target_logit, int32_t* rank,
+                                  int32_t* topk_ids, float* topk_logit, cudaStream_t stream);
 
 }  // namespace ds4r::kern

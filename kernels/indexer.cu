@@ -244,10 +244,10 @@ bool index_scores_supported_dim(int ihd) {
     return ihd == 32 || ihd == 64 || ihd == 128;
 }
 
-void launch_index_scores(const uint16_t* q, const uint16_t* k, const uint16_t* w, const int32_t* qpos,
-                         int64_t m, int nh, int ihd, int64_t T, int ratio, uint16_t* score,
-                         cudaStream_t stream) {
-    if (m == 0 || T == 0) return;
+cudaError_t launch_index_scores(const uint16_t* q, const uint16_t* k, const uint16_t* w, const int32_t* qpos,
+                                int64_t m, int nh, int ihd, int64_t T, int ratio, uint16_t* score,
+                                cudaStream_t stream) {
+    if (m == 0 || T == 0) return cudaSuccess;
     const dim3 grid(static_cast<unsigned>((m + kIsWarps - 1) / kIsWarps),
                     static_cast<unsigned>((T + kIsTile * kIsTilesPerCta - 1) / (kIsTile * kIsTilesPerCta)));
     switch (ihd) {
@@ -261,31 +261,35 @@ void launch_index_scores(const uint16_t* q, const uint16_t* k, const uint16_t* w
             index_scores_kernel<128><<<grid, kIsThreads, 0, stream>>>(q, k, w, qpos, m, nh, T, ratio, score);
             break;
     }
+    return cudaGetLastError();
 }
 
-void launch_candidate_blocks(const uint16_t* score, const int32_t* qpos, int64_t m, int64_t T, int ratio,
-                             int64_t block, int64_t topk_blocks, uint32_t* mask, int64_t words,
-                             cudaStream_t stream) {
-    if (m == 0 || words == 0) return;
+cudaError_t launch_candidate_blocks(const uint16_t* score, const int32_t* qpos, int64_t m, int64_t T,
+                                    int ratio, int64_t block, int64_t topk_blocks, uint32_t* mask,
+                                    int64_t words, cudaStream_t stream) {
+    if (m == 0 || words == 0) return cudaSuccess;
     candidate_blocks_kernel<<<static_cast<unsigned>(m), kSelThreads, 0, stream>>>(
         score, qpos, T, ratio, block, topk_blocks, mask, words);
+    return cudaGetLastError();
 }
 
-void launch_apply_candidate_mask(uint16_t* score, const uint32_t* mask, int64_t m, int64_t T, int64_t block,
-                                 int64_t words, cudaStream_t stream) {
+cudaError_t launch_apply_candidate_mask(uint16_t* score, const uint32_t* mask, int64_t m, int64_t T,
+                                        int64_t block, int64_t words, cudaStream_t stream) {
     const int64_t n = m * T;
-    if (n == 0) return;
+    if (n == 0) return cudaSuccess;
     const int threads = 256;
     const int64_t blocks = (n + threads - 1) / threads;
     apply_candidate_mask_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), threads, 0,
                                   stream>>>(score, mask, m, T, block, words);
+    return cudaGetLastError();
 }
 
-void launch_index_topk(const uint16_t* score, const int32_t* qpos, int64_t m, int64_t T, int ratio,
-                       int64_t offset, int32_t* idx, int64_t K, cudaStream_t stream) {
-    if (m == 0 || K == 0) return;
+cudaError_t launch_index_topk(const uint16_t* score, const int32_t* qpos, int64_t m, int64_t T, int ratio,
+                              int64_t offset, int32_t* idx, int64_t K, cudaStream_t stream) {
+    if (m == 0 || K == 0) return cudaSuccess;
     index_topk_kernel<<<static_cast<unsigned>(m), kSelThreads, 0, stream>>>(score, qpos, T, ratio, offset,
                                                                             idx, K);
+    return cudaGetLastError();
 }
 
 }  // namespace ds4r::kern

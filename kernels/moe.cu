@@ -12,13 +12,7 @@ namespace {
 constexpr int kRouterWarps = 4;  // one token row per warp
 constexpr int kMaxTopk = 32;
 
-// torch.topk's radix order key (cpu_ref.h topk_order_key): larger key = larger value; NaN largest;
-// -0 < +0. Never 0 for a real value, so 0 marks a taken expert.
-__device__ __forceinline__ uint32_t topk_order_key(float v) {
-    const uint32_t x = __float_as_uint(v);
-    if (v != v) return 0xffffffffu;
-    return (x & 0x80000000u) ? ~x : (x | 0x80000000u);
-}
+// topk_order_key (include/ds4r/numeric.h): larger key = larger value; 0 marks a taken expert.
 
 // smem per warp: score [E] f32, key [E] u32, sel [kMaxTopk] i32.
 __global__ void __launch_bounds__(kRouterWarps * 32)

@@ -4,18 +4,11 @@
 #include "fixed_reduce.cuh"
 #include "libm_sincosf.cuh"
 #include "norm_rope.cuh"
+#include "rope_table_device.cuh"
 
 namespace ds4r::kern {
 
 namespace {
-
-constexpr int kElemThreads = 256;
-constexpr int64_t kMaxElemBlocks = 65535LL * 16;  // grid-stride beyond this
-
-int elem_blocks(int64_t n) {
-    const int64_t b = cdiv(n, kElemThreads);
-    return static_cast<int>(b < kMaxElemBlocks ? (b > 0 ? b : 1) : kMaxElemBlocks);
-}
 
 // ------------------------------------------------------------------ RMSNorm
 // One block of 256 threads per row. Thread t sums x[t], x[t+256], ... in order (squares of bf16
@@ -66,27 +59,13 @@ __global__ void rope_inv_freqs_kernel(float base, float factor, int yarn, float 
     }
 }
 
-// angle = fp32(pos) * f (torch.outer in fp32), then torch.polar's (cos, sin).
-template <bool kLibdevice>
-__global__ void rope_table_kernel(const float* __restrict__ inv_freq, int64_t n_pos, int64_t half,
-                                  float* table) {
-    const int64_t total = n_pos * half;
-    for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-         e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-        const int64_t pos = e / half, i = e - pos * half;
-        const float angle = __fmul_rn(__ll2float_rn(static_cast<long long>(pos)), inv_freq[i]);
-        float c, s;
-        if (kLibdevice) {
-            c = cosf(angle);
-            s = sinf(angle);
-        } else {
-            c = libm_sincosf(angle, 1);
-            s = libm_sincosf(angle, 0);
-        }
-        table[2 * e] = c;
-        table[2 * e + 1] = s;
+// torch.polar's (cos, sin) on the CPU: glibc's cosf / sinf, ported (libm_sincosf.cuh).
+struct GlibcSinCos {
+    __device__ __forceinline__ void operator()(float angle, float* c, float* s) const {
+        *c = libm_sincosf(angle, 1);
+        *s = libm_sincosf(angle, 0);
     }
-}
+};
 
 // ------------------------------------------------------------------ RoPE application
 // One thread per (row, head, pair). Complex multiply (a + ib)(c + is) in fp32 as CUDA torch's
@@ -123,40 +102,37 @@ __global__ void rope_inplace_kernel(uint16_t* x, int64_t rows, int64_t heads, in
 
 }  // namespace
 
-void launch_rms_norm(const uint16_t* x, const uint16_t* w, uint16_t* y, int64_t rows, int64_t n, float inv_n,
-                     float eps, cudaStream_t stream) {
-    if (rows <= 0 || n <= 0) return;
+cudaError_t launch_rms_norm(const uint16_t* x, const uint16_t* w, uint16_t* y, int64_t rows, int64_t n,
+                            float inv_n, float eps, cudaStream_t stream) {
+    if (rows <= 0 || n <= 0) return cudaSuccess;
     rms_norm_kernel<<<static_cast<unsigned>(rows), kFixedReduceThreads, 0, stream>>>(w, x, y, n, inv_n, eps);
+    return cudaGetLastError();
 }
 
-void launch_rope_inv_freqs(float base, float factor, int yarn, float low, float span, int64_t rd,
-                           float* inv_freq, cudaStream_t stream) {
-    if (rd < 2) return;
+cudaError_t launch_rope_inv_freqs(float base, float factor, int yarn, float low, float span, int64_t rd,
+                                  float* inv_freq, cudaStream_t stream) {
+    if (rd < 2) return cudaSuccess;
     rope_inv_freqs_kernel<<<elem_blocks(rd / 2), kElemThreads, 0, stream>>>(base, factor, yarn, low, span, rd,
                                                                             inv_freq);
+    return cudaGetLastError();
 }
 
-void launch_rope_table(const float* inv_freq, int64_t n_pos, int64_t half, float* table,
-                       cudaStream_t stream) {
-    if (n_pos <= 0 || half <= 0) return;
-    rope_table_kernel<false>
+cudaError_t launch_rope_table(const float* inv_freq, int64_t n_pos, int64_t half, float* table,
+                              cudaStream_t stream) {
+    if (n_pos <= 0 || half <= 0) return cudaSuccess;
+    rope_table_kernel<GlibcSinCos>
         <<<elem_blocks(n_pos * half), kElemThreads, 0, stream>>>(inv_freq, n_pos, half, table);
+    return cudaGetLastError();
 }
 
-void launch_rope_table_libdevice(const float* inv_freq, int64_t n_pos, int64_t half, float* table,
-                                 cudaStream_t stream) {
-    if (n_pos <= 0 || half <= 0) return;
-    rope_table_kernel<true>
-        <<<elem_blocks(n_pos * half), kElemThreads, 0, stream>>>(inv_freq, n_pos, half, table);
-}
-
-void launch_rope_inplace(uint16_t* x, int64_t rows, int64_t heads, int64_t width, int64_t rd,
-                         const int32_t* pos, const float* table, int64_t n_pos, int inverse,
-                         cudaStream_t stream) {
+cudaError_t launch_rope_inplace(uint16_t* x, int64_t rows, int64_t heads, int64_t width, int64_t rd,
+                                const int32_t* pos, const float* table, int64_t n_pos, int inverse,
+                                cudaStream_t stream) {
     const int64_t total = rows * heads * (rd / 2);
-    if (total <= 0) return;
+    if (total <= 0) return cudaSuccess;
     rope_inplace_kernel<<<elem_blocks(total), kElemThreads, 0, stream>>>(x, rows, heads, width, rd, pos,
                                                                          table, n_pos, inverse);
+    return cudaGetLastError();
 }
 
 }  // namespace ds4r::kern

@@ -42,10 +42,9 @@ void CudaBackend::index_scores(const Tensor& q, const Tensor& k, const Tensor& w
     check_disjoint(op, "score", score, "q", q);
     check_disjoint(op, "score", score, "k", k);
     if (m == 0 || T == 0) return;
-    kern::launch_index_scores(q.ptr<uint16_t>(), k.ptr<uint16_t>(), w.ptr<uint16_t>(), qpos.ptr<int32_t>(), m,
-                              static_cast<int>(nh), static_cast<int>(ihd), T, ratio, score.ptr<uint16_t>(),
-                              stream());
-    DS4R_CUDA_LAUNCH_CHECK();
+    DS4R_CUDA_CHECK(kern::launch_index_scores(
+        q.ptr<uint16_t>(), k.ptr<uint16_t>(), w.ptr<uint16_t>(), qpos.ptr<int32_t>(), m, static_cast<int>(nh),
+        static_cast<int>(ihd), T, ratio, score.ptr<uint16_t>(), stream()));
 }
 
 void CudaBackend::candidate_blocks(const Tensor& score, const Tensor& qpos, int ratio, int64_t block,
@@ -59,9 +58,8 @@ void CudaBackend::candidate_blocks(const Tensor& score, const Tensor& qpos, int 
     check_grid(op, m);
     check_disjoint(op, "mask", mask, "score", score);
     if (m == 0 || words == 0) return;
-    kern::launch_candidate_blocks(score.ptr<uint16_t>(), qpos.ptr<int32_t>(), m, T, ratio, block, topk_blocks,
-                                  mask.ptr<uint32_t>(), words, stream());
-    DS4R_CUDA_LAUNCH_CHECK();
+    DS4R_CUDA_CHECK(kern::launch_candidate_blocks(score.ptr<uint16_t>(), qpos.ptr<int32_t>(), m, T, ratio,
+                                                  block, topk_blocks, mask.ptr<uint32_t>(), words, stream()));
 }
 
 void CudaBackend::apply_candidate_mask(const Tensor& score, const Tensor& mask, int64_t block) {
@@ -70,9 +68,8 @@ void CudaBackend::apply_candidate_mask(const Tensor& score, const Tensor& mask, 
     const auto [m, T, nb, words] = opcheck::apply_candidate_mask(score, mask, block);
     check_disjoint(op, "mask", mask, "score", score);
     if (m == 0 || T == 0) return;
-    kern::launch_apply_candidate_mask(score.ptr<uint16_t>(), mask.ptr<uint32_t>(), m, T, block, words,
-                                      stream());
-    DS4R_CUDA_LAUNCH_CHECK();
+    DS4R_CUDA_CHECK(kern::launch_apply_candidate_mask(score.ptr<uint16_t>(), mask.ptr<uint32_t>(), m, T,
+                                                      block, words, stream()));
 }
 
 void CudaBackend::index_topk(const Tensor& score, const Tensor& qpos, int ratio, int64_t offset,
@@ -83,9 +80,8 @@ void CudaBackend::index_topk(const Tensor& score, const Tensor& qpos, int ratio,
     check_grid(op, m);
     check_disjoint(op, "idx", idx, "score", score);
     if (m == 0 || K == 0) return;
-    kern::launch_index_topk(score.ptr<uint16_t>(), qpos.ptr<int32_t>(), m, T, ratio, offset,
-                            idx.ptr<int32_t>(), K, stream());
-    DS4R_CUDA_LAUNCH_CHECK();
+    DS4R_CUDA_CHECK(kern::launch_index_topk(score.ptr<uint16_t>(), qpos.ptr<int32_t>(), m, T, ratio, offset,
+                                            idx.ptr<int32_t>(), K, stream()));
 }
 
 // ---------------------------------------------------------------------------- attention (MODEL.md 4.6, 5.4)
@@ -94,31 +90,17 @@ void CudaBackend::window_indices(const Tensor& qpos, int64_t window, const Tenso
     // qpos I32 [m] -> idx I32 [m, W].
     const auto [m, W] = opcheck::window_indices(qpos, window, idx);
     if (m == 0 || W == 0) return;
-    kern::launch_attn_indices(qpos.ptr<int32_t>(), m, window, W, nullptr, 0, idx.ptr<int32_t>(), stream());
-    DS4R_CUDA_LAUNCH_CHECK();
+    DS4R_CUDA_CHECK(kern::launch_attn_indices(qpos.ptr<int32_t>(), m, window, W, nullptr, 0,
+                                              idx.ptr<int32_t>(), stream()));
 }
 
 void CudaBackend::attn_indices(const Tensor& qpos, int64_t window, const Tensor& topk, const Tensor& idx) {
     // qpos I32 [m]; topk I32 [m, Kc] (may be empty) -> idx I32 [m, W + Kc].
-    const char* op = "attn_indices";
-    check_dtype(op, "qpos", qpos, DType::I32);
-    check_dtype(op, "idx", idx, DType::I32);
-    DS4R_CHECK(window > 0, "cuda attn_indices: window = %lld must be positive", (long long)window);
-    opcheck::expect_rank(op, "idx", idx, 2, "[m, W + Kc]");
-    const int64_t m = idx.dim(0), n = idx.dim(1);
-    const int64_t kc = topk.empty() ? 0 : topk.dim(1);
-    if (kc > 0) {
-        check_dtype(op, "topk", topk, DType::I32);
-        check_shape(op, "topk", topk, {m, kc});
-    }
-    DS4R_CHECK(kc <= n, "cuda attn_indices: topk has %lld columns, idx only %lld", (long long)kc,
-               (long long)n);
-    check_numel(op, "qpos", qpos, m);
-    check_disjoint(op, "idx", idx, "topk", topk);
-    if (m == 0 || n == 0) return;
-    kern::launch_attn_indices(qpos.ptr<int32_t>(), m, window, n - kc, kc > 0 ? topk.ptr<int32_t>() : nullptr,
-                              kc, idx.ptr<int32_t>(), stream());
-    DS4R_CUDA_LAUNCH_CHECK();
+    const auto [m, W, kc] = opcheck::attn_indices(qpos, window, topk, idx);
+    if (m == 0 || W + kc == 0) return;
+    DS4R_CUDA_CHECK(kern::launch_attn_indices(qpos.ptr<int32_t>(), m, window, W,
+                                              kc > 0 ? topk.ptr<int32_t>() : nullptr, kc, idx.ptr<int32_t>(),
+                                              stream()));
 }
 
 void CudaBackend::sparse_attn(const Tensor& q, const Tensor& win_kv, const Tensor& cmp_kv, const Tensor& sink,
@@ -181,12 +163,11 @@ void CudaBackend::head_stats(const Tensor& x, const Tensor& head, const Tensor& 
         const int64_t R = std::min(chunk, M - r0);
         DS4R_CUDA_CHECK(kern::launch_head_logits(x.ptr<uint16_t>() + r0 * D, head.ptr<uint16_t>(),
                                                  logits.ptr<float>(), R, V, D, stream()));
-        kern::launch_head_row_stats(logits.ptr<float>(), targets.ptr<int32_t>() + r0, R, V, k,
-                                    out.lse.ptr<double>() + r0, out.entropy.ptr<double>() + r0,
-                                    out.target_logit.ptr<float>() + r0, out.rank.ptr<int32_t>() + r0,
-                                    k > 0 ? out.topk_ids.ptr<int32_t>() + r0 * k : nullptr,
-                                    k > 0 ? out.topk_logit.ptr<float>() + r0 * k : nullptr, stream());
-        DS4R_CUDA_LAUNCH_CHECK();
+        DS4R_CUDA_CHECK(kern::launch_head_row_stats(
+            logits.ptr<float>(), targets.ptr<int32_t>() + r0, R, V, k, out.lse.ptr<double>() + r0,
+            out.entropy.ptr<double>() + r0, out.target_logit.ptr<float>() + r0, out.rank.ptr<int32_t>() + r0,
+            k > 0 ? out.topk_ids.ptr<int32_t>() + r0 * k : nullptr,
+            k > 0 ? out.topk_logit.ptr<float>() + r0 * k : nullptr, stream()));
     }
 }
 

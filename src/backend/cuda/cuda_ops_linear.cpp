@@ -64,13 +64,9 @@ static_assert(std::is_same_v<BlockScaledGemm, decltype(&kern::launch_gemm_fp4)>)
 void quantized_gemm(CudaBackend& be, const Tensor& x, const uint8_t* w, const uint8_t* sw, const Tensor& y,
                     int64_t M, int64_t N, int64_t K, BlockScaledGemm gemm) {
     if (M == 0 || N == 0) return;
-    Tensor q = be.alloc(DType::F8_E4M3, {M, K});
-    Tensor s = be.alloc(DType::F8_E8M0, {M, K / 32});
-    DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), q.ptr<uint8_t>(), s.ptr<uint8_t>(), M, K,
-                                               kern::Fp8ScaleBytes::GemmNanMarker,
-                                               kern::Fp8CodeOrder::GemmFragment, be.stream()));
+    const CudaBackend::GemmActs a = be.quantize_gemm_acts(x, M, K);
     DS4R_CUDA_CHECK(
-        gemm(q.ptr<uint8_t>(), s.ptr<uint8_t>(), w, sw, y.ptr<uint16_t>(), N, M, N, K, be.stream()));
+        gemm(a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w, sw, y.ptr<uint16_t>(), N, M, N, K, be.stream()));
 }
 
 }  // namespace
@@ -145,6 +141,15 @@ void CudaBackend::linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t group
     // group g: x columns g*Kg.. (pitch G*Kg), weight rows g*R.., output columns g*R.. (pitch G*R)
     dense_gemm(*this, o.data, false, G * Kg, Kg, wd.data, false, Kg, R * Kg, y.data, false, G * R, R, M, R,
                Kg, G);
+}
+
+CudaBackend::GemmActs CudaBackend::quantize_gemm_acts(const Tensor& x, int64_t M, int64_t K) {
+    GemmActs a{alloc(DType::F8_E4M3, {M, K}), alloc(DType::F8_E8M0, {M, K / 32})};
+    if (M > 0)
+        DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(),
+                                                   M, K, kern::Fp8ScaleBytes::GemmNanMarker,
+                                                   kern::Fp8CodeOrder::GemmFragment, stream()));
+    return a;
 }
 
 }  // namespace ds4r

@@ -2,14 +2,12 @@
 // ratio-2 pooling, the Engram update and the bf16 scalar multiply (MODEL.md 4.0, 4.5, 4.6.1, 4.8,
 // 5.5, 8). Contracts: backend/op_checks.h, plus the kernels' own limits here; the kernels live in
 // kernels/{norm_rope,hc,engram}.cu.
-#include "backend/cuda/cuda_ops_misc.h"
-
 #include <cmath>
 #include <cstdint>
 
-#include "backend/cpu/cpu_ref.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_linear_checks.h"
+#include "ds4r/yarn.h"
 #include "engram.cuh"
 #include "hc.cuh"
 #include "norm_rope.cuh"
@@ -20,7 +18,7 @@ using namespace cuda_linear;
 
 namespace {
 
-// torch.mean's factor on CUDA (cpuref::mean_from_sum): fp32(1) / fp32(n).
+// torch.mean's factor on CUDA (as the CPU's cpuref::mean_from_sum): fp32(1) / fp32(n).
 float mean_factor(int64_t n) {
     return 1.0f / static_cast<float>(n);
 }
@@ -36,16 +34,12 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const Te
     check_same_or_disjoint(op, "x", x, "y", y);
     check_grid(op, M);
     if (M == 0 || N == 0) return;
-    kern::launch_rms_norm(x.ptr<uint16_t>(), w.ptr<uint16_t>(), y.ptr<uint16_t>(), M, N, mean_factor(N), eps,
-                          stream());
-    DS4R_CUDA_LAUNCH_CHECK();
+    DS4R_CUDA_CHECK(kern::launch_rms_norm(x.ptr<uint16_t>(), w.ptr<uint16_t>(), y.ptr<uint16_t>(), M, N,
+                                          mean_factor(N), eps, stream()));
 }
 
-namespace {
-
-// Validates a rope_table call and computes the inverse frequencies F32 [rd/2] on the GPU.
-Tensor rope_inv_freqs(CudaBackend& be, double base, double factor, int64_t yarn_orig, double beta_fast,
-                      double beta_slow, int64_t rd, const Tensor& table) {
+Tensor CudaBackend::rope_inv_freqs(double base, double factor, int64_t yarn_orig, double beta_fast,
+                                   double beta_slow, int64_t rd, const Tensor& table) {
     opcheck::rope_table(base, factor, rd, table);
     float low_f = 0.0f, span_f = 1.0f;
     const int yarn = yarn_orig > 0 ? 1 : 0;
@@ -53,39 +47,27 @@ Tensor rope_inv_freqs(CudaBackend& be, double base, double factor, int64_t yarn_
         // find_correction_range in Python doubles (math.floor / math.ceil), then
         // linear_ramp_factor(low, high): max += 0.001 when equal, divided by (max - min) as fp32.
         int64_t low = 0, high = 0;
-        cpuref::yarn_band(base, yarn_orig, beta_fast, beta_slow, rd, &low, &high);
+        yarn_band(base, yarn_orig, beta_fast, beta_slow, rd, &low, &high);
         const double span = low == high ? (static_cast<double>(high) + 0.001) - static_cast<double>(low)
                                         : static_cast<double>(high - low);
         low_f = static_cast<float>(low);
         span_f = static_cast<float>(span);
     }
-    Tensor inv_freq = be.alloc(DType::F32, {rd / 2});
-    kern::launch_rope_inv_freqs(static_cast<float>(base), static_cast<float>(factor), yarn, low_f, span_f, rd,
-                                inv_freq.ptr<float>(), be.stream());
-    DS4R_CUDA_LAUNCH_CHECK();
+    Tensor inv_freq = alloc(DType::F32, {rd / 2});
+    DS4R_CUDA_CHECK(kern::launch_rope_inv_freqs(static_cast<float>(base), static_cast<float>(factor), yarn,
+                                                low_f, span_f, rd, inv_freq.ptr<float>(), stream()));
     return inv_freq;
 }
-
-}  // namespace
 
 void CudaBackend::rope_table(double base, double factor, int64_t yarn_orig, double beta_fast,
                              double beta_slow, int64_t rd, const Tensor& table) {
     // table F32 [n_pos, rd/2, 2]. The golden tables are torch's CPU evaluation of
     // precompute_freqs_cis (true fp32 divisions, correctly rounded pow, glibc cosf / sinf of the fp32
     // angle), reproduced here on the GPU; kernels/libm_sincosf.cuh says why not CUDA's functions.
-    const Tensor inv_freq = rope_inv_freqs(*this, base, factor, yarn_orig, beta_fast, beta_slow, rd, table);
+    const Tensor inv_freq = rope_inv_freqs(base, factor, yarn_orig, beta_fast, beta_slow, rd, table);
     if (table.dim(0) == 0) return;
-    kern::launch_rope_table(inv_freq.ptr<float>(), table.dim(0), rd / 2, table.ptr<float>(), stream());
-    DS4R_CUDA_LAUNCH_CHECK();
-}
-
-void cuda_rope_table_libdevice(CudaBackend& be, double base, double factor, int64_t yarn_orig,
-                               double beta_fast, double beta_slow, int64_t rd, const Tensor& table) {
-    const Tensor inv_freq = rope_inv_freqs(be, base, factor, yarn_orig, beta_fast, beta_slow, rd, table);
-    if (table.dim(0) == 0) return;
-    kern::launch_rope_table_libdevice(inv_freq.ptr<float>(), table.dim(0), rd / 2, table.ptr<float>(),
-                                      be.stream());
-    DS4R_CUDA_LAUNCH_CHECK();
+    DS4R_CUDA_CHECK(
+        kern::launch_rope_table(inv_freq.ptr<float>(), table.dim(0), rd / 2, table.ptr<float>(), stream()));
 }
 
 void CudaBackend::rope_inplace(const Tensor& x, int64_t heads, int64_t width, int64_t rd, const Tensor& pos,
@@ -95,9 +77,8 @@ void CudaBackend::rope_inplace(const Tensor& x, int64_t heads, int64_t width, in
     // [n_pos, rd/2, 2] (MODEL.md 4.0, 8.3).
     const int64_t M = opcheck::rope_inplace(x, heads, width, rd, pos, table);
     if (M == 0) return;
-    kern::launch_rope_inplace(x.ptr<uint16_t>(), M, heads, width, rd, pos.ptr<int32_t>(), table.ptr<float>(),
-                              table.dim(0), inverse ? 1 : 0, stream());
-    DS4R_CUDA_LAUNCH_CHECK();
+    DS4R_CUDA_CHECK(kern::launch_rope_inplace(x.ptr<uint16_t>(), M, heads, width, rd, pos.ptr<int32_t>(),
+                                              table.ptr<float>(), table.dim(0), inverse ? 1 : 0, stream()));
 }
 
 // ---------------------------------------------------------------------------- mHC
@@ -115,10 +96,9 @@ void CudaBackend::hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scal
     check_grid(op, (M + 3) / 4);
     if (M == 0) return;
     DS4R_CHECK(D > 0, "cuda hc_mixes: D must be positive, got X %s", shape_str(X.shape).c_str());
-    kern::launch_hc_mixes(X.ptr<uint16_t>(), fn.ptr<float>(), scale.ptr<float>(), base.ptr<float>(), M, D,
-                          mean_factor(hc * D), norm_eps, hc_eps, iters, pre.ptr<float>(), post.ptr<float>(),
-                          comb.ptr<float>(), stream());
-    DS4R_CUDA_LAUNCH_CHECK();
+    DS4R_CUDA_CHECK(kern::launch_hc_mixes(
+        X.ptr<uint16_t>(), fn.ptr<float>(), scale.ptr<float>(), base.ptr<float>(), M, D, mean_factor(hc * D),
+        norm_eps, hc_eps, iters, pre.ptr<float>(), post.ptr<float>(), comb.ptr<float>(), stream()));
 }
 
 void CudaBackend::hc_pre(const Tensor& X, const Tensor& mix, const Tensor& y) {
@@ -127,8 +107,8 @@ void CudaBackend::hc_pre(const Tensor& X, const Tensor& mix, const Tensor& y) {
     const auto [M, hc, D] = opcheck::hc_pre(X, mix, y);
     check_disjoint(op, "y", y, "X", X);
     if (M == 0 || D == 0) return;
-    kern::launch_hc_pre(X.ptr<uint16_t>(), mix.ptr<float>(), y.ptr<uint16_t>(), M, hc, D, stream());
-    DS4R_CUDA_LAUNCH_CHECK();
+    DS4R_CUDA_CHECK(
+        kern::launch_hc_pre(X.ptr<uint16_t>(), mix.ptr<float>(), y.ptr<uint16_t>(), M, hc, D, stream()));
 }
 
 void CudaBackend::hc_post(const Tensor& x, const Tensor& R, const Tensor& post, const Tensor& comb,
@@ -141,9 +121,8 @@ void CudaBackend::hc_post(const Tensor& x, const Tensor& R, const Tensor& post, 
     check_same_or_disjoint(op, "out", out, "R", R);
     check_disjoint(op, "out", out, "x", x);
     if (M == 0 || D == 0) return;
-    kern::launch_hc_post(x.ptr<uint16_t>(), R.ptr<uint16_t>(), post.ptr<float>(), comb.ptr<float>(),
-                         out.ptr<uint16_t>(), M, hc, D, stream());
-    DS4R_CUDA_LAUNCH_CHECK();
+    DS4R_CUDA_CHECK(kern::launch_hc_post(x.ptr<uint16_t>(), R.ptr<uint16_t>(), post.ptr<float>(),
+                                         comb.ptr<float>(), out.ptr<uint16_t>(), M, hc, D, stream()));
 }
 
 // ---------------------------------------------------------------------------- compressor
@@ -153,8 +132,8 @@ void CudaBackend::compress_pool2(const Tensor& kv, const Tensor& sc, const Tenso
     const opcheck::PoolDims d = opcheck::compress_pool2(kv, sc, out);
     const int64_t n = d.n, hd = d.hd;
     if (n == 0 || hd == 0) return;
-    kern::launch_compress_pool2(kv.ptr<float>(), sc.ptr<float>(), out.ptr<uint16_t>(), n, hd, stream());
-    DS4R_CUDA_LAUNCH_CHECK();
+    DS4R_CUDA_CHECK(
+        kern::launch_compress_pool2(kv.ptr<float>(), sc.ptr<float>(), out.ptr<uint16_t>(), n, hd, stream()));
 }
 
 // ---------------------------------------------------------------------------- Engram
@@ -169,9 +148,9 @@ void CudaBackend::engram_update(const Tensor& X, const Tensor& kv, const Tensor&
     check_grid(op, M * hc);
     if (M == 0 || hc == 0 || D == 0) return;
     const float inv_sqrt_d = static_cast<float>(std::pow(static_cast<double>(D), -0.5));  // self.dim ** -0.5
-    kern::launch_engram_update(X.ptr<uint16_t>(), kv.ptr<uint16_t>(), qw.ptr<uint16_t>(), kw.ptr<uint16_t>(),
-                               M, hc, D, mean_factor(D), inv_sqrt_d, eps, stream());
-    DS4R_CUDA_LAUNCH_CHECK();
+    DS4R_CUDA_CHECK(kern::launch_engram_update(X.ptr<uint16_t>(), kv.ptr<uint16_t>(), qw.ptr<uint16_t>(),
+                                               kw.ptr<uint16_t>(), M, hc, D, mean_factor(D), inv_sqrt_d, eps,
+                                               stream()));
 }
 
 void CudaBackend::mul_scalar_bf16(const Tensor& x, float factor) {
@@ -179,8 +158,7 @@ void CudaBackend::mul_scalar_bf16(const Tensor& x, float factor) {
     check_dtype("mul_scalar_bf16", "x", x, DType::BF16);
     check_data("mul_scalar_bf16", "x", x);
     if (x.numel() == 0) return;
-    kern::launch_mul_scalar_bf16(x.ptr<uint16_t>(), x.numel(), factor, stream());
-    DS4R_CUDA_LAUNCH_CHECK();
+    DS4R_CUDA_CHECK(kern::launch_mul_scalar_bf16(x.ptr<uint16_t>(), x.numel(), factor, stream()));
 }
 
 }  // namespace ds4r

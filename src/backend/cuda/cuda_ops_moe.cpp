@@ -48,11 +48,9 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
     const int64_t P = Mc * k;
 
     // 1. activation quant of x (GEMM scale bytes: NaN blocks stay NaN through the block-scaled GEMMs)
-    Tensor qx = be.alloc(DType::F8_E4M3, {Mc, D});
-    Tensor sx = be.alloc(DType::F8_E8M0, {Mc, D / 32});
-    DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), qx.ptr<uint8_t>(), sx.ptr<uint8_t>(), Mc, D,
-                                               kern::Fp8ScaleBytes::GemmNanMarker,
-                                               kern::Fp8CodeOrder::GemmFragment, st));
+    const CudaBackend::GemmActs ax = be.quantize_gemm_acts(x, Mc, D);
+    const Tensor& qx = ax.q;
+    const Tensor& sx = ax.s;
 
     // 2. router
     {
