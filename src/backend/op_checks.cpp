@@ -411,31 +411,33 @@ TopkDims index_topk(const Tensor& score, const Tensor& qpos, int ratio, int64_t 
 
 // ---------------------------------------------------------------- attention
 
-WindowDims window_indices(const Tensor& qpos, int64_t window, const Tensor& idx) {
-    const char* op = "window_indices";
+namespace {
+// qpos I32 [m]; idx I32 [m, n] (shape named `idx_shape` in messages); window > 0. Returns {m, n}.
+WindowDims index_rows(const char* op, const Tensor& qpos, int64_t window, const Tensor& idx,
+                      const char* idx_shape) {
     expect_dtype(op, "qpos", qpos, DType::I32);
     expect_dtype(op, "idx", idx, DType::I32);
     DS4R_CHECK(window > 0, "%s: window = %lld must be positive", op, (long long)window);
-    expect_rank(op, "idx", idx, 2, "[m, W]");
-    const int64_t m = idx.dim(0), W = idx.dim(1);
+    expect_rank(op, "idx", idx, 2, idx_shape);
+    const int64_t m = idx.dim(0), n = idx.dim(1);
     expect_numel(op, "qpos", qpos, m);
-    return {m, W};
+    return {m, n};
+}
+}  // namespace
+
+WindowDims window_indices(const Tensor& qpos, int64_t window, const Tensor& idx) {
+    return index_rows("window_indices", qpos, window, idx, "[m, W]");
 }
 
 AttnIndexDims attn_indices(const Tensor& qpos, int64_t window, const Tensor& topk, const Tensor& idx) {
     const char* op = "attn_indices";
-    expect_dtype(op, "qpos", qpos, DType::I32);
-    expect_dtype(op, "idx", idx, DType::I32);
-    DS4R_CHECK(window > 0, "%s: window = %lld must be positive", op, (long long)window);
-    expect_rank(op, "idx", idx, 2, "[m, W + Kc]");
-    const int64_t m = idx.dim(0), n = idx.dim(1);
+    const auto [m, n] = index_rows(op, qpos, window, idx, "[m, W + Kc]");
     const int64_t kc = topk.empty() ? 0 : topk.dim(1);
     if (kc > 0) {
         expect_dtype(op, "topk", topk, DType::I32);
         expect_shape(op, "topk", topk, {m, kc});
     }
     DS4R_CHECK(kc <= n, "%s: topk has %lld columns, idx only %lld", op, (long long)kc, (long long)n);
-    expect_numel(op, "qpos", qpos, m);
     expect_disjoint(op, "idx", idx, "topk", topk);
     return {m, n - kc, kc};
 }
