@@ -1,6 +1,7 @@
 // Engram hashing (MODEL.md 4.2): normalizer, compressed token map, prime layout, multipliers,
 // hash ids, and the host row gather of MODEL.md 4.8 step 1, against the golden tiny-a data.
 #include "ds4r/engram.h"
+#include "ds4r/engram_io.h"
 
 #include <gtest/gtest.h>
 
@@ -418,10 +419,11 @@ void check_table(const std::string& shard, const std::string& layer_prefix) {
     for (int64_t r = rows - 1; r >= 0; r -= 7) ids.push_back(r);
     ids.push_back(0);
     ids.push_back(0);                      // repeated rows are fine
-    for (const char* mode : {"0", "1"}) {  // mmap, then the pread fallback
-        ::setenv("DS4R_ENGRAM_PREAD", mode, 1);
-        EngramTable table(shard, w.offset, s.offset, rows, hd);
-        ::unsetenv("DS4R_ENGRAM_PREAD");
+    for (EngramIoMode io : {EngramIoMode::Mmap, EngramIoMode::Pread, EngramIoMode::Auto}) {
+        const char* mode = engram_io_name(io);
+        EngramTableOptions opt;
+        opt.io = io;
+        EngramTable table(shard, w.offset, s.offset, rows, hd, opt);
         EXPECT_EQ(table.rows(), rows);
         EXPECT_EQ(table.head_dim(), hd);
         std::vector<uint16_t> out(ids.size() * static_cast<size_t>(hd));
