@@ -8,12 +8,12 @@
 namespace ds4r {
 
 struct DiskRates {
-    std::string file;      // the file read
-    bool direct = false;   // O_DIRECT was used
-    double seq_mb_s = 0;   // sequential reads, 8 MiB requests, 4 in flight (MB = 1e6 bytes)
-    double iops_qd1 = 0;   // random 4 KiB reads, 1 in flight
-    double iops_qd32 = 0;  // 32 in flight
-    double iops_qd256 = 0; // 256 in flight
+    std::string file;           // the file read
+    bool direct = false;        // O_DIRECT was used
+    double seq_mb_s = 0;        // sequential reads, 8 MiB requests, 4 in flight (MB = 1e6 bytes)
+    double iops_qd1 = 0;        // random 4 KiB reads, 1 in flight
+    double iops_qd32 = 0;       // 32 in flight
+    double iops_qd256 = 0;      // 256 in flight
     std::string random_engine;  // "io_uring" or "pread threads"
     double best_iops() const;
 };

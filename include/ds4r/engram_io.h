@@ -143,10 +143,10 @@ private:
     std::atomic<bool> stop_{false};
     mutable std::mutex mu_;
     std::condition_variable cv_;
-    std::vector<EngramRowSet> sets_;             // [tables], under mu_ once done_[ei]
-    std::vector<char> done_;                     // [tables]
-    std::vector<std::exception_ptr> errors_;     // [tables]
-    EngramGatherStats stats_;                    // under mu_
+    std::vector<EngramRowSet> sets_;          // [tables], under mu_ once done_[ei]
+    std::vector<char> done_;                  // [tables]
+    std::vector<std::exception_ptr> errors_;  // [tables]
+    EngramGatherStats stats_;                 // under mu_
     std::thread thread_;
 };
 

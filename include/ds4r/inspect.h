@@ -28,15 +28,15 @@ std::string inspect_error_json(const std::string& model_dir, const Error& e);
 // requests; scale pages too unless the scales are kept in memory), timed at the given disk rates.
 struct PassIoPrediction {
     int64_t pass_tokens = 0;
-    double seq_mb_s = 0, iops = 0;   // the disk rates used (MB = 1e6 bytes)
+    double seq_mb_s = 0, iops = 0;  // the disk rates used (MB = 1e6 bytes)
     bool scales_in_memory = true;
-    uint64_t layer_bytes = 0;        // layers + head, read sequentially
-    uint64_t engram_lookups = 0;     // all tables
-    double engram_rows = 0;          // expected distinct rows, all tables
-    double engram_requests = 0;      // expected random 4 KiB reads (rows' pages, + scales' pages)
-    uint64_t scale_bytes = 0;        // all tables' scale tensors (read once per run when in memory)
+    uint64_t layer_bytes = 0;     // layers + head, read sequentially
+    uint64_t engram_lookups = 0;  // all tables
+    double engram_rows = 0;       // expected distinct rows, all tables
+    double engram_requests = 0;   // expected random 4 KiB reads (rows' pages, + scales' pages)
+    uint64_t scale_bytes = 0;     // all tables' scale tensors (read once per run when in memory)
     double layer_s = 0, engram_s = 0, scales_s = 0;
-    double pass_s = 0;               // layer_s + engram_s: both share the disk (compute hides under it)
+    double pass_s = 0;  // layer_s + engram_s: both share the disk (compute hides under it)
 };
 PassIoPrediction predict_pass_io(const Checkpoint& ck, int64_t pass_tokens, double seq_mb_s, double iops,
                                  bool scales_in_memory);

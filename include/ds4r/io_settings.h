@@ -14,7 +14,8 @@ struct PrefetchOptions;
 // How the Engram rows of a pass are read (MODEL.md 4.8 step 1; include/ds4r/engram_io.h).
 enum class EngramIoMode {
     Auto,   // io_uring where the kernel allows it (tested at run time), else the pread pool
-    Uring,  // io_uring with O_DIRECT, `engram_queue_depth` requests in flight (falls back to pread if refused)
+    Uring,  // io_uring with O_DIRECT, `engram_queue_depth` requests in flight (falls back to pread if
+            // refused)
     Pread,  // a pool of `engram_queue_depth` threads (at most 64) issuing O_DIRECT preads
     Mmap,   // the table mapped read-only, rows copied through page faults by 16 threads (the old engine)
 };
@@ -27,11 +28,11 @@ enum class EngramScalesMode {
 };
 
 struct IoSettings {
-    bool direct_weights = true;      // --io direct|buffered: O_DIRECT weight reads (buffered where refused)
-    int read_threads = 4;            // --read-threads: weight reader threads (requests in flight), 1..32
-    int read_request_mb = 64;        // --read-request-mb: largest single weight read, MiB, 1..1024
+    bool direct_weights = true;  // --io direct|buffered: O_DIRECT weight reads (buffered where refused)
+    int read_threads = 4;        // --read-threads: weight reader threads (requests in flight), 1..32
+    int read_request_mb = 64;    // --read-request-mb: largest single weight read, MiB, 1..1024
     EngramIoMode engram_io = EngramIoMode::Auto;  // --engram-io auto|uring|pread|mmap
-    int engram_queue_depth = 64;     // --engram-queue-depth: Engram read requests in flight, 1..1024
+    int engram_queue_depth = 64;  // --engram-queue-depth: Engram read requests in flight, 1..1024
     EngramScalesMode engram_scales = EngramScalesMode::Auto;  // --engram-scales auto|memory|disk
 };
 

@@ -48,14 +48,17 @@ PassIoPrediction predict_pass_io(const Checkpoint& ck, int64_t pass_tokens, doub
 }
 
 std::string pass_io_text(const PassIoPrediction& p) {
-    std::string s = strfmt("\npass of %lld tokens, disk at %.0f MB/s sequential and %.0f random 4 KiB reads/s:\n",
-                           (long long)p.pass_tokens, p.seq_mb_s, p.iops);
-    s += strfmt("  layers + head   %s read sequentially: %.1f s\n", format_bytes(p.layer_bytes).c_str(), p.layer_s);
+    std::string s =
+        strfmt("\npass of %lld tokens, disk at %.0f MB/s sequential and %.0f random 4 KiB reads/s:\n",
+               (long long)p.pass_tokens, p.seq_mb_s, p.iops);
+    s += strfmt("  layers + head   %s read sequentially: %.1f s\n", format_bytes(p.layer_bytes).c_str(),
+                p.layer_s);
     if (p.engram_lookups > 0) {
-        s += strfmt("  Engram rows     %llu lookups -> %.0f distinct rows -> %.0f random reads (%s%s): %.1f s\n",
-                    (unsigned long long)p.engram_lookups, p.engram_rows, p.engram_requests,
-                    format_bytes(static_cast<uint64_t>(p.engram_requests * 4096)).c_str(),
-                    p.scales_in_memory ? "" : ", rows + their scales", p.engram_s);
+        s += strfmt(
+            "  Engram rows     %llu lookups -> %.0f distinct rows -> %.0f random reads (%s%s): %.1f s\n",
+            (unsigned long long)p.engram_lookups, p.engram_rows, p.engram_requests,
+            format_bytes(static_cast<uint64_t>(p.engram_requests * 4096)).c_str(),
+            p.scales_in_memory ? "" : ", rows + their scales", p.engram_s);
         if (p.scales_in_memory)
             s += strfmt("  Engram scales   %s in host memory, read once per run: %.1f s\n",
                         format_bytes(p.scale_bytes).c_str(), p.scales_s);
@@ -65,8 +68,8 @@ std::string pass_io_text(const PassIoPrediction& p) {
     return s;
 }
 
-int run_inspect(const std::string& model_dir, bool as_json, std::FILE* out, int64_t pass_tokens, double seq_mb_s,
-                double iops, bool scales_in_memory) {
+int run_inspect(const std::string& model_dir, bool as_json, std::FILE* out, int64_t pass_tokens,
+                double seq_mb_s, double iops, bool scales_in_memory) {
     if (pass_tokens <= 0) return run_inspect(model_dir, as_json, out);
     if (seq_mb_s <= 0 || iops <= 0) throw InputError("--disk-seq-mbps and --disk-iops must be positive");
     Checkpoint ck = Checkpoint::open(model_dir);
@@ -74,12 +77,18 @@ int run_inspect(const std::string& model_dir, bool as_json, std::FILE* out, int6
     std::string report;
     if (as_json) {
         nlohmann::json j = nlohmann::json::parse(inspect_json(ck));
-        j["pass_prediction"] = {{"pass_tokens", p.pass_tokens},   {"disk_seq_mb_s", p.seq_mb_s},
-                                {"disk_iops", p.iops},            {"scales_in_memory", p.scales_in_memory},
-                                {"layer_bytes", p.layer_bytes},   {"engram_lookups", p.engram_lookups},
-                                {"engram_rows", p.engram_rows},   {"engram_reads", p.engram_requests},
-                                {"scale_bytes", p.scale_bytes},   {"layer_s", p.layer_s},
-                                {"engram_s", p.engram_s},         {"scales_s", p.scales_s},
+        j["pass_prediction"] = {{"pass_tokens", p.pass_tokens},
+                                {"disk_seq_mb_s", p.seq_mb_s},
+                                {"disk_iops", p.iops},
+                                {"scales_in_memory", p.scales_in_memory},
+                                {"layer_bytes", p.layer_bytes},
+                                {"engram_lookups", p.engram_lookups},
+                                {"engram_rows", p.engram_rows},
+                                {"engram_reads", p.engram_requests},
+                                {"scale_bytes", p.scale_bytes},
+                                {"layer_s", p.layer_s},
+                                {"engram_s", p.engram_s},
+                                {"scales_s", p.scales_s},
                                 {"pass_s", p.pass_s}};
         report = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     } else {

@@ -286,8 +286,8 @@ MakeTinyPlan plan_make_tiny(TinyPreset preset, int layers, int64_t engram_rows) 
         // Each table's rows are the sum of n_groups x n_heads primes just above engram_vocab_size.
         const int64_t primes = c.engram_ngram_groups() * c.engram_n_heads;
         if (engram_rows < primes * 4 || engram_rows > (int64_t{1} << 40))
-            DS4R_THROW(InputError, "make-tiny: --engram-rows %lld: expected %lld .. 2^40", (long long)engram_rows,
-                       (long long)(primes * 4));
+            DS4R_THROW(InputError, "make-tiny: --engram-rows %lld: expected %lld .. 2^40",
+                       (long long)engram_rows, (long long)(primes * 4));
         c.engram_vocab_size = engram_rows / primes;
     }
     p.tokenizer_json = make_tiny_tokenizer_json(c.vocab_size);
@@ -439,8 +439,8 @@ void write_tensor(ShardWriteState& st, const tiny::TensorRecipe& r, size_t wi, i
 
 // Dense random Engram table (--engram-rows): e4m3 codes that are neither zero nor NaN and e8m0 scales
 // 2^-8..2^-1, from xorshift64* words, written in 64 MiB sequential windows (generation overlaps writes).
-void write_random_table(ShardWriteState& st, size_t wi, uint64_t weight_bytes, size_t si, uint64_t scale_bytes,
-                        uint64_t seed) {
+void write_random_table(ShardWriteState& st, size_t wi, uint64_t weight_bytes, size_t si,
+                        uint64_t scale_bytes, uint64_t seed) {
     auto fill = [](uint8_t* p, size_t n, uint64_t& x, bool scales) {
         for (size_t i = 0; i < n; i += 8) {
             x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
@@ -539,9 +539,11 @@ std::string make_readme(const MakeTinyPlan& p, uint64_t seed) {
             "tensors read as zero bytes. For checking inspect / validation at the released scale, not for "
             "scoring.\n",
             p.sparse_bytes / 1e9);
-    else if (std::any_of(p.shards.begin(), p.shards.end(), [](const TinyShard& sh) { return sh.random_table; }))
+    else if (std::any_of(p.shards.begin(), p.shards.end(),
+                         [](const TinyShard& sh) { return sh.random_table; }))
         s += strfmt(
-            "Engram tables are DENSE random bytes (--engram-rows): %lld rows per table, non-zero finite e4m3\n"
+            "Engram tables are DENSE random bytes (--engram-rows): %lld rows per table, non-zero finite "
+            "e4m3\n"
             "codes with e8m0 scales 2^-8..2^-1; engram_vocab_size %lld sets the hashing's primes.\n",
             (long long)(c.engram_num_embeddings.empty() ? 0 : c.engram_num_embeddings[0]),
             (long long)c.engram_vocab_size);
@@ -624,10 +626,10 @@ MakeTinyResult make_tiny(const std::string& out_dir, const MakeTinyOptions& opts
                 continue;
             }
             if (sh.random_table && sspec) {
-                write_random_table(st, wi, dtype_size(wspec.dtype) * static_cast<uint64_t>(shape_numel(wspec.shape)),
-                                   static_cast<size_t>(si),
-                                   dtype_size(sspec->dtype) * static_cast<uint64_t>(shape_numel(sspec->shape)),
-                                   opts.seed);
+                write_random_table(
+                    st, wi, dtype_size(wspec.dtype) * static_cast<uint64_t>(shape_numel(wspec.shape)),
+                    static_cast<size_t>(si),
+                    dtype_size(sspec->dtype) * static_cast<uint64_t>(shape_numel(sspec->shape)), opts.seed);
                 continue;
             }
             const tiny::TensorRecipe r = tiny::make_recipe(wspec, sspec, plan.cfg);

@@ -27,7 +27,8 @@ void add_inspect_command(CLI::App& root, std::vector<Command>& out) {
                      "Also print the bytes read from disk for a pass of N tokens (layers, Engram rows) and "
                      "the predicted pass time")
         ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
-    c.app->add_option("--disk-seq-mbps", opts->seq_mb_s, "Disk sequential read rate, MB/s (bench measures it)")
+    c.app
+        ->add_option("--disk-seq-mbps", opts->seq_mb_s, "Disk sequential read rate, MB/s (bench measures it)")
         ->capture_default_str();
     c.app->add_option("--disk-iops", opts->iops, "Disk random 4 KiB reads per second (bench measures it)")
         ->capture_default_str();

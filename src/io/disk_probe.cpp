@@ -53,8 +53,8 @@ void read_or_throw(int fd, uint8_t* buf, size_t n, uint64_t off, const std::stri
         const ssize_t r = ::pread(fd, buf, n, static_cast<off_t>(off));
         if (r >= 0) return;
         if (errno == EINTR) continue;
-        DS4R_THROW(RuntimeError, "%s: disk probe read at %llu failed (%s)", path.c_str(), (unsigned long long)off,
-                   errno_text(errno).c_str());
+        DS4R_THROW(RuntimeError, "%s: disk probe read at %llu failed (%s)", path.c_str(),
+                   (unsigned long long)off, errno_text(errno).c_str());
     }
 }
 
@@ -124,7 +124,8 @@ double random_iops_uring(int fd, uint64_t pages, int depth, double seconds, cons
     std::string error;
     auto submit = [&](int slot) {
         io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-        io_uring_prep_read(sqe, fd, bufs.get() + static_cast<size_t>(slot) * 4096, 4096, (rng() % pages) * 4096);
+        io_uring_prep_read(sqe, fd, bufs.get() + static_cast<size_t>(slot) * 4096, 4096,
+                           (rng() % pages) * 4096);
         io_uring_sqe_set_data64(sqe, static_cast<uint64_t>(slot));
         ++inflight;
     };
@@ -150,7 +151,8 @@ double random_iops_uring(int fd, uint64_t pages, int depth, double seconds, cons
     }
     const double dt = now_s() - t0;
     io_uring_queue_exit(&ring);
-    if (!error.empty()) DS4R_THROW(RuntimeError, "%s: disk probe io_uring read failed (%s)", path.c_str(), error.c_str());
+    if (!error.empty())
+        DS4R_THROW(RuntimeError, "%s: disk probe io_uring read failed (%s)", path.c_str(), error.c_str());
     return static_cast<double>(done) / dt;
 }
 #endif

@@ -45,10 +45,12 @@ std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt, c
     res->layout = build_engram_layout(cfg);
     // Scales in memory: rows x head_dim / 32 bytes per table (released: 384M x 8 = 3.1 GB for layer 1).
     uint64_t scale_bytes = 0;
-    for (int L : cfg.engram_layer_ids) scale_bytes += ckpt.at(layer_tensor_name(L, "engram.embed.scale")).nbytes;
+    for (int L : cfg.engram_layer_ids)
+        scale_bytes += ckpt.at(layer_tensor_name(L, "engram.embed.scale")).nbytes;
     const uint64_t avail = mem_available_bytes();
-    res->scales_in_memory = io.engram_scales == EngramScalesMode::Memory ||
-                            (io.engram_scales == EngramScalesMode::Auto && avail > 0 && scale_bytes <= avail / 4);
+    res->scales_in_memory =
+        io.engram_scales == EngramScalesMode::Memory ||
+        (io.engram_scales == EngramScalesMode::Auto && avail > 0 && scale_bytes <= avail / 4);
     EngramTableOptions to;
     to.io = io.engram_io;
     to.queue_depth = io.engram_queue_depth;
@@ -57,9 +59,11 @@ std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt, c
         const TensorLocation& w = ckpt.at(layer_tensor_name(L, "engram.embed.weight"));
         const TensorLocation& s = ckpt.at(layer_tensor_name(L, "engram.embed.scale"));
         if (w.shard != s.shard)
-            throw CheckpointError(strfmt("layer %d: engram.embed.weight and .scale are in different shards", L));
-        res->tables.push_back(std::make_unique<EngramTable>(ckpt.shards().at(static_cast<size_t>(w.shard)).path,
-                                                            w.offset, s.offset, w.shape[0], w.shape[1], to));
+            throw CheckpointError(
+                strfmt("layer %d: engram.embed.weight and .scale are in different shards", L));
+        res->tables.push_back(
+            std::make_unique<EngramTable>(ckpt.shards().at(static_cast<size_t>(w.shard)).path, w.offset,
+                                          s.offset, w.shape[0], w.shape[1], to));
     }
     log_info(strfmt("Engram: %zu tables, rows read by %s; scales %s (%.2f GB%s)", res->tables.size(),
                     res->tables.front()->engine().c_str(),

@@ -117,8 +117,8 @@ void read_request_sync(TableFile& f, const Request& r, const std::vector<Piece>&
                                     f.path.c_str(), errno_text(err).c_str()));
                 continue;
             }
-            DS4R_THROW(RuntimeError, "%s: Engram read of %zu bytes at offset %llu failed (%s)", f.path.c_str(),
-                       want, (unsigned long long)(r.offset + done), errno_text(err).c_str());
+            DS4R_THROW(RuntimeError, "%s: Engram read of %zu bytes at offset %llu failed (%s)",
+                       f.path.c_str(), want, (unsigned long long)(r.offset + done), errno_text(err).c_str());
         }
         if (got == 0) {
             struct stat st {};
@@ -135,7 +135,8 @@ void read_request_sync(TableFile& f, const Request& r, const std::vector<Piece>&
 void read_with_threads(TableFile& f, const std::vector<Request>& reqs, const std::vector<Piece>& pieces,
                        int threads, const std::atomic<bool>* stop, ReadCounters& c) {
     threads = std::clamp<int>(threads, 1, 64);
-    threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), std::max<size_t>(reqs.size(), 1)));
+    threads =
+        static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), std::max<size_t>(reqs.size(), 1)));
     std::atomic<size_t> next{0};
     std::atomic<bool> failed{false};
     std::mutex err_mu;
@@ -260,7 +261,8 @@ bool read_with_uring(TableFile& f, const std::vector<Request>& reqs, const std::
         if (wr < 0) {
             // Requests may still be in flight into the buffers: never free them (a leak on a broken ring).
             (void)bufs.release();
-            DS4R_THROW(RuntimeError, "%s: io_uring_wait_cqe failed (%s)", f.path.c_str(), errno_text(-wr).c_str());
+            DS4R_THROW(RuntimeError, "%s: io_uring_wait_cqe failed (%s)", f.path.c_str(),
+                       errno_text(-wr).c_str());
         }
         // Reap every completion that is ready.
         unsigned head;
@@ -278,8 +280,9 @@ bool read_with_uring(TableFile& f, const std::vector<Request>& reqs, const std::
                         // Short, interrupted or refused: the synchronous path retries, falls back to
                         // buffered reads or names the truncated file.
                         if (res == -EINVAL && f.direct_fd >= 0 && f.direct_ok.exchange(false))
-                            log_warn(strfmt("%s: O_DIRECT refused at read: Engram rows through the page cache",
-                                            f.path.c_str()));
+                            log_warn(
+                                strfmt("%s: O_DIRECT refused at read: Engram rows through the page cache",
+                                       f.path.c_str()));
                         read_request_sync(f, r, pieces, slot_buf(s));
                     }
                     bytes += r.len;

@@ -14,8 +14,8 @@
 
 namespace ds4r::engram_reads {
 
-constexpr uint64_t kAlign = 4096;              // O_DIRECT: offsets, lengths and buffers
-constexpr uint64_t kMaxRequest = 128u << 10;   // adjacent pages merge up to this (a bounce buffer)
+constexpr uint64_t kAlign = 4096;             // O_DIRECT: offsets, lengths and buffers
+constexpr uint64_t kMaxRequest = 128u << 10;  // adjacent pages merge up to this (a bounce buffer)
 
 struct Piece {
     uint64_t offset = 0;  // file offset of the bytes wanted

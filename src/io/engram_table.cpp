@@ -227,25 +227,28 @@ void EngramTable::read_rows(EngramRowSet& set, EngramGatherStats& st, const std:
     const bool scales_from_memory = im.opt.scales_in_memory && im.scales_loaded;
     if (scales_from_memory)
         for (size_t i = 0; i < u; ++i)
-            std::memcpy(set.scales.data() + i * ns,
-                        im.scales.data() + static_cast<uint64_t>(set.ids[i]) * ns, ns);
+            std::memcpy(set.scales.data() + i * ns, im.scales.data() + static_cast<uint64_t>(set.ids[i]) * ns,
+                        ns);
 
     if (im.opt.io == EngramIoMode::Mmap) {
         std::call_once(im.map_once, [&] {
             void* p = ::mmap(nullptr, static_cast<size_t>(im.file_size), PROT_READ, MAP_SHARED,
                              im.file.buffered_fd, 0);
             if (p == MAP_FAILED)
-                DS4R_THROW(RuntimeError, "%s: mmap failed (%s)", im.file.path.c_str(), errno_text(errno).c_str());
+                DS4R_THROW(RuntimeError, "%s: mmap failed (%s)", im.file.path.c_str(),
+                           errno_text(errno).c_str());
             // Rows are hashed: no locality, so read-ahead would only waste I/O.
             if (::madvise(p, static_cast<size_t>(im.file_size), MADV_RANDOM) != 0)
-                log_debug(strfmt("%s: madvise(MADV_RANDOM): %s", im.file.path.c_str(), errno_text(errno).c_str()));
+                log_debug(
+                    strfmt("%s: madvise(MADV_RANDOM): %s", im.file.path.c_str(), errno_text(errno).c_str()));
             im.map = static_cast<const uint8_t*>(p);
             im.map_bytes = static_cast<size_t>(im.file_size);
         });
         // A file truncated after it was opened would SIGBUS a page fault: check its size first.
         struct stat sb {};
         if (::fstat(im.file.buffered_fd, &sb) == 0 && static_cast<uint64_t>(sb.st_size) < im.file_size)
-            DS4R_THROW(CheckpointError, "%s: shard truncated: the Engram table needs %llu bytes, the file has %lld",
+            DS4R_THROW(CheckpointError,
+                       "%s: shard truncated: the Engram table needs %llu bytes, the file has %lld",
                        im.file.path.c_str(), (unsigned long long)im.file_size, (long long)sb.st_size);
         const double t0 = now_s();
         std::vector<std::thread> pool;
@@ -275,7 +278,8 @@ void EngramTable::read_rows(EngramRowSet& set, EngramGatherStats& st, const std:
         const auto id = static_cast<uint64_t>(set.ids[i]);
         pieces.push_back({im.weight_offset + id * hd, static_cast<uint32_t>(hd), set.rows.data() + i * hd});
         if (!scales_from_memory)
-            scale_pieces.push_back({im.scale_offset + id * ns, static_cast<uint32_t>(ns), set.scales.data() + i * ns});
+            scale_pieces.push_back(
+                {im.scale_offset + id * ns, static_cast<uint32_t>(ns), set.scales.data() + i * ns});
     }
     if (!scale_pieces.empty()) {
         std::vector<engram_reads::Piece> merged(pieces.size() + scale_pieces.size());
@@ -287,13 +291,15 @@ void EngramTable::read_rows(EngramRowSet& set, EngramGatherStats& st, const std:
     engram_reads::ReadCounters c;
     const int qd = std::clamp(im.opt.queue_depth, 1, 1024);
     bool done = false;
-    if ((im.opt.io == EngramIoMode::Auto || im.opt.io == EngramIoMode::Uring) && !im.opt.refuse_uring_for_test) {
+    if ((im.opt.io == EngramIoMode::Auto || im.opt.io == EngramIoMode::Uring) &&
+        !im.opt.refuse_uring_for_test) {
         std::string why;
         done = engram_reads::read_with_uring(im.file, reqs, pieces, qd, stop, c, &why);
         if (!done)
             std::call_once(g_uring_note_once, [&] {
-                const std::string msg = strfmt("io_uring unavailable (%s): Engram rows read by %d pread threads",
-                                               why.c_str(), std::min(qd, 64));
+                const std::string msg =
+                    strfmt("io_uring unavailable (%s): Engram rows read by %d pread threads", why.c_str(),
+                           std::min(qd, 64));
                 if (im.opt.io == EngramIoMode::Uring)
                     log_warn(msg);
                 else

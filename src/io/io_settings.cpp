@@ -8,10 +8,14 @@ namespace ds4r {
 
 const char* engram_io_name(EngramIoMode m) {
     switch (m) {
-        case EngramIoMode::Auto: return "auto";
-        case EngramIoMode::Uring: return "uring";
-        case EngramIoMode::Pread: return "pread";
-        case EngramIoMode::Mmap: return "mmap";
+        case EngramIoMode::Auto:
+            return "auto";
+        case EngramIoMode::Uring:
+            return "uring";
+        case EngramIoMode::Pread:
+            return "pread";
+        case EngramIoMode::Mmap:
+            return "mmap";
     }
     return "?";
 }
@@ -24,9 +28,12 @@ std::optional<EngramIoMode> engram_io_from_name(std::string_view s) {
 
 const char* engram_scales_name(EngramScalesMode m) {
     switch (m) {
-        case EngramScalesMode::Auto: return "auto";
-        case EngramScalesMode::Memory: return "memory";
-        case EngramScalesMode::Disk: return "disk";
+        case EngramScalesMode::Auto:
+            return "auto";
+        case EngramScalesMode::Memory:
+            return "memory";
+        case EngramScalesMode::Disk:
+            return "disk";
     }
     return "?";
 }

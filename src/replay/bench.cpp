@@ -335,9 +335,10 @@ int run_bench(const BenchOptions& opt, std::FILE* out) {
     auto eng = load_engram_resources(ck, opt.io);
     DiskRates disk;
     if (std::any_of(wl.begin(), wl.end(), [](const std::string& x) { return x != "kernels"; }))
-        disk = bench_measure_disk(ck, opt.disk_seconds, out, [&](const std::string& n, double v, const std::string& u) {
-            csv.row("disk", n, -1, 0, 0, 0, 0, v, u);
-        });
+        disk = bench_measure_disk(ck, opt.disk_seconds, out,
+                                  [&](const std::string& n, double v, const std::string& u) {
+                                      csv.row("disk", n, -1, 0, 0, 0, 0, v, u);
+                                  });
     for (const auto& w : wl) {
         Workload wk;
         if (w == "a")

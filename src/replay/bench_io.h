@@ -25,8 +25,8 @@ DiskRates bench_measure_disk(const Checkpoint& ck, double seconds, std::FILE* ou
 
 // After a workload: weight read rate vs the disk's sequential rate, gather rows/s and IOPS vs its best
 // random rate, disk busy time (weights vs Engram rows), and the wall of Engram layers vs the others.
-void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timings, const WeightSourceStats& ws,
-                     const EngramGatherStats& eg, double wall, const DiskRates& disk, std::FILE* out,
-                     const BenchCsvRow& csv);
+void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timings,
+                     const WeightSourceStats& ws, const EngramGatherStats& eg, double wall,
+                     const DiskRates& disk, std::FILE* out, const BenchCsvRow& csv);
 
 }  // namespace ds4r

@@ -109,12 +109,12 @@ TEST(EngramRowPlan, RequestsCoverAlignedPagesInFileOrder) {
     using namespace engram_reads;
     std::vector<uint8_t> sink(1 << 20);
     std::vector<Piece> pieces = {
-        {100, 256, sink.data()},               // page 0
-        {3000, 256, sink.data()},              // pages 0 (3000..3256): same request
-        {4000, 256, sink.data()},              // straddles pages 0 and 1: same request, 8 KiB
-        {40960, 8, sink.data()},               // page 10: a new request
-        {40960 + 4096, 8, sink.data()},        // page 11 touches page 10: merged
-        {1 << 20, 256, sink.data()},           // far away
+        {100, 256, sink.data()},         // page 0
+        {3000, 256, sink.data()},        // pages 0 (3000..3256): same request
+        {4000, 256, sink.data()},        // straddles pages 0 and 1: same request, 8 KiB
+        {40960, 8, sink.data()},         // page 10: a new request
+        {40960 + 4096, 8, sink.data()},  // page 11 touches page 10: merged
+        {1 << 20, 256, sink.data()},     // far away
     };
     const auto reqs = plan_requests(pieces);
     ASSERT_EQ(reqs.size(), 3u);
@@ -139,7 +139,8 @@ TEST(EngramGather, EveryEngineReadsTheStoredRows) {
     const TableFile t = make_table_file("eg-engines", 3001, 64, 1);
     const std::vector<int64_t> ids = random_ids(t.rows, 700, 2);
     const std::vector<uint16_t> want = expected_bf16(t, ids);
-    for (EngramIoMode mode : {EngramIoMode::Auto, EngramIoMode::Uring, EngramIoMode::Pread, EngramIoMode::Mmap})
+    for (EngramIoMode mode :
+         {EngramIoMode::Auto, EngramIoMode::Uring, EngramIoMode::Pread, EngramIoMode::Mmap})
         for (bool in_memory : {false, true})
             for (int qd : {1, 7, 64}) {
                 EngramTableOptions o;
@@ -169,7 +170,8 @@ TEST(EngramGather, UringRefusedFallsBackToPreadThreads) {
         EngramTable u(t.path, t.weight_offset, t.scale_offset, t.rows, t.hd, o);
         EXPECT_NE(u.engine().find("io_uring"), std::string::npos) << u.engine();
     } else {
-        std::printf("note: io_uring unavailable here (%s): the uring cases ran the pread fallback\n", why.c_str());
+        std::printf("note: io_uring unavailable here (%s): the uring cases ran the pread fallback\n",
+                    why.c_str());
     }
 }
 
@@ -236,20 +238,22 @@ TEST(EngramPassGather, GathersEveryTableOfThePass) {
     std::vector<TableFile> files = {make_table_file("eg-pass0", 1500, 64, 8),
                                     make_table_file("eg-pass1", 900, 64, 9)};
     for (const auto& f : files)
-        res.tables.push_back(std::make_unique<EngramTable>(f.path, f.weight_offset, f.scale_offset, f.rows, f.hd));
+        res.tables.push_back(
+            std::make_unique<EngramTable>(f.path, f.weight_offset, f.scale_offset, f.rows, f.hd));
     const int64_t rows = 200, cols = 6, n = 2;
     std::mt19937_64 rng(10);
     std::vector<int64_t> hashes(static_cast<size_t>(rows * n * cols));
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t e = 0; e < n; ++e)
             for (int64_t c = 0; c < cols; ++c)
-                hashes[static_cast<size_t>((r * n + e) * cols + c)] =
-                    static_cast<int64_t>(rng() % static_cast<uint64_t>(files[static_cast<size_t>(e)].rows / 4));
+                hashes[static_cast<size_t>((r * n + e) * cols + c)] = static_cast<int64_t>(
+                    rng() % static_cast<uint64_t>(files[static_cast<size_t>(e)].rows / 4));
     EngramPassGather g(res, hashes, rows, cols);
     for (int e = 0; e < 2; ++e) {
         std::vector<int64_t> ids;
         for (int64_t r = 0; r < rows; ++r)
-            for (int64_t c = 0; c < cols; ++c) ids.push_back(hashes[static_cast<size_t>((r * n + e) * cols + c)]);
+            for (int64_t c = 0; c < cols; ++c)
+                ids.push_back(hashes[static_cast<size_t>((r * n + e) * cols + c)]);
         const EngramRowSet& set = g.wait(e);
         EXPECT_LT(set.ids.size(), ids.size()) << "repeated ids were not deduplicated";
         std::vector<uint16_t> out(ids.size() * 64);

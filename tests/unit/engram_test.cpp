@@ -1,7 +1,6 @@
 // Engram hashing (MODEL.md 4.2): normalizer, compressed token map, prime layout, multipliers,
 // hash ids, and the host row gather of MODEL.md 4.8 step 1, against the golden tiny-a data.
 #include "ds4r/engram.h"
-#include "ds4r/engram_io.h"
 
 #include <gtest/gtest.h>
 
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "ds4r/config.h"
+#include "ds4r/engram_io.h"
 #include "ds4r/error.h"
 #include "ds4r/file_util.h"
 #include "ds4r/npy.h"
@@ -418,7 +418,7 @@ void check_table(const std::string& shard, const std::string& layer_prefix) {
     std::vector<int64_t> ids;
     for (int64_t r = rows - 1; r >= 0; r -= 7) ids.push_back(r);
     ids.push_back(0);
-    ids.push_back(0);                      // repeated rows are fine
+    ids.push_back(0);  // repeated rows are fine
     for (EngramIoMode io : {EngramIoMode::Mmap, EngramIoMode::Pread, EngramIoMode::Auto}) {
         const char* mode = engram_io_name(io);
         EngramTableOptions opt;
