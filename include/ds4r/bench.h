@@ -18,6 +18,8 @@
 #include <cstdio>
 #include <string>
 
+#include "ds4r/io_settings.h"
+
 namespace ds4r {
 
 struct BenchOptions {
@@ -34,6 +36,8 @@ struct BenchOptions {
     int64_t kernel_rows = 8192;  // M of the kernel benchmarks
     int iters = 10;
     uint64_t seed = 1;
+    IoSettings io;              // --io, --read-threads, --read-request-mb, --engram-io, ...
+    double disk_seconds = 1.0;  // per disk measurement before the workloads (0: none)
 };
 
 int run_bench(const BenchOptions& opt, std::FILE* out);

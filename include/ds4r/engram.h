@@ -1,10 +1,9 @@
 // Engram hashing (MODEL.md 4.2): the compressed token map, the prime layout, the hash multipliers
-// and the per-position hash ids; plus host-side row gathering from the table shards (MODEL.md 4.8
-// step 1). Everything here is exact integer arithmetic and is checked against the golden data.
+// and the per-position hash ids. Everything here is exact integer arithmetic and is checked against the
+// golden data. Reading the table rows (MODEL.md 4.8 step 1) is io/'s: ds4r/engram_io.h.
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -63,27 +62,6 @@ std::vector<int64_t> numpy_rng_integers(uint64_t seed, int64_t high, int64_t cou
 std::vector<int64_t> engram_hash_ids(const std::vector<int32_t>& tokens, const EngramTokenMap& map,
                                      const EngramLayout& layout, const ModelConfig& cfg);
 
-// Host-side gather of Engram table rows from a shard: fp8 e4m3 rows [rows, head_dim] with one e8m0
-// scale per 32 (MODEL.md 4.8 step 1), dequantized exactly to bf16. The shard is mmapped read-only
-// (MADV_RANDOM); if that fails, or the environment sets DS4R_ENGRAM_PREAD=1, rows are read with
-// pread. Constructor errors (missing file, extents past its end) are CheckpointErrors.
-class EngramTable {
-public:
-    // weight_offset / scale_offset: absolute file offsets of `engram.embed.weight` / `.scale`.
-    EngramTable(const std::string& shard_path, uint64_t weight_offset, uint64_t scale_offset, int64_t rows,
-                int64_t head_dim);
-    ~EngramTable();
-    EngramTable(const EngramTable&) = delete;
-    EngramTable& operator=(const EngramTable&) = delete;
-    int64_t rows() const { return rows_; }
-    int64_t head_dim() const { return head_dim_; }
-    // out[i * head_dim + d] = bf16 bits of row ids[i]; throws RuntimeError for ids out of range.
-    void gather_bf16(const int64_t* ids, size_t n, uint16_t* out) const;
-
-private:
-    struct Impl;
-    std::unique_ptr<Impl> impl_;
-    int64_t rows_, head_dim_;
-};
+// The table reader (EngramTable) and the pass gather live in ds4r/engram_io.h (io/).
 
 }  // namespace ds4r

@@ -55,6 +55,7 @@ struct TinyShard {
     std::string file;             // "model-000NN-of-000MM.safetensors"
     std::vector<size_t> tensors;  // indices into MakeTinyPlan::specs
     bool sparse = false;          // every tensor left as a hole (full-width Engram tables)
+    bool random_table = false;    // an Engram table of random bytes (--engram-rows)
     uint64_t tensor_bytes = 0;    // sum of the tensors' sizes
 };
 
@@ -75,7 +76,9 @@ struct MakeTinyPlan {
 // Builds the plan: base config, tokenizer, engram_compressed_vocab_size = distinct keys of the
 // generated tokenizer (build_engram_token_map, unchecked), engram_num_embeddings from
 // build_engram_layout, config.json rendered and parsed back, roles, specs and shard assignment.
-MakeTinyPlan plan_make_tiny(TinyPreset preset, int layers);
+// engram_rows > 0: each Engram table gets about that many rows (engram_vocab_size is set so that the
+// layer's primes sum near it) and is written DENSE with random bytes (see MakeTinyOptions::engram_rows).
+MakeTinyPlan plan_make_tiny(TinyPreset preset, int layers, int64_t engram_rows = 0);
 
 // model.safetensors.index.json text (metadata.total_size + weight_map, names sorted).
 std::string make_tiny_index_json(const MakeTinyPlan& plan);
@@ -95,6 +98,11 @@ struct MakeTinyOptions {
     // Every shard is written as headers plus holes (all weights read as zero bytes): a checkpoint of the
     // released size and layout for checking inspect / validation at scale, not for scoring.
     bool headers_only = false;
+    // > 0: Engram tables of about this many rows at the preset's row width, written dense: random
+    // non-zero, finite e4m3 codes and e8m0 scales 2^-8..2^-1 (a fast PRNG over 64-bit words, large
+    // sequential writes), so that gathers read real data from the disk. --engram-rows 40000000 at full width
+    // is a ~10.6 GB table (264 bytes per row). Changes the hashing's primes, so not for golden data.
+    int64_t engram_rows = 0;
     // Called after each written chunk (at most every ~64 MiB) and at the end of every file.
     std::function<void(const MakeTinyProgress&)> progress;
 };

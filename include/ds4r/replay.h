@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "ds4r/engram.h"
+#include "ds4r/engram_io.h"
 #include "ds4r/model.h"
 #include "ds4r/weights.h"
 
@@ -38,15 +38,7 @@ int64_t default_chunk_rows(const ModelConfig& cfg, size_t free_bytes);
 // default_chunk_rows(cfg, free_bytes).
 int64_t resolve_chunk_rows(int64_t requested, const ModelConfig& cfg, size_t free_bytes);
 
-// Engram hashing state and table readers for the whole run (MODEL.md 4.2, 4.8).
-struct EngramResources {
-    EngramTokenMap map;
-    EngramLayout layout;
-    std::vector<std::unique_ptr<EngramTable>> tables;  // one per Engram layer, in engram_layer_ids order
-};
-// Builds the token map from tokenizer.json (checked against engram_compressed_vocab_size), the
-// layout, and opens the table shards. nullptr when the model has no Engram layers.
-std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt);
+// EngramResources / load_engram_resources (the Engram tables of a run) and the pass gather: ds4r/engram_io.h.
 
 // Scores of one sequence of n tokens. Row t < n-1 scores tokens[t+1]; row n-1 is the distribution
 // after the last token ("final").
@@ -93,6 +85,8 @@ public:
     static constexpr int64_t kMinChunkRows = 8;
     int64_t chunk_rows() const { return opt_.chunk_rows; }  // the current chunk size
     int out_of_memory_retries() const { return oom_retries_; }
+    // The Engram gathers of every pass so far (rows, requests, busy time, the stall at Engram layers).
+    EngramGatherStats engram_stats() const;
 
     // --- step API (used by run() and by the teacher-forced tests) ---
     // Embeds the tokens, expands to hc copies, pre-mix = one-hot copy 0, computes Engram hashes.
@@ -127,9 +121,6 @@ private:
         ChunkRows rows;
     };
     void plan_chunks();
-    // Gathers Engram rows of Engram layer #ei for every row of the pass, in the background (MODEL.md
-    // 4.8 step 1): BF16 [total_rows, cols * ehd]. Started one Engram layer ahead.
-    void start_engram_gather(int ei);
     void upload_chunk(const Chunk& ch, const Tensor& X, const Tensor& P);  // synchronous (Engram)
     // The chunk state ring (run_block, finish): chunk c's residual stream and pre-mix live in device
     // buffer c % ring while chunk c computes; chunk c + 1 is uploaded (up_q_) and chunk c - 1
@@ -165,12 +156,12 @@ private:
     int64_t total_rows_ = 0;
     std::shared_ptr<void> stream_;  // BF16 [total_rows, hc, D]
     std::shared_ptr<void> premix_;  // F32 [total_rows, hc]
-    std::vector<int64_t> hashes_;   // I64 [total_rows, n_engram_layers, cols]
     std::vector<Chunk> chunks_;
     int oom_retries_ = 0;
     std::unique_ptr<CopyQueue> up_q_, down_q_;  // the state ring's host -> backend / backend -> host copies
-    std::future<std::vector<uint16_t>> engram_rows_;  // the gather in flight
-    int engram_rows_layer_ = -1;                      // its Engram layer index (-1: none)
+    // The pass's Engram gathers (io/): every table's rows, started by begin() (MODEL.md 4.8 step 1).
+    std::unique_ptr<EngramPassGather> engram_gather_;
+    EngramGatherStats engram_stats_;  // of the passes before the current one
 };
 
 }  // namespace ds4r

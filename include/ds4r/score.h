@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ds4r/backend.h"
+#include "ds4r/io_settings.h"
 #include "ds4r/replay.h"
 
 namespace ds4r {
@@ -31,6 +32,7 @@ struct ScoreOptions {
     // default_rng(10007 * layer) equal the released model's published values (MODEL.md 4.2).
     bool seed_check = false;
     std::string progress = "auto";  // auto | bar | plain | none
+    IoSettings io;                  // --io, --read-threads, --read-request-mb, --engram-io, ...
 };
 
 struct ScoreSummary {

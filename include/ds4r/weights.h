@@ -93,9 +93,8 @@ std::unique_ptr<WeightSource> make_sync_weight_source(Backend& be, const Checkpo
 // layer (or the head) of the checkpoint, allocated once at construction, plus the ring (upload mode).
 // The reader threads add no buffers: they fill the ring or the slot.
 //
-// I/O mode: PrefetchOptions::direct_io, overridden by the environment variable DS4R_IO=direct (O_DIRECT,
-// buffered where refused) or DS4R_IO=buffered (page-cache pread), read at construction, so benchmarks
-// can compare both without rebuilding; any other non-empty value is an InputError.
+// I/O mode: PrefetchOptions::direct_io (the `--io direct|buffered` flag of score and bench, through
+// prefetch_options(IoSettings) in ds4r/io_settings.h): O_DIRECT (buffered where refused) or page-cache pread.
 // WeightSourceStats::bytes_read_direct says which reads actually bypassed the page cache.
 //
 // Alignment in upload mode: every tensor's address is a multiple of 16 (the kernels load weights 16
@@ -152,7 +151,7 @@ struct PrefetchOptions {
     size_t read_request_bytes = size_t{64} << 20;  // largest single read call, rounded up to 4 KiB
                                                    // (the unit of parallelism and of stop latency)
     int read_threads = 4;                          // reader threads = read requests in flight, 1..32
-    bool direct_io = true;                         // false: buffered pread only (DS4R_IO overrides)
+    bool direct_io = true;                         // false: buffered pread only (--io buffered)
     bool repeat_schedule = true;                   // see the contract above
 };
 

@@ -4,7 +4,9 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <future>
 #include <map>
@@ -276,10 +278,18 @@ uint64_t MakeTinyPlan::layer_bytes(int layer) const {
     return n;
 }
 
-MakeTinyPlan plan_make_tiny(TinyPreset preset, int layers) {
+MakeTinyPlan plan_make_tiny(TinyPreset preset, int layers, int64_t engram_rows) {
     MakeTinyPlan p;
     p.preset = preset;
     ModelConfig c = make_tiny_base_config(preset, layers);
+    if (engram_rows > 0) {
+        // Each table's rows are the sum of n_groups x n_heads primes just above engram_vocab_size.
+        const int64_t primes = c.engram_ngram_groups() * c.engram_n_heads;
+        if (engram_rows < primes * 4 || engram_rows > (int64_t{1} << 40))
+            DS4R_THROW(InputError, "make-tiny: --engram-rows %lld: expected %lld .. 2^40",
+                       (long long)engram_rows, (long long)(primes * 4));
+        c.engram_vocab_size = engram_rows / primes;
+    }
     p.tokenizer_json = make_tiny_tokenizer_json(c.vocab_size);
     const Tokenizer tok = Tokenizer::parse(p.tokenizer_json, "tokenizer.json");
     DS4R_CHECK(tok.size() == c.vocab_size, "make-tiny: generated tokenizer has %lld ids, expected %lld",
@@ -310,8 +320,10 @@ MakeTinyPlan plan_make_tiny(TinyPreset preset, int layers) {
     };
     p.shards.resize(static_cast<size_t>(total));
     for (int k = 0; k < total; ++k) p.shards[static_cast<size_t>(k)].file = shard_name(k + 1);
-    for (int k = 0; k < n_tables; ++k)
-        p.shards[static_cast<size_t>(L + 2 + k)].sparse = preset == TinyPreset::FullWidth;
+    for (int k = 0; k < n_tables; ++k) {
+        p.shards[static_cast<size_t>(L + 2 + k)].sparse = preset == TinyPreset::FullWidth && engram_rows <= 0;
+        p.shards[static_cast<size_t>(L + 2 + k)].random_table = engram_rows > 0;
+    }
     for (size_t i = 0; i < p.specs.size(); ++i) {
         const TensorSpec& s = p.specs[i];
         size_t k;
@@ -425,6 +437,52 @@ void write_tensor(ShardWriteState& st, const tiny::TensorRecipe& r, size_t wi, i
     }
 }
 
+// Dense random Engram table (--engram-rows): e4m3 codes that are neither zero nor NaN and e8m0 scales
+// 2^-8..2^-1, from xorshift64* words, written in 64 MiB sequential windows (generation overlaps writes).
+void write_random_table(ShardWriteState& st, size_t wi, uint64_t weight_bytes, size_t si,
+                        uint64_t scale_bytes, uint64_t seed) {
+    auto fill = [](uint8_t* p, size_t n, uint64_t& x, bool scales) {
+        for (size_t i = 0; i < n; i += 8) {
+            x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+            uint64_t w = x * 0x2545F4914F6CDD1Dull;
+            uint8_t b[8];
+            std::memcpy(b, &w, 8);
+            for (int k = 0; k < 8 && i + k < n; ++k) {
+                uint8_t v = b[k];
+                if (scales) {
+                    v = static_cast<uint8_t>(119 + (v & 7));  // 2^-8 .. 2^-1
+                } else {
+                    if ((v & 0x7f) == 0) v |= 0x08;     // +-0 -> +-2^-6
+                    if ((v & 0x7f) == 0x7f) v ^= 0x01;  // NaN -> 448
+                }
+                p[i + static_cast<size_t>(k)] = v;
+            }
+        }
+    };
+    uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull + wi;
+    if (x == 0) x = 1;
+    for (int part = 0; part < 2; ++part) {
+        const size_t idx = part == 0 ? wi : si;
+        const uint64_t total = part == 0 ? weight_bytes : scale_bytes;
+        for (uint64_t off = 0; off < total; off += kWindowBytes) {
+            const size_t n = static_cast<size_t>(std::min<uint64_t>(kWindowBytes, total - off));
+            std::vector<uint8_t>& buf = st.buffers[*st.next_buffer];
+            *st.next_buffer ^= 1;  // the write that used this buffer has completed (submit waits)
+            buf.resize(n);
+            fill(buf.data(), n, x, part == 1);
+            SafetensorsWriter* w = st.writer;
+            std::atomic<uint64_t>* done = st.bytes_done;
+            uint8_t* data = buf.data();
+            st.writes->submit([w, idx, off, data, n, done] {
+                w->write(idx, off, data, n);
+                *done += n;
+            });
+            st.report();
+        }
+    }
+    st.writes->wait();
+}
+
 void check_out_dir(const std::string& dir, const MakeTinyPlan& plan, bool force) {
     std::error_code ec;
     if (fs::exists(dir, ec)) {
@@ -481,6 +539,14 @@ std::string make_readme(const MakeTinyPlan& p, uint64_t seed) {
             "tensors read as zero bytes. For checking inspect / validation at the released scale, not for "
             "scoring.\n",
             p.sparse_bytes / 1e9);
+    else if (std::any_of(p.shards.begin(), p.shards.end(),
+                         [](const TinyShard& sh) { return sh.random_table; }))
+        s += strfmt(
+            "Engram tables are DENSE random bytes (--engram-rows): %lld rows per table, non-zero finite "
+            "e4m3\n"
+            "codes with e8m0 scales 2^-8..2^-1; engram_vocab_size %lld sets the hashing's primes.\n",
+            (long long)(c.engram_num_embeddings.empty() ? 0 : c.engram_num_embeddings[0]),
+            (long long)c.engram_vocab_size);
     else if (p.sparse_bytes > 0)
         s += strfmt(
             "Engram tables are SPARSE files: only the safetensors header is written; the rows and scales "
@@ -496,7 +562,7 @@ std::string make_readme(const MakeTinyPlan& p, uint64_t seed) {
 MakeTinyResult make_tiny(const std::string& out_dir, const MakeTinyOptions& opts) {
     const auto t0 = std::chrono::steady_clock::now();
     MakeTinyResult res;
-    res.plan = plan_make_tiny(opts.preset, opts.layers);
+    res.plan = plan_make_tiny(opts.preset, opts.layers, opts.engram_rows);
     if (opts.headers_only) {
         for (auto& sh : res.plan.shards) sh.sparse = true;
         res.plan.sparse_bytes = res.plan.total_tensor_bytes;
@@ -557,6 +623,13 @@ MakeTinyResult make_tiny(const std::string& out_dir, const MakeTinyOptions& opts
                 // Full-width Engram tables: holes of a sparse file (the README says so).
                 writer.leave_zero(wi);
                 if (si >= 0) writer.leave_zero(static_cast<size_t>(si));
+                continue;
+            }
+            if (sh.random_table && sspec) {
+                write_random_table(
+                    st, wi, dtype_size(wspec.dtype) * static_cast<uint64_t>(shape_numel(wspec.shape)),
+                    static_cast<size_t>(si),
+                    dtype_size(sspec->dtype) * static_cast<uint64_t>(shape_numel(sspec->shape)), opts.seed);
                 continue;
             }
             const tiny::TensorRecipe r = tiny::make_recipe(wspec, sspec, plan.cfg);

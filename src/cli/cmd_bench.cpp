@@ -1,5 +1,6 @@
 // `ds4replay bench`: CLI11 glue for run_bench (src/replay/bench.cpp).
 #include "cli/commands.h"
+#include "cli/io_flags.h"
 #include "ds4r/bench.h"
 
 namespace ds4r::cli {
@@ -33,9 +34,16 @@ void add_bench_command(CLI::App& root, std::vector<Command>& out) {
         ->capture_default_str();
     app->add_option("--kernel-rows", opt->kernel_rows, "M of the kernel benchmarks")->capture_default_str();
     app->add_option("--iters", opt->iters, "Timed iterations per kernel")->capture_default_str();
+    app->add_option("--disk-seconds", opt->disk_seconds,
+                    "Seconds per disk measurement (sequential O_DIRECT rate, random 4 KiB reads at queue "
+                    "depths 1, 32, 256) run before the workloads; 0 skips them")
+        ->check(CLI::Range(0.0, 60.0))
+        ->capture_default_str();
+    auto apply_io = add_io_flags(app, &opt->io);
     Command c;
     c.app = app;
-    c.run = [opt, no_prefetch]() {
+    c.run = [opt, no_prefetch, apply_io]() {
+        apply_io();
         opt->prefetch = !*no_prefetch;
         return run_bench(*opt, stdout);
     };

@@ -22,6 +22,7 @@ struct MakeTinyArgs {
     bool force = false;
     bool headers_only = false;
     int threads = 0;
+    int64_t engram_rows = 0;
 };
 
 // Progress on stderr: an updating line on a terminal, otherwise a line per file and every 10 s.
@@ -82,6 +83,12 @@ void add_make_tiny_command(CLI::App& root, std::vector<Command>& out) {
         ->add_option("--threads", a->threads,
                      "Generator threads (default: all cores; the bytes do not depend on it)")
         ->check(CLI::Range(0, 1024));
+    c.app
+        ->add_option("--engram-rows", a->engram_rows,
+                     "Engram tables of about N rows at the preset's width, written DENSE with random data "
+                     "(full width: 264 bytes per row, e.g. 40000000 = 10.6 GB per table) so gathers read the "
+                     "disk; default: the preset's tables (full-width: sparse ~98 GB files)")
+        ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
     c.run = [a]() -> int {
         MakeTinyOptions o;
         o.preset = *tiny_preset_from_name(a->preset);
@@ -90,6 +97,7 @@ void add_make_tiny_command(CLI::App& root, std::vector<Command>& out) {
         o.force = a->force;
         o.threads = a->threads;
         o.headers_only = a->headers_only;
+        o.engram_rows = a->engram_rows;
         auto printer = std::make_shared<ProgressPrinter>();
         o.progress = [printer](const MakeTinyProgress& p) { (*printer)(p); };
         MakeTinyResult r = make_tiny(a->out_dir, o);

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/io_flags.h"
 #include "ds4r/log.h"
 #include "ds4r/progress.h"
 #include "ds4r/score.h"
@@ -70,9 +71,11 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
     app->add_option("--progress", opt->progress, "auto, bar, plain or none")
         ->check(CLI::IsMember({"auto", "bar", "plain", "none"}))
         ->capture_default_str();
+    auto apply_io = add_io_flags(app, &opt->io);
     Command c;
     c.app = app;
-    c.run = [opt, layers, mode, positional]() -> int {
+    c.run = [opt, layers, mode, positional, apply_io]() -> int {
+        apply_io();
         if (!positional->empty()) {
             if (opt->input != "-" && opt->input != *positional)
                 throw InputError("give the input either as a positional argument or with --input, not both");

@@ -1,129 +1,322 @@
-// Host-side gather of Engram table rows (MODEL.md 4.8 step 1). A table is far larger than any
-// device (layer 1: 384,006,168 rows x 256 fp8 = 98 GB), and a forward reads only s x 24 rows of
-// it, so the shard is mapped read-only with random-access advice and the few rows are
-// dequantized on the host: bf16( e4m3(row[d]) * 2^(scale[d / 32] - 127) ), the product in fp32
-// as the reference does it (exact for normal values; the bf16 cast then rounds only subnormals).
-// Where mmap is not possible (or DS4R_ENGRAM_PREAD=1) the rows are read with pread.
+// One Engram table in its shard (include/ds4r/engram_io.h): row-set planning (dedupe, file order),
+// the read engines chosen per table (io_uring, pread pool, mmap), the in-memory scale tensor, and the
+// exact dequantization of MODEL.md 4.8 step 1: bf16( e4m3(row[d]) * 2^(scale[d / 32] - 127) ), the
+// product in fp32 as the reference does it (exact for normal values; the bf16 cast rounds subnormals).
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
-#include <cstdlib>
+#include <chrono>
 #include <cstring>
 #include <limits>
-#include <vector>
+#include <mutex>
+#include <thread>
 
-#include "ds4r/engram.h"
+#include "ds4r/engram_io.h"
 #include "ds4r/error.h"
 #include "ds4r/file_util.h"
 #include "ds4r/log.h"
 #include "ds4r/numeric.h"
+#include "io/engram_reads.h"
 
 namespace ds4r {
 
 namespace {
+
 constexpr int64_t kScaleBlock = 32;  // one e8m0 scale per 32 elements of a row (MODEL.md 3.4)
+constexpr int kMmapThreads = 16;     // the earlier engine: 16 threads of page faults
+
+double now_s() {
+    using namespace std::chrono;
+    return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+struct DequantTables {
+    std::array<float, 256> e4m3{};  // code -> value
+    std::array<float, 256> e8m0{};  // code -> 2^(code - 127)
+    DequantTables() {
+        for (int c = 0; c < 256; ++c) {
+            e4m3[static_cast<size_t>(c)] = e4m3_to_f32(static_cast<uint8_t>(c));
+            e8m0[static_cast<size_t>(c)] = e8m0_to_f32(static_cast<uint8_t>(c));
+        }
+    }
+};
+const DequantTables& dequant_tables() {
+    static const DequantTables t;
+    return t;
+}
+
+std::once_flag g_uring_note_once;
+
+}  // namespace
+
+void EngramGatherStats::add(const EngramGatherStats& o) {
+    lookups += o.lookups;
+    unique_rows += o.unique_rows;
+    read_requests += o.read_requests;
+    bytes_read += o.bytes_read;
+    scale_bytes_loaded += o.scale_bytes_loaded;
+    busy_s += o.busy_s;
+    scale_load_s += o.scale_load_s;
+    wait_s += o.wait_s;
+    if (!o.engine.empty()) engine = o.engine;
+}
+
+void EngramRowSet::dequant_bf16(size_t first, size_t n, uint16_t* out) const {
+    const DequantTables& t = dequant_tables();
+    const auto hd = static_cast<size_t>(head_dim);
+    const size_t ns = hd / kScaleBlock;
+    DS4R_CHECK(first + n <= index.size(), "Engram dequant: lookups [%zu, %zu) of %zu", first, first + n,
+               index.size());
+    for (size_t k = 0; k < n; ++k) {
+        const size_t u = index[first + k];
+        const uint8_t* w = rows.data() + u * hd;
+        const uint8_t* s = scales.data() + u * ns;
+        uint16_t* o = out + k * hd;
+        for (size_t d = 0; d < hd; ++d) o[d] = f32_to_bf16(t.e4m3[w[d]] * t.e8m0[s[d / kScaleBlock]]);
+    }
+}
+
+EngramRowSet plan_engram_rows(const int64_t* lookups, size_t n, size_t stride, int64_t table_rows,
+                              int64_t head_dim, const std::string& path) {
+    EngramRowSet set;
+    set.head_dim = head_dim;
+    set.ids.resize(n);
+    for (size_t k = 0; k < n; ++k) {
+        const int64_t id = lookups[k * stride];
+        if (id < 0 || id >= table_rows)
+            throw RuntimeError(strfmt("%s: Engram row id %lld (entry %zu) is outside [0, %lld)", path.c_str(),
+                                      (long long)id, k, (long long)table_rows));
+        set.ids[k] = id;
+    }
+    // Repeated n-grams hash to the same rows: each distinct row is read once, in file order.
+    std::sort(set.ids.begin(), set.ids.end());
+    set.ids.erase(std::unique(set.ids.begin(), set.ids.end()), set.ids.end());
+    DS4R_CHECK(set.ids.size() <= std::numeric_limits<uint32_t>::max(), "Engram gather: too many rows");
+    set.index.resize(n);
+    for (size_t k = 0; k < n; ++k)
+        set.index[k] = static_cast<uint32_t>(
+            std::lower_bound(set.ids.begin(), set.ids.end(), lookups[k * stride]) - set.ids.begin());
+    return set;
 }
 
 struct EngramTable::Impl {
-    FileHandle file;
-    const uint8_t* map = nullptr;  // whole file, PROT_READ, or nullptr when using pread
+    engram_reads::TableFile file;
+    EngramTableOptions opt;
+    uint64_t file_size = 0;
+    uint64_t weight_offset = 0;  // e4m3 [rows, head_dim]
+    uint64_t scale_offset = 0;   // e8m0 [rows, head_dim / 32]
+    uint64_t scale_bytes = 0;
+    // mmap engine: the whole file, mapped at the first gather.
+    std::once_flag map_once;
+    const uint8_t* map = nullptr;
     size_t map_bytes = 0;
-    uint64_t weight_offset = 0;     // e4m3 [rows, head_dim]
-    uint64_t scale_offset = 0;      // e8m0 [rows, head_dim / 32]
-    std::array<float, 256> e4m3{};  // code -> value
-    std::array<float, 256> e8m0{};  // code -> 2^(code - 127)
+    // scales_in_memory: the whole scale tensor, read at the first gather.
+    std::mutex scales_mu;
+    bool scales_loaded = false;
+    std::vector<uint8_t> scales;
 
     ~Impl() {
         if (map) ::munmap(const_cast<uint8_t*>(map), map_bytes);
+        if (file.direct_fd >= 0) ::close(file.direct_fd);
+        if (file.buffered_fd >= 0) ::close(file.buffered_fd);
     }
 };
 
 EngramTable::EngramTable(const std::string& shard_path, uint64_t weight_offset, uint64_t scale_offset,
-                         int64_t rows, int64_t head_dim)
+                         int64_t rows, int64_t head_dim, EngramTableOptions opt)
     : impl_(std::make_unique<Impl>()), rows_(rows), head_dim_(head_dim) {
     const char* path = shard_path.c_str();
-    if (rows <= 0 || head_dim <= 0 || head_dim % kScaleBlock != 0 || head_dim > (int64_t{1} << 20))
+    if (rows <= 0 || head_dim <= 0 || head_dim % kScaleBlock != 0 || head_dim > (int64_t{1} << 16))
         throw CheckpointError(
             strfmt("%s: Engram table shape [%lld, %lld]: expected positive rows and a "
-                   "row width that is a multiple of 32",
+                   "row width that is a multiple of 32 (at most 65536)",
                    path, (long long)rows, (long long)head_dim));
     const auto urows = static_cast<uint64_t>(rows);
     const auto row_bytes = static_cast<uint64_t>(head_dim);
-    const uint64_t scale_bytes = row_bytes / kScaleBlock;
+    const uint64_t scale_row = row_bytes / kScaleBlock;
     constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
     if (urows > kMax / row_bytes || weight_offset > kMax - urows * row_bytes ||
-        scale_offset > kMax - urows * scale_bytes)
+        scale_offset > kMax - urows * scale_row)
         throw CheckpointError(strfmt("%s: Engram table extents overflow", path));
 
     Impl& im = *impl_;
-    im.file = FileHandle(shard_path, O_RDONLY, 0644, /*checkpoint=*/true);
+    im.opt = std::move(opt);
+    im.file.path = shard_path;
+    im.file.pread = im.opt.pread_for_test;
+    {
+        FileHandle probe(shard_path, O_RDONLY, 0644, /*checkpoint=*/true);  // CheckpointError naming it
+        im.file_size = probe.size();
+    }
+    im.file.buffered_fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (im.file.buffered_fd < 0)
+        throw CheckpointError(strfmt("%s: cannot open (%s)", path, errno_text(errno).c_str()));
+    if (im.opt.io != EngramIoMode::Mmap) {
+        im.file.direct_fd = ::open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+        im.file.direct_ok = im.file.direct_fd >= 0;  // EINVAL: the file system refuses O_DIRECT
+    }
     im.weight_offset = weight_offset;
     im.scale_offset = scale_offset;
-    const uint64_t file_size = im.file.size();
+    im.scale_bytes = urows * scale_row;
     const uint64_t weight_end = weight_offset + urows * row_bytes;
-    const uint64_t scale_end = scale_offset + urows * scale_bytes;
-    if (weight_end > file_size || scale_end > file_size)
+    const uint64_t scale_end = scale_offset + im.scale_bytes;
+    if (weight_end > im.file_size || scale_end > im.file_size)
         throw CheckpointError(strfmt(
             "%s: the Engram table needs bytes up to %llu (weight) and %llu (scale), the file has %llu", path,
-            (unsigned long long)weight_end, (unsigned long long)scale_end, (unsigned long long)file_size));
-    for (int c = 0; c < 256; ++c) {
-        im.e4m3[static_cast<size_t>(c)] = e4m3_to_f32(static_cast<uint8_t>(c));
-        im.e8m0[static_cast<size_t>(c)] = e8m0_to_f32(static_cast<uint8_t>(c));
-    }
-
-    // DS4R_ENGRAM_PREAD=1 skips the mapping (file systems where mmap of a huge file misbehaves;
-    // tests use it to cover the pread path).
-    const char* force_pread = std::getenv("DS4R_ENGRAM_PREAD");
-    const bool use_mmap = !(force_pread && *force_pread && std::strcmp(force_pread, "0") != 0);
-    if (use_mmap && file_size > 0 && file_size <= std::numeric_limits<size_t>::max()) {
-        void* p = ::mmap(nullptr, static_cast<size_t>(file_size), PROT_READ, MAP_SHARED, im.file.fd(), 0);
-        if (p != MAP_FAILED) {
-            im.map = static_cast<const uint8_t*>(p);
-            im.map_bytes = static_cast<size_t>(file_size);
-            // Rows are hashed: no locality, so read-ahead would only waste I/O.
-            if (::madvise(p, im.map_bytes, MADV_RANDOM) != 0)
-                log_debug(strfmt("%s: madvise(MADV_RANDOM): %s", path, errno_text(errno).c_str()));
-        } else {
-            log_warn(strfmt("%s: mmap failed (%s); reading Engram rows with pread", path,
-                            errno_text(errno).c_str()));
-        }
-    }
+            (unsigned long long)weight_end, (unsigned long long)scale_end, (unsigned long long)im.file_size));
 }
 
 EngramTable::~EngramTable() = default;
 
-void EngramTable::gather_bf16(const int64_t* ids, size_t n, uint16_t* out) const {
+const std::string& EngramTable::path() const {
+    return impl_->file.path;
+}
+uint64_t EngramTable::scale_bytes() const {
+    return impl_->scale_bytes;
+}
+
+std::string EngramTable::engine() const {
     const Impl& im = *impl_;
+    const int qd = std::clamp(im.opt.queue_depth, 1, 1024);
+    if (im.opt.io == EngramIoMode::Mmap) return strfmt("mmap, %d threads of page faults", kMmapThreads);
+    const char* dio = im.file.direct_fd >= 0 ? "O_DIRECT" : "buffered";
+    if ((im.opt.io == EngramIoMode::Auto || im.opt.io == EngramIoMode::Uring) &&
+        !im.opt.refuse_uring_for_test && engram_reads::uring_available(nullptr))
+        return strfmt("io_uring, %d in flight, %s", qd, dio);
+    return strfmt("pread, %d threads, %s", std::min(qd, 64), dio);
+}
+
+void EngramTable::read_rows(EngramRowSet& set, EngramGatherStats& st, const std::atomic<bool>* stop) const {
+    Impl& im = *impl_;
     const auto hd = static_cast<size_t>(head_dim_);
-    const size_t n_scales = hd / kScaleBlock;
-    std::vector<uint8_t> row_buf, scale_buf;
-    if (!im.map) {
-        row_buf.resize(hd);
-        scale_buf.resize(n_scales);
-    }
-    for (size_t i = 0; i < n; ++i) {
-        const int64_t id = ids[i];
-        if (id < 0 || id >= rows_)
-            throw RuntimeError(strfmt("%s: Engram row id %lld (entry %zu) is outside [0, %lld)",
-                                      im.file.path().c_str(), (long long)id, i, (long long)rows_));
-        const auto row = static_cast<uint64_t>(id);
-        const uint64_t woff = im.weight_offset + row * hd, soff = im.scale_offset + row * n_scales;
-        const uint8_t* w;
-        const uint8_t* s;
-        if (im.map) {
-            w = im.map + woff;
-            s = im.map + soff;
-        } else {
-            im.file.pread_exact(row_buf.data(), hd, woff);
-            im.file.pread_exact(scale_buf.data(), n_scales, soff);
-            w = row_buf.data();
-            s = scale_buf.data();
+    const size_t ns = hd / kScaleBlock;
+    const size_t u = set.ids.size();
+    set.head_dim = head_dim_;
+    set.rows.resize(u * hd);
+    set.scales.resize(u * ns);
+    st.unique_rows += u;
+    st.engine = engine();
+
+    // The whole scale tensor, once (sequential reads), when asked: then only the rows are random reads.
+    if (im.opt.scales_in_memory) {
+        std::lock_guard<std::mutex> lk(im.scales_mu);
+        if (!im.scales_loaded) {
+            const double t0 = now_s();
+            std::vector<uint8_t> all(im.scale_bytes);
+            std::vector<engram_reads::Piece> pieces;
+            for (uint64_t off = 0; off < im.scale_bytes; off += engram_reads::kMaxRequest / 2) {
+                const uint64_t len = std::min<uint64_t>(engram_reads::kMaxRequest / 2, im.scale_bytes - off);
+                pieces.push_back({im.scale_offset + off, static_cast<uint32_t>(len), all.data() + off});
+            }
+            const auto reqs = engram_reads::plan_requests(pieces);
+            engram_reads::ReadCounters c;
+            engram_reads::read_with_threads(im.file, reqs, pieces, 8, stop, c);
+            im.scales = std::move(all);
+            im.scales_loaded = true;
+            st.scale_bytes_loaded += im.scale_bytes;
+            st.scale_load_s += now_s() - t0;
+            log_info(strfmt("%s: Engram scales in memory: %.2f GB read in %.2f s", im.file.path.c_str(),
+                            im.scale_bytes / 1e9, now_s() - t0));
         }
-        uint16_t* o = out + i * hd;
-        for (size_t d = 0; d < hd; ++d) o[d] = f32_to_bf16(im.e4m3[w[d]] * im.e8m0[s[d / kScaleBlock]]);
     }
+    const bool scales_from_memory = im.opt.scales_in_memory && im.scales_loaded;
+    if (scales_from_memory)
+        for (size_t i = 0; i < u; ++i)
+            std::memcpy(set.scales.data() + i * ns, im.scales.data() + static_cast<uint64_t>(set.ids[i]) * ns,
+                        ns);
+
+    if (im.opt.io == EngramIoMode::Mmap) {
+        std::call_once(im.map_once, [&] {
+            void* p = ::mmap(nullptr, static_cast<size_t>(im.file_size), PROT_READ, MAP_SHARED,
+                             im.file.buffered_fd, 0);
+            if (p == MAP_FAILED)
+                DS4R_THROW(RuntimeError, "%s: mmap failed (%s)", im.file.path.c_str(),
+                           errno_text(errno).c_str());
+            // Rows are hashed: no locality, so read-ahead would only waste I/O.
+            if (::madvise(p, static_cast<size_t>(im.file_size), MADV_RANDOM) != 0)
+                log_debug(
+                    strfmt("%s: madvise(MADV_RANDOM): %s", im.file.path.c_str(), errno_text(errno).c_str()));
+            im.map = static_cast<const uint8_t*>(p);
+            im.map_bytes = static_cast<size_t>(im.file_size);
+        });
+        // A file truncated after it was opened would SIGBUS a page fault: check its size first.
+        struct stat sb {};
+        if (::fstat(im.file.buffered_fd, &sb) == 0 && static_cast<uint64_t>(sb.st_size) < im.file_size)
+            DS4R_THROW(CheckpointError,
+                       "%s: shard truncated: the Engram table needs %llu bytes, the file has %lld",
+                       im.file.path.c_str(), (unsigned long long)im.file_size, (long long)sb.st_size);
+        const double t0 = now_s();
+        std::vector<std::thread> pool;
+        const size_t per = (u + kMmapThreads - 1) / kMmapThreads;
+        for (size_t b = 0; b < u; b += per)
+            pool.emplace_back([&, b] {
+                for (size_t i = b; i < std::min(u, b + per); ++i) {
+                    if (stop && stop->load(std::memory_order_relaxed)) return;
+                    const auto id = static_cast<uint64_t>(set.ids[i]);
+                    std::memcpy(set.rows.data() + i * hd, im.map + im.weight_offset + id * hd, hd);
+                    if (!scales_from_memory)
+                        std::memcpy(set.scales.data() + i * ns, im.map + im.scale_offset + id * ns, ns);
+                }
+            });
+        for (auto& t : pool) t.join();
+        if (stop && stop->load()) throw RuntimeError(im.file.path + ": Engram gather cancelled");
+        st.busy_s += now_s() - t0;
+        st.bytes_read += u * (hd + (scales_from_memory ? 0 : ns));  // what was touched (pages: more)
+        return;
+    }
+
+    // Pieces in file order: the rows (sorted ids) and, unless in memory, their scales.
+    std::vector<engram_reads::Piece> pieces;
+    pieces.reserve(scales_from_memory ? u : 2 * u);
+    std::vector<engram_reads::Piece> scale_pieces;
+    for (size_t i = 0; i < u; ++i) {
+        const auto id = static_cast<uint64_t>(set.ids[i]);
+        pieces.push_back({im.weight_offset + id * hd, static_cast<uint32_t>(hd), set.rows.data() + i * hd});
+        if (!scales_from_memory)
+            scale_pieces.push_back(
+                {im.scale_offset + id * ns, static_cast<uint32_t>(ns), set.scales.data() + i * ns});
+    }
+    if (!scale_pieces.empty()) {
+        std::vector<engram_reads::Piece> merged(pieces.size() + scale_pieces.size());
+        std::merge(pieces.begin(), pieces.end(), scale_pieces.begin(), scale_pieces.end(), merged.begin(),
+                   [](const auto& a, const auto& b) { return a.offset < b.offset; });
+        pieces = std::move(merged);
+    }
+    const auto reqs = engram_reads::plan_requests(pieces);
+    engram_reads::ReadCounters c;
+    const int qd = std::clamp(im.opt.queue_depth, 1, 1024);
+    bool done = false;
+    if ((im.opt.io == EngramIoMode::Auto || im.opt.io == EngramIoMode::Uring) &&
+        !im.opt.refuse_uring_for_test) {
+        std::string why;
+        done = engram_reads::read_with_uring(im.file, reqs, pieces, qd, stop, c, &why);
+        if (!done)
+            std::call_once(g_uring_note_once, [&] {
+                const std::string msg =
+                    strfmt("io_uring unavailable (%s): Engram rows read by %d pread threads", why.c_str(),
+                           std::min(qd, 64));
+                if (im.opt.io == EngramIoMode::Uring)
+                    log_warn(msg);
+                else
+                    log_info(msg);
+            });
+    }
+    if (!done) engram_reads::read_with_threads(im.file, reqs, pieces, std::min(qd, 64), stop, c);
+    st.read_requests += c.requests;
+    st.bytes_read += c.bytes;
+    st.busy_s += c.busy_s;
+}
+
+void EngramTable::gather_bf16(const int64_t* ids, size_t n, uint16_t* out) const {
+    EngramRowSet set = plan_engram_rows(ids, n, 1, rows_, head_dim_, impl_->file.path);
+    EngramGatherStats st;
+    read_rows(set, st);
+    set.dequant_bf16(0, n, out);
 }
 
 }  // namespace ds4r

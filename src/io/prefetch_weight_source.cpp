@@ -214,7 +214,7 @@ private:
     Backend& be_;
     PrefetchOptions opt_;
     bool upload_ = true;
-    bool direct_io_ = true;  // after DS4R_IO
+    bool direct_io_ = true;  // PrefetchOptions::direct_io (--io)
     size_t staging_bytes_ = 0, read_request_ = 0;
     std::map<int, std::shared_ptr<const LayerPlan>> plans_;  // immutable after construction
     std::shared_ptr<Core> core_;
@@ -247,20 +247,6 @@ private:
     std::thread completion_thread_;
 };
 
-// DS4R_IO=direct|buffered overrides PrefetchOptions::direct_io (benchmarks compare both without rebuilding).
-bool direct_io_setting(bool option) {
-    const char* env = std::getenv("DS4R_IO");
-    if (!env || !*env) return option;
-    const std::string v = env;
-    if (v != "direct" && v != "buffered")
-        DS4R_THROW(InputError,
-                   "DS4R_IO=%s: expected 'direct' (O_DIRECT reads) or 'buffered' (page-cache reads)",
-                   v.c_str());
-    log_info(
-        strfmt("weights: DS4R_IO=%s: %s shard reads", v.c_str(), v == "direct" ? "O_DIRECT" : "buffered"));
-    return v == "direct";
-}
-
 PrefetchWeightSource::PrefetchWeightSource(Backend& be, const Checkpoint& ckpt, const PrefetchOptions& opt)
     : be_(be), opt_(opt), core_(std::make_shared<Core>()) {
     t0_ = now_s();
@@ -268,7 +254,7 @@ PrefetchWeightSource::PrefetchWeightSource(Backend& be, const Checkpoint& ckpt, 
                "prefetch: staging_count %d outside [2, 32]", opt.staging_count);
     DS4R_CHECK(opt.read_threads >= 1 && opt.read_threads <= 32, "prefetch: read_threads %d outside [1, 32]",
                opt.read_threads);
-    direct_io_ = direct_io_setting(opt.direct_io);
+    direct_io_ = opt.direct_io;
     staging_bytes_ =
         static_cast<size_t>(align_up(std::max<size_t>(opt.staging_bytes, 1), DirectReader::kAlign));
     read_request_ =

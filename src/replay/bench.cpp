@@ -15,6 +15,7 @@
 #include "ds4r/log.h"
 #include "ds4r/replay.h"
 #include "ds4r/settings.h"
+#include "replay/bench_io.h"
 
 namespace ds4r {
 
@@ -145,15 +146,12 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
 }
 
 void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const EngramResources* eng,
-                    const Workload& w, const BenchOptions& opt, double bf16_peak, Csv& csv, std::FILE* out) {
+                    const Workload& w, const BenchOptions& opt, double bf16_peak, const DiskRates& disk,
+                    Csv& csv, std::FILE* out) {
     const ModelConfig& c = ck.config();
     auto seqs = make_sequences(w, c.vocab_size, opt.seed);
     const int64_t total = w.sequences * w.tokens;
-    // DS4R_READ_THREADS / DS4R_READ_REQUEST_MB tune the prefetcher (DS4R_IO picks direct / buffered reads).
-    PrefetchOptions po;
-    if (const char* e = std::getenv("DS4R_READ_THREADS")) po.read_threads = std::atoi(e);
-    if (const char* e = std::getenv("DS4R_READ_REQUEST_MB"))
-        po.read_request_bytes = static_cast<size_t>(std::atoi(e)) << 20;
+    const PrefetchOptions po = prefetch_options(opt.io);  // --io, --read-threads, --read-request-mb
     std::unique_ptr<WeightSource> ws =
         opt.prefetch ? make_prefetch_weight_source(be, ck, po) : make_sync_weight_source(be, ck);
     ReplayOptions ro;
@@ -271,6 +269,10 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
             csv.row("profile_" + w.name, n, -1, total, 0, 0, 0, v, "s");
         }
     }
+    bench_report_io(ck, timings, st, runner.engram_stats(), wall, disk, out,
+                    [&](const std::string& n, double v, const std::string& u) {
+                        csv.row("workload_" + w.name, n, -1, total, 0, 0, 0, v, u);
+                    });
     csv.row("workload_" + w.name, "tokens_per_s", -1, total, 0, 0, 0, tps, "tokens/s");
     csv.row("workload_" + w.name, "s_per_layer", -1, total, 0, 0, 0, per_layer, "s");
     csv.row("workload_" + w.name, "overlap", -1, total, 0, 0, 0, sum_bound > 0 ? sum_wall / sum_bound : 0,
@@ -316,7 +318,13 @@ int run_bench(const BenchOptions& opt, std::FILE* out) {
                      bf16_peak);
         csv.row("kernels", "cublas_bf16_8192", -1, 0, 8192, 8192, 8192, bf16_peak, "TFLOP/s");
     }
-    auto eng = load_engram_resources(ck);
+    auto eng = load_engram_resources(ck, opt.io);
+    DiskRates disk;
+    if (std::any_of(wl.begin(), wl.end(), [](const std::string& x) { return x != "kernels"; }))
+        disk = bench_measure_disk(ck, opt.disk_seconds, out,
+                                  [&](const std::string& n, double v, const std::string& u) {
+                                      csv.row("disk", n, -1, 0, 0, 0, 0, v, u);
+                                  });
     for (const auto& w : wl) {
         Workload wk;
         if (w == "a")
@@ -329,7 +337,7 @@ int run_bench(const BenchOptions& opt, std::FILE* out) {
             continue;
         else
             throw InputError("bench: unknown workload '" + w + "' (kernels, a, b, c)");
-        bench_workload(*be, kb.get(), ck, eng.get(), wk, opt, bf16_peak, csv, out);
+        bench_workload(*be, kb.get(), ck, eng.get(), wk, opt, bf16_peak, disk, csv, out);
         std::fflush(out);
     }
     return 0;

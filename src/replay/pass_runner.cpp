@@ -1,14 +1,11 @@
 // Layer-major pass runner: host state, chunking and the sweeps of include/ds4r/model.h.
-#include <fcntl.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <thread>
 
 #include "ds4r/checkpoint.h"
-#include "ds4r/file_util.h"
 #include "ds4r/log.h"
 #include "ds4r/numeric.h"
 #include "ds4r/replay.h"
@@ -35,26 +32,6 @@ int64_t resolve_chunk_rows(int64_t requested, const ModelConfig& cfg, size_t fre
     return requested > 0 ? requested : default_chunk_rows(cfg, free_bytes);
 }
 
-std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt) {
-    const ModelConfig& cfg = ckpt.config();
-    if (cfg.engram_layer_ids.empty()) return nullptr;
-    auto res = std::make_unique<EngramResources>();
-    const std::string tok_path = ckpt.tokenizer_path();
-    Tokenizer tok = Tokenizer::load(tok_path);
-    res->map = build_engram_token_map(tok, cfg, tok_path, /*check=*/true);
-    res->layout = build_engram_layout(cfg);
-    for (int L : cfg.engram_layer_ids) {
-        const TensorLocation& w = ckpt.at(engram_table_tensor_name(L));
-        const TensorLocation& s = ckpt.at(engram_table_scale_tensor_name(L));
-        if (w.shard != s.shard)
-            throw CheckpointError(
-                strfmt("layer %d: engram.embed.weight and .scale are in different shards", L));
-        res->tables.push_back(std::make_unique<EngramTable>(
-            ckpt.shards().at(static_cast<size_t>(w.shard)).path, w.offset, s.offset, w.shape[0], w.shape[1]));
-    }
-    return res;
-}
-
 PassRunner::PassRunner(Backend& be, const Checkpoint& ckpt, WeightSource& weights,
                        const EngramResources* engram, ReplayOptions opt)
     : be_(be),
@@ -77,8 +54,12 @@ PassRunner::PassRunner(Backend& be, const Checkpoint& ckpt, WeightSource& weight
     weights_.set_schedule(order);
 }
 
-PassRunner::~PassRunner() {
-    if (engram_rows_.valid()) engram_rows_.wait();  // never leave a gather thread behind
+PassRunner::~PassRunner() = default;  // engram_gather_ stops and joins its thread
+
+EngramGatherStats PassRunner::engram_stats() const {
+    EngramGatherStats st = engram_stats_;
+    if (engram_gather_) st.add(engram_gather_->stats());
+    return st;
 }
 
 uint16_t* PassRunner::stream(int seq) {
@@ -93,10 +74,9 @@ int64_t PassRunner::seq_len(int seq) const {
 }
 
 void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs) {
-    // A gather of the previous pass still running reads hashes_: finish it before they change.
-    if (engram_rows_.valid()) engram_rows_.wait();
-    engram_rows_ = {};
-    engram_rows_layer_ = -1;
+    // The previous pass's gather (finished, or stopped at its next request) goes with its rows.
+    if (engram_gather_) engram_stats_.add(engram_gather_->stats());
+    engram_gather_.reset();
     tokens_ = seqs;
     row0_.clear();
     total_rows_ = 0;
@@ -115,67 +95,35 @@ void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs) {
     stream_ = be_.alloc_host(static_cast<size_t>(total_rows_ * hc * D) * 2);
     premix_ = be_.alloc_host(static_cast<size_t>(total_rows_ * hc) * 4);
 
-    // Embedding rows (MODEL.md 4.3), read from the shard on the host: a gather, never streamed.
-    const TensorLocation& emb = ckpt_.at(kEmbedTensorName);
-    FileHandle f(ckpt_.shards().at(static_cast<size_t>(emb.shard)).path, O_RDONLY, 0, true);
+    // Embedding rows (MODEL.md 4.3), read by io/ from the shard on the host: a gather, never streamed.
+    const TokenEmbeddingReader emb(ckpt_);
+    DS4R_CHECK(emb.dim() == D, "embed.weight has %lld columns, the model dim is %lld", (long long)emb.dim(),
+               (long long)D);
     std::vector<uint16_t> row(static_cast<size_t>(D));
     uint16_t* X = static_cast<uint16_t*>(stream_.get());
     float* P = static_cast<float*>(premix_.get());
     int64_t r = 0;
     for (const auto& s : seqs)
         for (int32_t t : s) {
-            f.pread_exact(row.data(), static_cast<size_t>(D) * 2,
-                          emb.offset + static_cast<uint64_t>(t) * D * 2);
+            emb.read(t, row.data());
             for (int64_t k = 0; k < hc; ++k)
                 std::memcpy(X + (r * hc + k) * D, row.data(), static_cast<size_t>(D) * 2);
             for (int64_t k = 0; k < hc; ++k) P[r * hc + k] = k == 0 ? 1.0f : 0.0f;  // one-hot on copy 0
             ++r;
         }
 
-    // Engram hash ids of every row (MODEL.md 4.2), computed once per pass.
-    hashes_.clear();
+    // Engram hash ids of every row (MODEL.md 4.2), computed once per pass; every table's gather starts
+    // now, in the background (io/), layer 1's table first.
     if (engram_) {
         const int64_t ne = static_cast<int64_t>(cfg_.engram_layer_ids.size()), cols = cfg_.engram_hash_cols();
-        hashes_.resize(static_cast<size_t>(total_rows_ * ne * cols));
+        std::vector<int64_t> hashes(static_cast<size_t>(total_rows_ * ne * cols));  // [rows, ne, cols]
         for (size_t i = 0; i < seqs.size(); ++i) {
             std::vector<int64_t> h = engram_hash_ids(seqs[i], engram_->map, engram_->layout, cfg_);
-            std::copy(h.begin(), h.end(), hashes_.begin() + row0_[i] * ne * cols);
+            std::copy(h.begin(), h.end(), hashes.begin() + row0_[i] * ne * cols);
         }
-        // The first table's rows are gathered while the layers before it run.
-        start_engram_gather(0);
+        engram_gather_ = std::make_unique<EngramPassGather>(*engram_, std::move(hashes), total_rows_, cols);
     }
     plan_chunks();
-}
-
-void PassRunner::start_engram_gather(int ei) {
-    if (engram_rows_.valid()) engram_rows_.wait();  // never two gathers (memory: one table's rows)
-    engram_rows_layer_ = ei;
-    const EngramTable* table = engram_->tables.at(static_cast<size_t>(ei)).get();
-    const int64_t ne = static_cast<int64_t>(cfg_.engram_layer_ids.size()), cols = cfg_.engram_hash_cols();
-    const int64_t ehd = cfg_.engram_head_dim, rows = total_rows_;
-    const std::vector<int64_t>* hashes = &hashes_;
-    engram_rows_ = std::async(std::launch::async, [=]() {
-        std::vector<uint16_t> out(static_cast<size_t>(rows * cols * ehd));
-        // Row gathers are independent random reads of the table shard: spread them over threads so
-        // the page faults / reads overlap (queue depth), each thread writing its own rows.
-        const int64_t nt = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 16);
-        const int64_t per = (rows + nt - 1) / nt;
-        std::vector<std::future<void>> parts;
-        for (int64_t t = 0; t < nt; ++t) {
-            const int64_t r0 = t * per, r1 = std::min(rows, r0 + per);
-            if (r0 >= r1) break;
-            parts.push_back(std::async(std::launch::async, [=, &out]() {
-                std::vector<int64_t> ids(static_cast<size_t>((r1 - r0) * cols));
-                for (int64_t r = r0; r < r1; ++r)
-                    for (int64_t c = 0; c < cols; ++c)
-                        ids[static_cast<size_t>((r - r0) * cols + c)] =
-                            (*hashes)[static_cast<size_t>((r * ne + ei) * cols + c)];
-                table->gather_bf16(ids.data(), ids.size(), out.data() + r0 * cols * ehd);
-            }));
-        }
-        for (auto& p : parts) p.get();  // rethrows a gather error
-        return out;
-    });
 }
 
 void PassRunner::plan_chunks() {
@@ -293,17 +241,20 @@ void PassRunner::run_engram(const LayerWeights& w) {
     if (!w.role.engram) return;
     const int ei = cfg_.engram_index(w.layer);
     const int64_t hc = cfg_.hc_mult, D = cfg_.dim, cols = cfg_.engram_hash_cols(), ehd = cfg_.engram_head_dim;
-    if (engram_rows_layer_ != ei || !engram_rows_.valid()) start_engram_gather(ei);
-    std::vector<uint16_t> rows;
+    DS4R_CHECK(engram_gather_ != nullptr, "run_engram before begin()");
+    const EngramRowSet* rows;
     {
         ProfileRange pr(be_, "engram.gather_wait");
-        rows = engram_rows_.get();  // rethrows a gather error (e.g. an unreadable table shard)
+        rows = &engram_gather_->wait(ei);  // rethrows a gather error (e.g. a truncated table shard)
     }
-    engram_rows_layer_ = -1;
+    std::vector<uint16_t> e_host;
     for (Chunk& ch : chunks_) {
         const int64_t M = ch.r1 - ch.r0;
+        // The chunk's rows dequantized to bf16 (MODEL.md 4.8 step 1): BF16 [M, cols * ehd].
+        e_host.resize(static_cast<size_t>(M * cols * ehd));
+        rows->dequant_bf16(static_cast<size_t>(ch.r0 * cols), static_cast<size_t>(M * cols), e_host.data());
         Tensor e = be_.alloc(DType::BF16, {M, cols * ehd});
-        be_.upload(e, 0, rows.data() + ch.r0 * cols * ehd, static_cast<size_t>(M * cols * ehd) * 2);
+        be_.upload(e, 0, e_host.data(), e_host.size() * 2);
         Tensor X = be_.alloc(DType::BF16, {M, hc, D});
         Tensor P = be_.alloc(DType::F32, {M, hc});
         upload_chunk(ch, X, P);
@@ -312,9 +263,7 @@ void PassRunner::run_engram(const LayerWeights& w) {
                      static_cast<size_t>(M * hc * D) * 2);
     }
     be_.synchronize();
-    rows = {};
-    // The next table's rows are gathered while the layers up to it run.
-    if (ei + 1 < static_cast<int>(cfg_.engram_layer_ids.size())) start_engram_gather(ei + 1);
+    engram_gather_->release(ei);
 }
 
 void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {

@@ -227,7 +227,7 @@ ScoreSummary run_score(const ScoreOptions& opt) {
         }
     }
 
-    auto engram = load_engram_resources(ckpt);
+    auto engram = load_engram_resources(ckpt, opt.io);
     if (opt.seed_check) check_engram_seeds(cfg);
     auto be = select_backend(opt.backend, opt.device, opt.gpu_memory_gb);
     log_info("backend: " + be->name());
@@ -240,7 +240,10 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     // Pass size: host state ~ hc*D*2 + hashes per token (<= 64 KB, DESIGN.md 5), half of MemAvailable.
     const int64_t host_per_token =
         cfg.hc_mult * cfg.dim * 2 + cfg.hc_mult * 4 +
-        static_cast<int64_t>(cfg.engram_layer_ids.size()) * cfg.engram_hash_cols() * 8 + 64;
+        static_cast<int64_t>(cfg.engram_layer_ids.size()) * cfg.engram_hash_cols() * 8 + 64 +
+        // the gathered Engram rows as stored (e4m3 row + e8m0 scales) and their index, every table
+        static_cast<int64_t>(cfg.engram_layer_ids.size()) * cfg.engram_hash_cols() *
+            (cfg.engram_head_dim + cfg.engram_head_dim / 32 + 8 + 4);
     int64_t pass_tokens = opt.pass_tokens;
     if (pass_tokens <= 0) {
         const uint64_t avail = host_available_bytes();
@@ -251,7 +254,7 @@ ScoreSummary run_score(const ScoreOptions& opt) {
                     (long long)pass_tokens));
 
     // Layer L+1 is read (and uploaded) while layer L computes.
-    auto weights = make_prefetch_weight_source(*be, ckpt);
+    auto weights = make_prefetch_weight_source(*be, ckpt, prefetch_options(opt.io));
     PassRunner runner(*be, ckpt, *weights, engram.get(), ro);
     Progress progress(opt.progress, static_cast<int>(cfg.n_layers));
     progress.set_input_size(reader.size_bytes());

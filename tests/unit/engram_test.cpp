@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ds4r/config.h"
+#include "ds4r/engram_io.h"
 #include "ds4r/error.h"
 #include "ds4r/file_util.h"
 #include "ds4r/npy.h"
@@ -417,11 +418,12 @@ void check_table(const std::string& shard, const std::string& layer_prefix) {
     std::vector<int64_t> ids;
     for (int64_t r = rows - 1; r >= 0; r -= 7) ids.push_back(r);
     ids.push_back(0);
-    ids.push_back(0);                      // repeated rows are fine
-    for (const char* mode : {"0", "1"}) {  // mmap, then the pread fallback
-        ::setenv("DS4R_ENGRAM_PREAD", mode, 1);
-        EngramTable table(shard, w.offset, s.offset, rows, hd);
-        ::unsetenv("DS4R_ENGRAM_PREAD");
+    ids.push_back(0);  // repeated rows are fine
+    for (EngramIoMode io : {EngramIoMode::Mmap, EngramIoMode::Pread, EngramIoMode::Auto}) {
+        const char* mode = engram_io_name(io);
+        EngramTableOptions opt;
+        opt.io = io;
+        EngramTable table(shard, w.offset, s.offset, rows, hd, opt);
         EXPECT_EQ(table.rows(), rows);
         EXPECT_EQ(table.head_dim(), hd);
         std::vector<uint16_t> out(ids.size() * static_cast<size_t>(hd));

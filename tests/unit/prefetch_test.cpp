@@ -1,8 +1,8 @@
 // The prefetching weight source (include/ds4r/weights.h): byte-identical tensors to the synchronous
 // source across passes with 1..7 reader threads and odd request sizes, the asynchronous upload path and
 // slot recycling on a fake backend whose copy queue completes late, schedule churn with requests in
-// flight, error propagation (a failed request stops the other readers), stopping mid-read, the DS4R_IO
-// override, plans and the O_DIRECT reader (also under concurrent use).
+// flight, error propagation (a failed request stops the other readers), stopping mid-read, the --io
+// setting, plans and the O_DIRECT reader (also under concurrent use).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -20,6 +20,7 @@
 
 #include "ds4r/checkpoint.h"
 #include "ds4r/error.h"
+#include "ds4r/io_settings.h"
 #include "ds4r/weights.h"
 #include "io/direct_reader.h"
 #include "io/prefetch_plan.h"
@@ -154,25 +155,6 @@ bool accepts_o_direct(const std::string& path) {
     r.read_aligned(buf.get(), 0, 4096, &direct);
     return direct;
 }
-
-// Sets an environment variable for the scope, restoring the previous value (or its absence) after.
-class ScopedEnv {
-public:
-    ScopedEnv(const char* name, const char* value) : name_(name) {
-        if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-        ::setenv(name, value, 1);
-    }
-    ~ScopedEnv() {
-        if (had_)
-            ::setenv(name_.c_str(), old_.c_str(), 1);
-        else
-            ::unsetenv(name_.c_str());
-    }
-
-private:
-    std::string name_, old_;
-    bool had_ = false;
-};
 
 // The timing records of a run: each layer's reads lie inside its load (first read start to last read
 // end, not a sum over the reader threads), and the union of reading time fits in the source's lifetime.
@@ -699,14 +681,18 @@ INSTANTIATE_TEST_SUITE_P(ModesAndThreads, PrefetchChurnTest,
                          ::testing::Combine(::testing::Values(false, true), ::testing::Values(1, 3, 7)));
 
 // ---------------------------------------------------------------------------------------------
-// DS4R_IO overrides PrefetchOptions::direct_io without a rebuild; anything else is an input error.
-TEST_F(PrefetchTest, EnvironmentOverridesTheIoMode) {
-    auto run = [&](bool direct_io) {
+// The --io flag (IoSettings::direct_weights, through prefetch_options) picks O_DIRECT or buffered reads;
+// out-of-range reader settings are input errors naming the flag.
+TEST_F(PrefetchTest, IoSettingsPickTheIoMode) {
+    auto run = [&](bool direct) {
         auto cpu = make_cpu_backend();
-        PrefetchOptions o;
-        o.direct_io = direct_io;
-        o.read_threads = 3;
-        o.read_request_bytes = 65536;
+        IoSettings io;
+        io.direct_weights = direct;
+        io.read_threads = 3;
+        io.read_request_mb = 1;
+        PrefetchOptions o = prefetch_options(io);
+        EXPECT_EQ(o.read_threads, 3);
+        EXPECT_EQ(o.read_request_bytes, size_t{1} << 20);
         auto src = make_prefetch_weight_source(*cpu, *ckpt_, o);
         src->set_schedule(one_pass(*ckpt_));
         std::mt19937 rng(4);
@@ -717,34 +703,35 @@ TEST_F(PrefetchTest, EnvironmentOverridesTheIoMode) {
         return src->stats();
     };
     {
-        ScopedEnv env("DS4R_IO", "buffered");
-        const WeightSourceStats st = run(true);
+        const WeightSourceStats st = run(false);
         EXPECT_GT(st.bytes_read, 0u);
-        EXPECT_EQ(st.bytes_read_direct, 0u) << "DS4R_IO=buffered still read with O_DIRECT";
+        EXPECT_EQ(st.bytes_read_direct, 0u) << "--io buffered still read with O_DIRECT";
     }
     {
-        ScopedEnv env("DS4R_IO", "direct");
-        const WeightSourceStats st = run(false);
+        const WeightSourceStats st = run(true);
         if (accepts_o_direct(ckpt_->shards().at(1).path)) {
-            EXPECT_EQ(st.bytes_read_direct, st.bytes_read) << "DS4R_IO=direct did not use O_DIRECT";
+            EXPECT_EQ(st.bytes_read_direct, st.bytes_read) << "--io direct did not use O_DIRECT";
         } else {
             EXPECT_EQ(st.bytes_read_direct, 0u);  // the file system refused it: buffered fallback
         }
     }
-    {
-        ScopedEnv env("DS4R_IO", "");  // empty: the option decides
-        EXPECT_EQ(run(false).bytes_read_direct, 0u);
-    }
-    for (const char* bad : {"Direct", "mmap", "1"}) {
-        ScopedEnv env("DS4R_IO", bad);
-        auto cpu = make_cpu_backend();
+    auto expect_flag_error = [](IoSettings io, const char* flag) {
         try {
-            make_prefetch_weight_source(*cpu, *ckpt_, {});
-            ADD_FAILURE() << "DS4R_IO=" << bad << " accepted";
+            prefetch_options(io);
+            ADD_FAILURE() << flag << " out of range accepted";
         } catch (const InputError& e) {
-            EXPECT_NE(std::string(e.what()).find("DS4R_IO"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
         }
-    }
+    };
+    IoSettings bad;
+    bad.read_threads = 0;
+    expect_flag_error(bad, "--read-threads");
+    bad = {};
+    bad.read_request_mb = 0;
+    expect_flag_error(bad, "--read-request-mb");
+    bad = {};
+    bad.engram_queue_depth = 2000;
+    expect_flag_error(bad, "--engram-queue-depth");
 }
 
 TEST_F(PrefetchTest, OptionBoundsAreChecked) {

@@ -1,0 +1,48 @@
+// `score` / `bench` I/O flags (src/cli/io_flags.h).
+#include "cli/io_flags.h"
+
+#include <string>
+
+#include "ds4r/error.h"
+
+namespace ds4r::cli {
+
+std::function<void()> add_io_flags(CLI::App* app, IoSettings* io) {
+    auto weight_io = std::make_shared<std::string>(io->direct_weights ? "direct" : "buffered");
+    auto engram_io = std::make_shared<std::string>(engram_io_name(io->engram_io));
+    auto scales = std::make_shared<std::string>(engram_scales_name(io->engram_scales));
+    app->add_option("--io", *weight_io,
+                    "Weight reads: direct (O_DIRECT, page cache bypassed; buffered where the file system "
+                    "refuses it) or buffered (through the page cache)")
+        ->check(CLI::IsMember({"direct", "buffered"}))
+        ->capture_default_str();
+    app->add_option("--read-threads", io->read_threads, "Weight reader threads (reads in flight), 1..32")
+        ->check(CLI::Range(1, 32))
+        ->capture_default_str();
+    app->add_option("--read-request-mb", io->read_request_mb, "Largest single weight read in MiB, 1..1024")
+        ->check(CLI::Range(1, 1024))
+        ->capture_default_str();
+    app->add_option("--engram-io", *engram_io,
+                    "Engram row reads: auto (io_uring where the kernel allows it, else pread), uring, pread "
+                    "(a pool of O_DIRECT pread threads) or mmap (page faults; the earlier engine). Results "
+                    "do not depend on it")
+        ->check(CLI::IsMember({"auto", "uring", "pread", "mmap"}))
+        ->capture_default_str();
+    app->add_option("--engram-queue-depth", io->engram_queue_depth,
+                    "Engram read requests in flight (io_uring entries; pread threads, at most 64), 1..1024")
+        ->check(CLI::Range(1, 1024))
+        ->capture_default_str();
+    app->add_option("--engram-scales", *scales,
+                    "Engram scale tensors: auto (in host memory when they take <= 1/4 of available memory; "
+                    "~3 GB per released table), memory, or disk (read next to each row)")
+        ->check(CLI::IsMember({"auto", "memory", "disk"}))
+        ->capture_default_str();
+    return [io, weight_io, engram_io, scales]() {
+        io->direct_weights = *weight_io == "direct";
+        io->engram_io = engram_io_from_name(*engram_io).value_or(EngramIoMode::Auto);
+        io->engram_scales = engram_scales_from_name(*scales).value_or(EngramScalesMode::Auto);
+        validate_io_settings(*io);
+    };
+}
+
+}  // namespace ds4r::cli

@@ -1,0 +1,126 @@
+// The I/O flags end to end (issue 14, issue 12): `score` gives identical bytes with every Engram engine and
+// scale mode and with either weight I/O mode; bad values are usage errors; `make-tiny --engram-rows` writes
+// dense random tables that score; `inspect --pass-tokens` predicts the disk traffic of a pass.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli_run_util.h"
+#include "ds4r/checkpoint.h"
+#include "ds4r/inspect.h"
+#include "test_util.h"
+
+using namespace ds4r;
+using namespace ds4r::test;
+
+namespace {
+
+std::string score_with(const std::string& model, const std::string& dir, const std::string& name,
+                       const std::string& flags, const std::string& input) {
+    const std::string out = dir + "/" + name + ".jsonl";
+    std::string log;
+    const int rc = run_ds4replay("score --model " + model + " --backend cpu --progress none --input " +
+                                     input + " --output " + out + " " + flags,
+                                 &log);
+    EXPECT_EQ(rc, 0) << flags << "\n" << log;
+    return slurp(out);
+}
+
+}  // namespace
+
+TEST(EngramIoCli, EveryEngineGivesTheSameBytes) {
+    const std::string dir = temp_dir("engram-io-cli");
+    const std::string input = data_dir() + "/tiny-a/tokens.jsonl";
+    const std::string want = score_with(golden_model_dir(), dir, "default", "", input);
+    ASSERT_FALSE(want.empty());
+    int n = 0;
+    for (const char* io : {"auto", "uring", "pread", "mmap"})
+        for (const char* scales : {"memory", "disk"}) {
+            const std::string flags = std::string("--engram-io ") + io + " --engram-scales " + scales +
+                                      " --engram-queue-depth " + (n % 2 ? "3" : "200");
+            EXPECT_EQ(score_with(golden_model_dir(), dir, "e" + std::to_string(n++), flags, input), want)
+                << flags;
+        }
+    EXPECT_EQ(score_with(golden_model_dir(), dir, "buffered",
+                         "--io buffered --read-threads 2 --read-request-mb 1", input),
+              want);
+}
+
+TEST(EngramIoCli, BadValuesAreUsageErrors) {
+    const std::string dir = temp_dir("engram-io-cli-bad");
+    for (const char* bad : {"--engram-io fast", "--io cached", "--read-threads 0", "--read-request-mb 5000",
+                            "--engram-queue-depth 0", "--engram-scales some"}) {
+        std::string log;
+        const int rc =
+            run_ds4replay("score --model " + golden_model_dir() + " --backend cpu --input " + data_dir() +
+                              "/tiny-a/tokens.jsonl --output " + dir + "/o.jsonl " + bad,
+                          &log);
+        EXPECT_EQ(rc, 2) << bad << "\n" << log;
+    }
+}
+
+// Dense random tables: real data in every row (no zero or NaN code), the requested row count, and a
+// checkpoint that validates and scores identically with every engine.
+TEST(EngramIoCli, MakeTinyDenseTablesScore) {
+    const std::string dir = temp_dir("engram-dense");
+    const std::string model = dir + "/model";
+    std::string log;
+    ASSERT_EQ(run_ds4replay("make-tiny " + model + " --layers 3 --engram-rows 30000 --seed 3", &log), 0)
+        << log;
+    Checkpoint ck = Checkpoint::open(model);
+    ASSERT_FALSE(ck.config().engram_layer_ids.empty());
+    for (int L : ck.config().engram_layer_ids) {
+        const TensorLocation& w = ck.at(layer_tensor_name(L, "engram.embed.weight"));
+        EXPECT_NEAR(static_cast<double>(w.shape[0]), 30000.0, 30000.0 * 0.02) << "layer " << L;
+        std::vector<uint8_t> bytes(static_cast<size_t>(w.nbytes));
+        ck.read(w, bytes.data());
+        size_t zero = 0, nan = 0;
+        for (uint8_t b : bytes) zero += (b & 0x7f) == 0, nan += (b & 0x7f) == 0x7f;
+        EXPECT_EQ(zero, 0u);
+        EXPECT_EQ(nan, 0u);
+    }
+    const std::string input = dir + "/in.jsonl";
+    write_text(input,
+               "{\"id\": \"a\", \"tokens\": [5, 300, 17, 17, 17, 99, 5, 300]}\n{\"id\": \"b\", \"tokens\": "
+               "[7, 8]}\n");
+    const std::string a = score_with(model, dir, "auto", "--engram-io auto --engram-scales disk", input);
+    EXPECT_NE(a.find("\"logprob\""), std::string::npos);
+    EXPECT_EQ(score_with(model, dir, "mmap", "--engram-io mmap --engram-scales memory", input), a);
+    EXPECT_EQ(score_with(model, dir, "pread", "--engram-io pread", input), a);
+}
+
+TEST(EngramIoCli, InspectPredictsThePassTraffic) {
+    Checkpoint ck = Checkpoint::open(golden_model_dir());
+    const ModelConfig& c = ck.config();
+    const PassIoPrediction p = predict_pass_io(ck, 1000, 2000, 50000, /*scales_in_memory=*/true);
+    uint64_t layers = 0;
+    for (const LayerRole& r : ck.roles()) layers += ck.layer_read_bytes(r.layer);
+    EXPECT_GT(p.layer_bytes, layers);  // + the head
+    EXPECT_EQ(p.engram_lookups,
+              static_cast<uint64_t>(1000 * c.engram_hash_cols() * c.engram_layer_ids.size()));
+    EXPECT_GT(p.engram_rows, 0);
+    EXPECT_LE(p.engram_rows, static_cast<double>(p.engram_lookups));
+    EXPECT_LE(p.engram_requests, p.engram_rows);
+    EXPECT_NEAR(p.layer_s, p.layer_bytes / 1e6 / 2000, 1e-9);
+    EXPECT_NEAR(p.engram_s, p.engram_requests / 50000, 1e-9);
+    EXPECT_NEAR(p.pass_s, p.layer_s + p.engram_s, 1e-9);
+    // Scales per row: more random reads.
+    EXPECT_GT(predict_pass_io(ck, 1000, 2000, 50000, false).engram_requests, p.engram_requests);
+
+    std::string out;
+    ASSERT_EQ(run_ds4replay("inspect --model " + golden_model_dir() +
+                                " --pass-tokens 1000 --disk-seq-mbps 2000 "
+                                "--disk-iops 50000",
+                            &out),
+              0)
+        << out;
+    EXPECT_NE(out.find("pass of 1000 tokens"), std::string::npos) << out;
+    EXPECT_NE(out.find("predicted pass"), std::string::npos) << out;
+    ASSERT_EQ(run_ds4replay("inspect --json --model " + golden_model_dir() + " --pass-tokens 1000", &out), 0)
+        << out;
+    const auto j = nlohmann::json::parse(out);
+    EXPECT_EQ(j.at("pass_prediction").at("pass_tokens"), 1000);
+    EXPECT_TRUE(j.at("ok").get<bool>());
+}
