@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace ds4r {
 
 class CudaBackend;
+struct Tensor;
 
 // The whole linear_fp8 op (activation quant + block-scaled fp8 GEMM): x bf16 [M, K], W e4m3 [N, K].
 double bench_linear_fp8_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters);
@@ -35,5 +37,18 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
 // TFLOP/s. Our GEMMs use exactly this instruction (fp16 operands in the block-scaled ones, the same
 // rate on sm_80 .. sm_90): ours / this = the fraction of the portable path's ceiling.
 double bench_mma_sync_peak_tflops(CudaBackend& be);
+
+// The mHC mixes kernel (kernels/hc.cu, the whole op: dots + sum of squares + Sinkhorn split) with the
+// accumulation variant `variant` (kHcMixVariantNames: the legacy fp32 sum, fp64, compensated fp32
+// with an fp64 block combine) on random X bf16 [M, 4, D] and fn f32 [24, 4 * D]: milliseconds per call.
+inline constexpr int kHcMixVariants = 3;
+inline constexpr const char* kHcMixVariantNames[kHcMixVariants] = {"fp32", "fp64", "compensated"};
+double bench_hc_mixes_ms(CudaBackend& be, int variant, int64_t M, int64_t D, int iters);
+// Index (into kHcMixVariantNames) of the variant the backend runs.
+int hc_mix_default_variant();
+// The rounded sums of the mixes kernel alone with variant `variant` (accuracy checks: the CUDA hc
+// accumulation test): X BF16 [M, 4, D], fn F32 [24, 4 * D] on the device -> host F32 [M, 25]: each
+// token's 24 mix dots, then its sum of squares.
+std::vector<float> hc_mix_dots(CudaBackend& be, int variant, const Tensor& X, const Tensor& fn);
 
 }  // namespace ds4r
