@@ -4,7 +4,7 @@
 # CPU's fp64 sums on the golden data, the norm / mHC / Engram op tests, teacher-forced and end to end
 # on the golden checkpoint, the role-pattern checkpoint CPU vs CUDA) and times the hc_mixes kernel
 # for every variant at M = 8192 rows, D = 5120 (`bench --workloads kernels`, full-width checkpoint).
-# Logs under $OUT; a summary table last.
+# Logs under $OUT (teacher_forced_cuda.txt / _cpu.txt: the per-layer tables); a summary table last.
 # Usage: scripts/gpu_hc_check.sh      (DS4R_HC_ROWS=8192 by default)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,11 +21,11 @@ echo "== build: $(( $(date +%s) - t ))s"
 
 FILTER='CudaHcAccum.*:CudaMisc.RmsNorm*:CudaMisc.HcMixes*:CudaMisc.EngramUpdate*:CudaGolden.*:CudaRoles.*'
 t=$(date +%s)
-build-gpu/tests/ds4r_cuda_tests --gtest_filter="$FILTER" > "$OUT/cuda_tests.log" 2>&1
+DS4R_REPORT_DIR="$OUT" build-gpu/tests/ds4r_cuda_tests --gtest_filter="$FILTER" > "$OUT/cuda_tests.log" 2>&1
 cuda_rc=$?
 echo "== CUDA tests rc=$cuda_rc ($(( $(date +%s) - t ))s)"
 t=$(date +%s)
-build-gpu/tests/ds4r_golden_tests > "$OUT/golden_cpu_tests.log" 2>&1
+DS4R_REPORT_DIR="$OUT" build-gpu/tests/ds4r_golden_tests > "$OUT/golden_cpu_tests.log" 2>&1
 golden_rc=$?
 echo "== CPU golden tests rc=$golden_rc ($(( $(date +%s) - t ))s)"
 
@@ -44,7 +44,8 @@ echo "== summary (issue 10)"
 printf '%-14s %-60s\n' "what" "result"
 grep -E '^hc_accum ' "$OUT/cuda_tests.log" | sed 's/^/accuracy       /'
 grep -E 'hc_mixes \(M' "$OUT/bench.txt" | sed 's/^ */time           /'
-grep -E '^(layers with equal|aggregate|end to end|e2e|top-1)' "$OUT/cuda_tests.log" | sed 's/^/cuda golden    /'
+grep -E '^(worst outside|head: worst|CUDA vs reference|CUDA vs CPU backend|tiny-roles CUDA vs CPU)' "$OUT/cuda_tests.log" |
+  sed 's/^/cuda golden    /'
 grep -E '^\[  (PASSED|FAILED) ' "$OUT/cuda_tests.log" | sed 's/^/cuda tests     /'
 grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/cuda_tests.log" | sed 's/^/cuda tests     /'
 grep -E '^\[  (PASSED|FAILED) ' "$OUT/golden_cpu_tests.log" | sed 's/^/cpu golden     /'
