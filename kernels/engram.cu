@@ -9,30 +9,36 @@ namespace ds4r::kern {
 namespace {
 
 // One block of 256 threads per (row, copy). Thread t takes d = t, t+256, ... in order for the three
-// sums, then the fixed block reduction; the update pass rereads h (unchanged until then: the
-// barriers inside block_sum_fixed order every read before any write, and each element is written by
-// the thread that reads it).
+// sums (compensated fp32 pairs), then the fixed compensated block reduction (fp64 across warps), each
+// total rounded once to fp32 as the CPU backend's exact sums are (fixed_reduce.cuh); the update pass rereads
+// h (unchanged until then: the barriers inside block_sum_fixed order every read before any write, and each
+// element is written by the thread that reads it).
 __global__ void __launch_bounds__(kFixedReduceThreads)
     engram_update_kernel(uint16_t* __restrict__ X, const uint16_t* __restrict__ kv,
                          const uint16_t* __restrict__ qw, const uint16_t* __restrict__ kw, int64_t hc,
                          int64_t D, float inv_d, float inv_sqrt_d, float eps) {
-    __shared__ float scratch[kFixedReduceWarps * 3];
+    __shared__ double scratch[kF64ScratchDoubles<3>];
     const int64_t r = blockIdx.x / hc, k = blockIdx.x - r * hc;
     uint16_t* h = X + (r * hc + k) * D;
     const uint16_t* key = kv + (r * (hc + 1) + k) * D;
     const uint16_t* value = kv + (r * (hc + 1) + hc) * D;
     const uint16_t* q = qw + k * D;
     const uint16_t* kk = kw + k * D;
-    float acc[3] = {0.0f, 0.0f, 0.0f};  // sum h^2, sum key^2, sum (h * wt) * key
+    CompSum cs[3];  // sum h^2, sum key^2, sum (h * wt) * key
+    comp_zero(cs[0]);
+    comp_zero(cs[1]);
+    comp_zero(cs[2]);
     for (int64_t d = threadIdx.x; d < D; d += kFixedReduceThreads) {
         const float hv = bf16_bits_to_f32(h[d]), kv_ = bf16_bits_to_f32(key[d]);
         const float wt = __fmul_rn(bf16_bits_to_f32(q[d]), bf16_bits_to_f32(kk[d]));  // exact
-        acc[0] = __fadd_rn(acc[0], __fmul_rn(hv, hv));
-        acc[1] = __fadd_rn(acc[1], __fmul_rn(kv_, kv_));
+        comp_add(cs[0], __fmul_rn(hv, hv));                                           // exact
+        comp_add(cs[1], __fmul_rn(kv_, kv_));
         // torch: (h * weight * key).sum(-1): the products rounded left to right, then summed.
-        acc[2] = __fadd_rn(acc[2], __fmul_rn(__fmul_rn(hv, wt), kv_));
+        comp_add(cs[2], __fmul_rn(__fmul_rn(hv, wt), kv_));
     }
-    block_sum_fixed<3>(acc, scratch);
+    double sums[3];
+    block_sum_comp<3>(cs, sums, scratch);
+    const float acc[3] = {__double2float_rn(sums[0]), __double2float_rn(sums[1]), __double2float_rn(sums[2])};
     // Separate per-copy statistics (4.8 step 4), mean = sum * fp32(1/D) as CUDA torch.mean.
     const float rstd = __fmul_rn(ref_rsqrt(__fadd_rn(__fmul_rn(acc[0], inv_d), eps)),
                                  ref_rsqrt(__fadd_rn(__fmul_rn(acc[1], inv_d), eps)));

@@ -11,11 +11,18 @@ namespace {
 
 // ------------------------------------------------------------------ hc_mixes
 // Tokens per block. fn (mix x hc*D fp32, 1.97 MB for V4.1) is streamed from L2 once per block, so it
-// is read M / kMixTok times per call; each thread keeps kMixTok * (mix + 1) = 100 fp32 accumulators.
-// (Performance idea: split the 24 mixes over two thread groups to double kMixTok at the same
-// register cost.)
-constexpr int kMixTok = 4;
-constexpr int kMixVals = kMixTok * (kHcMix + 1);  // [tok][mix] dots, then [tok] sums of squares
+// is read M / tokens-per-block times per call; each thread keeps tokens * (mix + 1) accumulators:
+// 100 fp32 for the legacy fp32 sum (4 tokens), 50 pairs / doubles (2 tokens) for the accurate ones,
+// so that no variant spills. (Performance idea: split the 24 mixes over two thread groups to double
+// the tokens per block at the same register cost.)
+template <HcMixAccum A>
+__host__ __device__ constexpr int mix_tokens() {
+    return A == HcMixAccum::Fp32 ? 4 : 2;
+}
+template <HcMixAccum A>
+__host__ __device__ constexpr int mix_vals() {  // [tok][mix] dots, then [tok] sums of squares
+    return mix_tokens<A>() * (kHcMix + 1);
+}
 
 // hc_split_sinkhorn for one token (MODEL.md 5.5), the exact operation order of the CPU backend's
 // cpuref::hc_split_sinkhorn: sums sequential from 0, true divisions, expf, separate roundings.
@@ -75,54 +82,158 @@ __device__ void sinkhorn_split_one(const float* m, const float* __restrict__ sca
     for (int i = 0; i < hc * hc; ++i) comb[i] = c[i];
 }
 
-// One block of 256 threads per kMixTok consecutive tokens. Thread t accumulates columns t, t+256, ...
-// in order with FFMA for every (token, mix) and the sums of squares; then the fixed block
-// reduction. A token's bits depend only on its own row (missing tail tokens are skipped, never mixed
-// in), so the result is independent of M and of the token's slot in the block.
+// Per-token finish: r = rsqrt(mean(z^2) + norm_eps), mean = sum * fp32(1/n) (CUDA torch.mean);
+// mixes = dot * r, then the Sinkhorn split. tot: the token's kHcMix dots, then its sum of squares.
+__device__ void mixes_finish(const float* tot, const float* __restrict__ scale,
+                             const float* __restrict__ base, float inv_n, float norm_eps, float hc_eps,
+                             int iters, float* pre, float* post, float* comb) {
+    const float r = ref_rsqrt(__fadd_rn(__fmul_rn(tot[kHcMix], inv_n), norm_eps));
+    float mixes[kHcMix];
+#pragma unroll
+    for (int m = 0; m < kHcMix; ++m) mixes[m] = __fmul_rn(tot[m], r);
+    sinkhorn_split_one(mixes, scale, base, hc_eps, iters, pre, post, comb);
+}
+
+// One block of 256 threads per mix_tokens<A>() consecutive tokens. Thread t accumulates columns t,
+// t+256, ... in order for every (token, mix) and the sums of squares (HcMixAccum says in what);
+// then the fixed block reduction (fp32 for Fp32; double for Fp64; compensated fp32 pairs over the
+// warp, double across the 8 warps for Compensated). The double total is rounded to fp32 once, as
+// the CPU backend rounds its fp64 sums. A token's bits depend only on its own row
+// (missing tail tokens are skipped, never mixed in), so the result is independent of M and of the
+// token's slot in the block. dots (may be null): F32 [M, kHcMix + 1], the rounded sums themselves
+// (accuracy checks and the bench); when given, the Sinkhorn split is skipped.
+template <HcMixAccum A>
 __global__ void __launch_bounds__(kFixedReduceThreads)
     hc_mixes_kernel(const uint16_t* __restrict__ X, const float* __restrict__ fn,
                     const float* __restrict__ scale, const float* __restrict__ base, int64_t M, int64_t K,
                     float inv_n, float norm_eps, float hc_eps, int iters, float* __restrict__ pre,
-                    float* __restrict__ post, float* __restrict__ comb) {
-    __shared__ float scratch[kFixedReduceWarps * kMixVals];
-    __shared__ float totals[kMixVals];
-    const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kMixTok;
-    const int ntok = static_cast<int>(M - r0 < kMixTok ? M - r0 : kMixTok);
-    float acc[kMixVals];
+                    float* __restrict__ post, float* __restrict__ comb, float* __restrict__ dots) {
+    constexpr int kTok = mix_tokens<A>();
+    constexpr int kVals = mix_vals<A>();
+    __shared__ float totals[kVals];
+    const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTok;
+    const int ntok = static_cast<int>(M - r0 < kTok ? M - r0 : kTok);
+    if constexpr (A == HcMixAccum::Fp32) {
+        __shared__ float scratch[kFixedReduceWarps * kVals];
+        float acc[kVals];
 #pragma unroll
-    for (int i = 0; i < kMixVals; ++i) acc[i] = 0.0f;
-    for (int64_t k = threadIdx.x; k < K; k += kFixedReduceThreads) {
-        float f[kHcMix];
+        for (int i = 0; i < kVals; ++i) acc[i] = 0.0f;
+        for (int64_t k = threadIdx.x; k < K; k += kFixedReduceThreads) {
+            float f[kHcMix];
 #pragma unroll
-        for (int m = 0; m < kHcMix; ++m) f[m] = fn[m * K + k];
+            for (int m = 0; m < kHcMix; ++m) f[m] = fn[m * K + k];
 #pragma unroll
-        for (int t = 0; t < kMixTok; ++t) {
-            if (t < ntok) {
-                const float z = bf16_bits_to_f32(X[(r0 + t) * K + k]);
+            for (int t = 0; t < kTok; ++t) {
+                if (t < ntok) {
+                    const float z = bf16_bits_to_f32(X[(r0 + t) * K + k]);
 #pragma unroll
-                for (int m = 0; m < kHcMix; ++m)
-                    acc[t * kHcMix + m] = __fmaf_rn(z, f[m], acc[t * kHcMix + m]);
-                acc[kMixTok * kHcMix + t] = __fmaf_rn(z, z, acc[kMixTok * kHcMix + t]);  // z^2 exact
+                    for (int m = 0; m < kHcMix; ++m)
+                        acc[t * kHcMix + m] = __fmaf_rn(z, f[m], acc[t * kHcMix + m]);
+                    acc[kTok * kHcMix + t] = __fmaf_rn(z, z, acc[kTok * kHcMix + t]);  // z^2 exact
+                }
             }
         }
-    }
-    block_sum_fixed<kMixVals>(acc, scratch);
-    if (threadIdx.x == 0) {
+        block_sum_fixed<kVals>(acc, scratch);
+        if (threadIdx.x == 0) {
 #pragma unroll
-        for (int i = 0; i < kMixVals; ++i) totals[i] = acc[i];
+            for (int i = 0; i < kVals; ++i) totals[i] = acc[i];
+        }
+    } else {
+        __shared__ double scratch[kF64ScratchDoubles<kVals>];
+        double acc[kVals];
+        if constexpr (A == HcMixAccum::Fp64) {
+#pragma unroll
+            for (int i = 0; i < kVals; ++i) acc[i] = 0.0;
+            for (int64_t k = threadIdx.x; k < K; k += kFixedReduceThreads) {
+                double f[kHcMix];
+#pragma unroll
+                for (int m = 0; m < kHcMix; ++m) f[m] = fn[m * K + k];
+#pragma unroll
+                for (int t = 0; t < kTok; ++t) {
+                    if (t < ntok) {
+                        const float zf = bf16_bits_to_f32(X[(r0 + t) * K + k]);
+                        const double z = zf;
+                        // bf16 x fp32 products are exact in double: one rounding per addition.
+#pragma unroll
+                        for (int m = 0; m < kHcMix; ++m)
+                            acc[t * kHcMix + m] = __fma_rn(z, f[m], acc[t * kHcMix + m]);
+                        acc[kTok * kHcMix + t] = __dadd_rn(acc[kTok * kHcMix + t], __fmul_rn(zf, zf));
+                    }
+                }
+            }
+        } else {
+            CompSum cs[kVals];
+#pragma unroll
+            for (int i = 0; i < kVals; ++i) comp_zero(cs[i]);
+            for (int64_t k = threadIdx.x; k < K; k += kFixedReduceThreads) {
+                float f[kHcMix];
+#pragma unroll
+                for (int m = 0; m < kHcMix; ++m) f[m] = fn[m * K + k];
+#pragma unroll
+                for (int t = 0; t < kTok; ++t) {
+                    if (t < ntok) {
+                        const float z = bf16_bits_to_f32(X[(r0 + t) * K + k]);
+#pragma unroll
+                        for (int m = 0; m < kHcMix; ++m) comp_fma(cs[t * kHcMix + m], z, f[m]);
+                        comp_add(cs[kTok * kHcMix + t], __fmul_rn(z, z));  // z^2 exact
+                    }
+                }
+            }
+            block_sum_comp<kVals>(cs, acc, scratch);
+        }
+        if constexpr (A == HcMixAccum::Fp64) block_sum_fixed_f64<kVals>(acc, scratch);
+        if (threadIdx.x == 0) {
+#pragma unroll
+            for (int i = 0; i < kVals; ++i) totals[i] = __double2float_rn(acc[i]);
+        }
     }
     __syncthreads();
     const int t = threadIdx.x;
     if (t < ntok) {
-        // r = rsqrt(mean(z^2) + norm_eps), mean = sum * fp32(1/n) (CUDA torch.mean); mixes = dot * r.
-        const float r = ref_rsqrt(__fadd_rn(__fmul_rn(totals[kMixTok * kHcMix + t], inv_n), norm_eps));
-        float mixes[kHcMix];
+        float tot[kHcMix + 1];
 #pragma unroll
-        for (int m = 0; m < kHcMix; ++m) mixes[m] = __fmul_rn(totals[t * kHcMix + m], r);
+        for (int m = 0; m < kHcMix; ++m) tot[m] = totals[t * kHcMix + m];
+        tot[kHcMix] = totals[kTok * kHcMix + t];
         const int64_t row = r0 + t;
-        sinkhorn_split_one(mixes, scale, base, hc_eps, iters, pre + row * kHcMult, post + row * kHcMult,
-                           comb + row * kHcMult * kHcMult);
+        if (dots) {
+#pragma unroll
+            for (int m = 0; m <= kHcMix; ++m) dots[row * (kHcMix + 1) + m] = tot[m];
+            return;
+        }
+        mixes_finish(tot, scale, base, inv_n, norm_eps, hc_eps, iters, pre + row * kHcMult,
+                     post + row * kHcMult, comb + row * kHcMult * kHcMult);
     }
+}
+
+template <HcMixAccum A>
+void launch_mixes(const uint16_t* X, const float* fn, const float* scale, const float* base, int64_t M,
+                  int64_t D, float inv_n, float norm_eps, float hc_eps, int iters, float* pre, float* post,
+                  float* comb, float* dots, cudaStream_t stream) {
+    const int64_t blocks = cdiv(M, mix_tokens<A>());
+    hc_mixes_kernel<A><<<static_cast<unsigned>(blocks), kFixedReduceThreads, 0, stream>>>(
+        X, fn, scale, base, M, kHcMult * D, inv_n, norm_eps, hc_eps, iters, pre, post, comb, dots);
+}
+
+cudaError_t launch_mixes_any(HcMixAccum accum, const uint16_t* X, const float* fn, const float* scale,
+                             const float* base, int64_t M, int64_t D, float inv_n, float norm_eps,
+                             float hc_eps, int iters, float* pre, float* post, float* comb, float* dots,
+                             cudaStream_t stream) {
+    if (M <= 0) return cudaSuccess;
+    switch (accum) {
+        case HcMixAccum::Fp32:
+            launch_mixes<HcMixAccum::Fp32>(X, fn, scale, base, M, D, inv_n, norm_eps, hc_eps, iters, pre,
+                                           post, comb, dots, stream);
+            break;
+        case HcMixAccum::Fp64:
+            launch_mixes<HcMixAccum::Fp64>(X, fn, scale, base, M, D, inv_n, norm_eps, hc_eps, iters, pre,
+                                           post, comb, dots, stream);
+            break;
+        case HcMixAccum::Compensated:
+            launch_mixes<HcMixAccum::Compensated>(X, fn, scale, base, M, D, inv_n, norm_eps, hc_eps, iters,
+                                                  pre, post, comb, dots, stream);
+            break;
+    }
+    return cudaGetLastError();
 }
 
 // ------------------------------------------------------------------ hc_pre / hc_post
@@ -177,12 +288,20 @@ __global__ void hc_post_kernel(const uint16_t* __restrict__ x, const uint16_t* R
 
 cudaError_t launch_hc_mixes(const uint16_t* X, const float* fn, const float* scale, const float* base,
                             int64_t M, int64_t D, float inv_n, float norm_eps, float hc_eps, int iters,
-                            float* pre, float* post, float* comb, cudaStream_t stream) {
-    if (M <= 0) return cudaSuccess;
-    const int64_t blocks = cdiv(M, kMixTok);
-    hc_mixes_kernel<<<static_cast<unsigned>(blocks), kFixedReduceThreads, 0, stream>>>(
-        X, fn, scale, base, M, kHcMult * D, inv_n, norm_eps, hc_eps, iters, pre, post, comb);
-    return cudaGetLastError();
+                            float* pre, float* post, float* comb, cudaStream_t stream, HcMixAccum accum) {
+    return launch_mixes_any(accum, X, fn, scale, base, M, D, inv_n, norm_eps, hc_eps, iters, pre, post, comb,
+                            nullptr, stream);
+}
+
+cudaError_t launch_hc_mix_dots(const uint16_t* X, const float* fn, int64_t M, int64_t D, float* dots,
+                               cudaStream_t stream, HcMixAccum accum) {
+    return launch_mixes_any(accum, X, fn, nullptr, nullptr, M, D, 0.0f, 0.0f, 0.0f, 0, nullptr, nullptr,
+                            nullptr, dots, stream);
+}
+
+int64_t hc_mixes_blocks(int64_t M, HcMixAccum accum) {
+    return cdiv(M, accum == HcMixAccum::Fp32 ? mix_tokens<HcMixAccum::Fp32>()
+                                             : mix_tokens<HcMixAccum::Compensated>());
 }
 
 cudaError_t launch_hc_pre(const uint16_t* X, const float* mix, uint16_t* y, int64_t M, int64_t hc, int64_t D,

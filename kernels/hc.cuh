@@ -11,14 +11,32 @@ namespace ds4r::kern {
 constexpr int kHcMult = 4;
 constexpr int kHcMix = (2 + kHcMult) * kHcMult;
 
+// How the mix dot products and the sum of squares (K = hc * D terms, 20480 for V4.1) are
+// accumulated. The CPU backend sums them exactly in fp64 and rounds once; the GPU forms:
+//   Fp32        per-thread fp32 FFMA over 256 strided partials, fp32 block combine (the old
+//               kernel: a few ulps off, issue 10; kept for the bench only);
+//   Fp64        per-thread fp64 (bf16 x fp32 products exact), fp64 block combine;
+//   Compensated per-thread fp32 pair (TwoSum + FMA product error, Dot2), fp64 block combine.
+// All three have a fixed order per token (batch invariant, no atomics).
+enum class HcMixAccum { Fp32, Fp64, Compensated };
+// The variant the backend runs. One-line switch (scripts/gpu_hc_check.sh measures all three).
+constexpr HcMixAccum kHcMixAccumDefault = HcMixAccum::Compensated;
+
 // Per token r: z = fp32(X[r]) (hc * D values), ssq = sum z^2, dot_m = sum_c z_c * fn[m, c]
-// (fp32 FFMA, fixed order), r = rsqrtf(ssq * inv_n + norm_eps), mixes = dot * r, then
-// hc_split_sinkhorn (MODEL.md 5.5) -> pre, post, comb.
+// (accumulated as `accum` says, fixed order, rounded once to fp32), r = rsqrtf(ssq * inv_n + norm_eps),
+// mixes = dot * r, then hc_split_sinkhorn (MODEL.md 5.5) -> pre, post, comb.
 // X: BF16 bits [M, hc, D]; fn: F32 [mix, hc * D]; scale: F32 [3]; base: F32 [mix];
 // pre, post: F32 [M, hc]; comb: F32 [M, hc, hc]; inv_n = fp32(1) / fp32(hc * D).
 cudaError_t launch_hc_mixes(const uint16_t* X, const float* fn, const float* scale, const float* base,
                             int64_t M, int64_t D, float inv_n, float norm_eps, float hc_eps, int iters,
-                            float* pre, float* post, float* comb, cudaStream_t stream);
+                            float* pre, float* post, float* comb, cudaStream_t stream,
+                            HcMixAccum accum = kHcMixAccumDefault);
+// The rounded sums alone (accuracy checks, bench): dots F32 [M, mix + 1] = the mix dots of each token,
+// then its sum of squares. X, fn as above.
+cudaError_t launch_hc_mix_dots(const uint16_t* X, const float* fn, int64_t M, int64_t D, float* dots,
+                               cudaStream_t stream, HcMixAccum accum = kHcMixAccumDefault);
+// Grid size launch_hc_mixes uses for M tokens (for the caller's grid-limit check).
+int64_t hc_mixes_blocks(int64_t M, HcMixAccum accum = kHcMixAccumDefault);
 
 // y[r, d] = bf16(((0 + m0*X0) + m1*X1) + ...) in fp32; X: BF16 bits [M, hc, D]; mix: F32 [M, hc];
 // y: BF16 bits [M, D].

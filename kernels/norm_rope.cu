@@ -11,24 +11,30 @@ namespace ds4r::kern {
 namespace {
 
 // ------------------------------------------------------------------ RMSNorm
-// One block of 256 threads per row. Thread t sums x[t], x[t+256], ... in order (squares of bf16
-// values are exact in fp32), then the fixed block reduction. Reads of the row finish (barrier inside
-// block_sum_fixed) before any write, so y may alias x.
+// One block of 256 threads per row. Thread t sums x[t]^2, x[t+256]^2, ... in order (squares of bf16
+// values are exact in fp32) as a compensated fp32 pair, then the fixed compensated block reduction
+// (fp64 across warps) and one rounding to fp32: the CPU backend's exact sum rounded once (fixed_reduce.cuh; a
+// plain fp32 sum is a few ulps off on long rows). Reads of the row finish (barrier inside the block
+// reduction) before any write, so y may alias x.
 __global__ void __launch_bounds__(kFixedReduceThreads)
     rms_norm_kernel(const uint16_t* __restrict__ w, const uint16_t* x, uint16_t* y, int64_t n, float inv_n,
                     float eps) {
-    __shared__ float scratch[kFixedReduceWarps];
+    __shared__ double scratch[kF64ScratchDoubles<1>];
     const int64_t row = blockIdx.x;
     const uint16_t* xr = x + row * n;
     uint16_t* yr = y + row * n;
-    float acc[1] = {0.0f};
+    CompSum cs;
+    comp_zero(cs);
     for (int64_t i = threadIdx.x; i < n; i += kFixedReduceThreads) {
         const float v = bf16_bits_to_f32(xr[i]);
-        acc[0] = __fadd_rn(acc[0], __fmul_rn(v, v));
+        comp_add(cs, __fmul_rn(v, v));
     }
-    block_sum_fixed<1>(acc, scratch);
+    CompSum parts[1] = {cs};
+    double acc[1];
+    block_sum_comp<1>(parts, acc, scratch);
+    const float ssq = __double2float_rn(acc[0]);
     // var = mean(x^2) as CUDA torch.mean: sum * fp32(1/n); x * rsqrt(var + eps), then w * that.
-    const float r = ref_rsqrt(__fadd_rn(__fmul_rn(acc[0], inv_n), eps));
+    const float r = ref_rsqrt(__fadd_rn(__fmul_rn(ssq, inv_n), eps));
     for (int64_t i = threadIdx.x; i < n; i += kFixedReduceThreads) {
         const float xn = __fmul_rn(bf16_bits_to_f32(xr[i]), r);
         yr[i] = f32_to_bf16_bits(__fmul_rn(bf16_bits_to_f32(w[i]), xn));

@@ -97,7 +97,8 @@ struct LayerRole {
     bool index_source = false;      // runs the indexer, publishes top-k
     bool owns_index_keys = false;   // index source that computes its own keys (kv_source too)
     bool candidate_source = false;  // builds the candidate block pool (layer 20)
-    bool reindex = false;           // index source without keys: reuses keys, restricted to candidates
+    bool reindex = false;           // index source without keys: reads the latest key owner's keys
+    bool uses_candidates = false;   // index source after the candidate source: scores masked to its pool
     bool engram = false;            // Engram applied to the stream before this block
     int kv_from = -1;               // layer whose compressed KV this layer reads (-1: none)
     int topk_from = -1;             // layer whose top-k this layer uses (-1: none)
@@ -106,8 +107,10 @@ struct LayerRole {
     std::string describe() const;
 };
 
-// One role per backbone layer 0..n_layers-1. Throws CheckpointError (naming `path`) when the
-// config is inconsistent (a ratio>0 layer before any KV source, an index source without keys, ...).
+// One role per backbone layer 0..n_layers-1, for every pattern DeepSeek's reference runs (MODEL.md
+// 5.6: each shared slot a layer reads was written earlier by a layer of the same ratio). Throws
+// CheckpointError (naming `path`) otherwise (a ratio>0 layer before any KV source, a key-less index
+// source before any key owner, a slot of another ratio, ...).
 std::vector<LayerRole> derive_layer_roles(const ModelConfig& cfg, const std::string& path);
 
 }  // namespace ds4r

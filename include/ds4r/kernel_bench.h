@@ -14,6 +14,11 @@
 
 namespace ds4r {
 
+// The mHC mix accumulation variants (issue 10): the legacy fp32 sum, fp64, compensated fp32 with an
+// fp64 block combine.
+inline constexpr int kHcMixVariants = 3;
+inline constexpr const char* kHcMixVariantNames[kHcMixVariants] = {"fp32", "fp64", "compensated"};
+
 class KernelBench {
 public:
     virtual ~KernelBench() = default;
@@ -33,6 +38,11 @@ public:
     // The instruction-level ceiling of the portable tensor-core path: back-to-back independent
     // mma.sync.m16n8k16 bf16 -> fp32 from registers on every SM, in TFLOP/s.
     virtual double mma_sync_peak_tflops() = 0;
+    // The mHC mixes kernel (dots + sum of squares + Sinkhorn split) with accumulation variant `variant`
+    // (kHcMixVariantNames) on random X bf16 [M, 4, D] and fn f32 [24, 4 * D]: milliseconds per call.
+    virtual double hc_mixes_ms(int variant, int64_t M, int64_t D, int iters) = 0;
+    // Index (into kHcMixVariantNames) of the variant the backend runs.
+    virtual int hc_mix_default_variant() const = 0;
     // Device memory high-water mark in bytes since the last reset.
     virtual void reset_memory_high_water() = 0;
     virtual size_t memory_high_water() const = 0;

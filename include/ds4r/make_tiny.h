@@ -24,12 +24,14 @@
 
 namespace ds4r {
 
-enum class TinyPreset { Tiny, FullWidth };
+// tiny: the golden tiny-a; tiny-roles: tiny-a's dimensions, 8 layers with another role pattern
+// (ratios 0,0,2,2,2,1,1,1, KV sources 2,5, index sources 2,4,5,7, candidate source 5); full-width.
+enum class TinyPreset { Tiny, FullWidth, TinyRoles };
 
-// "tiny" / "full-width"; nullopt for anything else.
+// "tiny" / "full-width" / "tiny-roles"; nullopt for anything else.
 std::optional<TinyPreset> tiny_preset_from_name(std::string_view name);
 const char* tiny_preset_name(TinyPreset p);
-// Default layer count of a preset (tiny 6, full-width 4).
+// Default layer count of a preset (tiny 6, tiny-roles 8, full-width 4).
 int tiny_preset_default_layers(TinyPreset p);
 
 // The preset's configuration with `layers` layers (<= 0: the preset default), before the fields that

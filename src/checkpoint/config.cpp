@@ -390,13 +390,15 @@ std::string LayerRole::describe() const {
     if (kv_source && index_source)
         s = strfmt("KV+index source (ratio %d)", ratio);
     else if (reindex)
-        s = strfmt("reindex (keys of %d, candidates)", index_keys_from);
+        s = uses_candidates ? strfmt("reindex (keys of %d, candidates)", index_keys_from)
+                            : strfmt("reindex (keys of %d, no candidates yet)", index_keys_from);
     else if (index_source)
         s = strfmt("index source (ratio %d)", ratio);
     else if (kv_source)
         s = strfmt("KV source (ratio %d)", ratio);
     else
         s = strfmt("consumer of %d/%d", kv_from, topk_from);
+    if (kv_source && !index_source) s += strfmt(" (top-k of %d)", topk_from);
     if (candidate_source) s += " + candidate source";
     if (engram) s += " + Engram";
     return s;
@@ -417,8 +419,26 @@ std::vector<LayerRole> derive_layer_roles(const ModelConfig& c, const std::strin
         if (l < 0 || l >= c.n_layers)
             fail(strfmt("engram layer %d outside [0, %lld)", l, (long long)c.n_layers));
     std::vector<LayerRole> roles;
-    int last_kv = -1, last_keys = -1, last_topk = -1, last_ratio_kv = 0;
-    bool candidates_built = false;
+    // The reference (model.py Attention / Indexer, MODEL.md 4.6, 5.6) keeps one shared slot each for
+    // the compressed KV, the index keys, the top-k and the candidate mask; a layer reads whatever the
+    // most recent writer left. It runs every pattern in which each slot a layer reads was written
+    // earlier in the same forward by a layer of the same compress ratio; otherwise it reads None (a
+    // crash) or rows of another ratio's cache that this prefill never wrote (stale or zero rows of a
+    // previous forward), which no replay can reproduce: those patterns are refused, the rest are run
+    // exactly as the reference runs them.
+    struct Slot {
+        int layer = -1, ratio = 0;
+    };
+    Slot kv_slot, keys_slot, topk_slot, cand_slot;
+    const int cand_src = c.candidate_source_layer;
+    auto need_slot = [&](const Slot& slot, int l, int ratio, const char* what, const char* writers) {
+        if (slot.layer < 0)
+            fail(strfmt("layer %d (ratio %d) reads the shared %s but no earlier layer writes it (%s)", l,
+                        ratio, what, writers));
+        if (slot.ratio != ratio)
+            fail(strfmt("layer %d has ratio %d but the shared %s it reads comes from layer %d of ratio %d", l,
+                        ratio, what, slot.layer, slot.ratio));
+    };
     for (int l = 0; l < c.n_layers; ++l) {
         LayerRole r;
         r.layer = l;
@@ -430,44 +450,33 @@ std::vector<LayerRole> derive_layer_roles(const ModelConfig& c, const std::strin
             if (r.kv_source || r.index_source)
                 fail(strfmt("layer %d has compress ratio 0 but is a KV or index source", l));
         } else {
-            if (r.kv_source) {
-                last_kv = l;
-                last_ratio_kv = r.ratio;
-            }
-            if (last_kv < 0)
-                fail(strfmt("layer %d has ratio %d but no KV source layer precedes it", l, r.ratio));
-            if (last_ratio_kv != r.ratio)
-                fail(strfmt("layer %d has ratio %d but reads layer %d's KV of ratio %d", l, r.ratio, last_kv,
-                            last_ratio_kv));
-            r.kv_from = last_kv;
+            if (r.kv_source) kv_slot = {l, r.ratio};
+            need_slot(kv_slot, l, r.ratio, "compressed KV", "KV sources");
+            r.kv_from = kv_slot.layer;
             if (r.index_source) {
+                // model.py Indexer: owns_k = layer in kv_source_layers; a key-less indexer reads the
+                // index_k slot (the most recent key owner's cache).
                 r.owns_index_keys = r.kv_source;
-                if (r.owns_index_keys) {
-                    last_keys = l;
-                } else {
-                    if (last_keys < 0 || last_keys != last_kv)
-                        fail(
-                            strfmt("index source layer %d owns no keys and no key-owning source of the same "
-                                   "KV precedes it",
-                                   l));
-                    r.reindex = true;
+                if (r.owns_index_keys) keys_slot = {l, r.ratio};
+                need_slot(keys_slot, l, r.ratio, "index keys", "index sources that are also KV sources");
+                r.reindex = !r.owns_index_keys;
+                r.index_keys_from = keys_slot.layer;
+                // is_candidate_source = layer == candidate_source_layer; uses_candidates =
+                // 0 <= candidate_source_layer < layer (any later indexer, key owner or not). An indexer
+                // before the candidate source scores all reachable positions (no mask).
+                if (l == cand_src) {
+                    r.candidate_source = true;
+                    cand_slot = {l, r.ratio};
+                } else if (cand_src >= 0 && cand_src < l) {
+                    need_slot(cand_slot, l, r.ratio, "candidate mask",
+                              "the candidate source, an index source");
+                    r.uses_candidates = true;
                 }
-                r.index_keys_from = last_keys;
-                last_topk = l;
-            } else if (r.kv_source) {
-                fail(strfmt("KV source layer %d must also be an index source", l));
+                topk_slot = {l, r.ratio};
             }
-            if (last_topk < 0 || last_topk < last_kv)
-                fail(strfmt("layer %d reads compressed KV of layer %d but no index source of it precedes", l,
-                            last_kv));
-            r.topk_from = last_topk;
-            if (l == c.candidate_source_layer) {
-                if (!r.owns_index_keys) fail(strfmt("candidate source layer %d must own index keys", l));
-                r.candidate_source = true;
-                candidates_built = true;
-            }
-            if (r.reindex && !candidates_built)
-                fail(strfmt("reindex layer %d precedes the candidate source layer", l));
+            // A layer that is not an index source (a KV source included) reuses the top-k slot.
+            need_slot(topk_slot, l, r.ratio, "top-k", "index sources");
+            r.topk_from = topk_slot.layer;
         }
         roles.push_back(r);
     }

@@ -28,15 +28,16 @@ namespace fs = std::filesystem;
 std::optional<TinyPreset> tiny_preset_from_name(std::string_view name) {
     if (name == "tiny") return TinyPreset::Tiny;
     if (name == "full-width") return TinyPreset::FullWidth;
+    if (name == "tiny-roles") return TinyPreset::TinyRoles;
     return std::nullopt;
 }
 
 const char* tiny_preset_name(TinyPreset p) {
-    return p == TinyPreset::Tiny ? "tiny" : "full-width";
+    return p == TinyPreset::Tiny ? "tiny" : p == TinyPreset::TinyRoles ? "tiny-roles" : "full-width";
 }
 
 int tiny_preset_default_layers(TinyPreset p) {
-    return p == TinyPreset::Tiny ? 6 : 4;
+    return p == TinyPreset::Tiny ? 6 : p == TinyPreset::TinyRoles ? 8 : 4;
 }
 
 namespace {
@@ -47,9 +48,10 @@ std::vector<int> below(std::vector<int> v, int n) {
     return v;
 }
 
-// The full model's layer list lengths: the presets describe a 6-layer (tiny) or 40-layer model.
+// The full model's layer list lengths: the presets describe a 6-layer (tiny), 8-layer (tiny-roles)
+// or 40-layer model.
 int preset_max_layers(TinyPreset p) {
-    return p == TinyPreset::Tiny ? 6 : 40;
+    return p == TinyPreset::Tiny ? 6 : p == TinyPreset::TinyRoles ? 8 : 40;
 }
 
 bool is_prime(int64_t n) {
@@ -110,7 +112,7 @@ ModelConfig make_tiny_base_config(TinyPreset preset, int layers) {
     c.engram_max_ngram_size = 4;
     c.engram_pad_id = 2;
     std::vector<int> ratios, kv, index, engram;
-    if (preset == TinyPreset::Tiny) {
+    if (preset == TinyPreset::Tiny || preset == TinyPreset::TinyRoles) {
         // The golden tiny-a (tests/data/tiny-a/meta.json).
         c.vocab_size = 512;
         c.dim = 256;
@@ -139,6 +141,15 @@ ModelConfig make_tiny_base_config(TinyPreset preset, int layers) {
         c.engram_vocab_size = 100;
         c.engram_n_heads = 2;
         c.engram_head_dim = 64;
+        if (preset == TinyPreset::TinyRoles) {
+            // tiny-a's dimensions with another role pattern (issue 10), one the reference runs: a
+            // key-less indexer (4) before the candidate source (5), so it scores without candidates
+            // and with layer 2's keys; 6 reuses 5's top-k; 7 is a key-less indexer inside 5's pool.
+            ratios = {0, 0, 2, 2, 2, 1, 1, 1};
+            kv = {2, 5};
+            index = {2, 4, 5, 7};
+            c.candidate_source_layer = 5;
+        }
     } else {
         // The release (MODEL.md 2.1).
         c.vocab_size = 129280;

@@ -70,9 +70,11 @@ void add_make_tiny_command(CLI::App& root, std::vector<Command>& out) {
     c.app
         ->add_option(
             "--preset", a->preset,
-            "tiny: the golden tiny-a dimensions; full-width: the real dimensions with --layers layers")
-        ->check(CLI::IsMember({"tiny", "full-width"}));
-    c.app->add_option("--layers", a->layers, "Number of layers (default: tiny 6, full-width 4)")
+            "tiny: the golden tiny-a dimensions; tiny-roles: tiny-a's dimensions with another layer-role "
+            "pattern (8 layers, a key-less indexer before the candidate source); full-width: the real "
+            "dimensions with --layers layers")
+        ->check(CLI::IsMember({"tiny", "tiny-roles", "full-width"}));
+    c.app->add_option("--layers", a->layers, "Number of layers (default: tiny 6, tiny-roles 8, full-width 4)")
         ->check(CLI::Range(1, 40));
     c.app->add_option("--seed", a->seed, "Random seed (same seed => byte-identical output; default 0)");
     c.app->add_flag("--force", a->force, "Write into a non-empty OUT_DIR (its stale shards are removed)");

@@ -280,7 +280,9 @@ void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, 
             if (role.candidate_source)
                 be.candidate_blocks(score, pos, role.ratio, c.candidate_block_size, c.candidate_topk_blocks,
                                     ctx.seq_cand(sg.seq).rows(sg.t0, sg.t1));
-            if (role.reindex && si.cand_words > 0)
+            // Indexers after the candidate source (model.py uses_candidates) score inside its pool
+            // only; one before it (a key-less index source included) scores every reachable position.
+            if (role.uses_candidates && si.cand_words > 0)
                 be.apply_candidate_mask(score, ctx.seq_cand(sg.seq).rows(sg.t0, sg.t1),
                                         c.candidate_block_size);
             be.index_topk(score, pos, role.ratio, si.len, ctx.seq_topk(sg.seq).rows(sg.t0, sg.t1));

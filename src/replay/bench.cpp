@@ -143,6 +143,19 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
         csv.row("kernels", g.name, -1, 0, per_expert, g.n, g.k, ours, "TFLOP/s",
                 strfmt("experts=%lld cublas_one_expert=%.3f", (long long)c.n_routed_experts, ref));
     }
+    // The mHC mixes kernel's accumulation variants (issue 10): time per call at M rows and the model's
+    // dim, hc = 4 (the kernel's only hc). "*" marks the variant the backend runs.
+    if (c.hc_mult == 4) {
+        std::fprintf(out, "  hc_mixes (M = %lld, D = %lld), ms per call:", (long long)M, (long long)c.dim);
+        for (int v = 0; v < kHcMixVariants; ++v) {
+            const double ms = kb.hc_mixes_ms(v, M, c.dim, it);
+            std::fprintf(out, "  %s%s %.3f", kHcMixVariantNames[v],
+                         v == kb.hc_mix_default_variant() ? "*" : "", ms);
+            csv.row("kernels", std::string("hc_mixes ") + kHcMixVariantNames[v], -1, 0, M, 4 * c.dim, 24, ms,
+                    "ms", v == kb.hc_mix_default_variant() ? "default" : "");
+        }
+        std::fprintf(out, "\n");
+    }
 }
 
 void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const EngramResources* eng,

@@ -14,6 +14,9 @@
 using namespace ds4r;
 using namespace ds4r::test;
 
+// The CPU backend's top-1 agreement with the reference (0.8789, 711 of 809 positions) less 0.01.
+constexpr double kCudaTop1Min = 0.868;
+
 namespace {
 std::vector<double> logprob_diffs(const std::map<int, std::string>& a, const std::map<int, std::string>& b,
                                   std::vector<double>* per_seq_mean = nullptr) {
@@ -60,13 +63,24 @@ TEST(CudaGolden, EndToEndVsReferenceAndCpu) {
     auto ours = read_records(dir + "/gpu.jsonl");
     auto expected = read_records(golden_dir() + "/expected.jsonl");
     std::vector<double> d;
+    int64_t top1 = 0;
     for (size_t i = 0; i < expected.size(); ++i)
-        for (size_t t = 0; t < expected[i].logprob.size(); ++t)
+        for (size_t t = 0; t < expected[i].logprob.size(); ++t) {
             d.push_back(ours[i].logprob[t] - expected[i].logprob[t]);
-    std::printf("CUDA vs reference: |d logprob| median %.4f p95 %.4f max %.4f over %zu positions\n",
-                quantile(d, 0.5), quantile(d, 0.95), quantile(d, 1.0), d.size());
-    EXPECT_LE(quantile(d, 0.5), 0.1);
-    EXPECT_LE(quantile(d, 0.95), 0.7);
+            top1 += ours[i].topk_ids_flat[t * 8] == expected[i].topk_ids_flat[t * 8];
+        }
+    const double top1_frac = static_cast<double>(top1) / static_cast<double>(d.size());
+    std::printf(
+        "CUDA vs reference: |d logprob| median %.4f p95 %.4f max %.4f over %zu positions; top-1 agreement "
+        "%.4f\n",
+        quantile(d, 0.5), quantile(d, 0.95), quantile(d, 1.0), d.size(), top1_frac);
+    // Bounds ~15% above what the CUDA backend measured before the accurate mHC sums of issue 10 (median
+    // 0.040, p95 0.288; the issue measured 0.036 / 0.250 with fp64 dots): re-derive from
+    // scripts/gpu_hc_check.sh's numbers once measured. Top-1: at least the CPU backend's agreement
+    // (kCudaTop1Min).
+    EXPECT_LE(quantile(d, 0.5), 0.040 * 1.15);
+    EXPECT_LE(quantile(d, 0.95), 0.288 * 1.15);
+    EXPECT_GE(top1_frac, kCudaTop1Min) << "top-1 agreement with the reference";
     std::vector<double> per_seq;
     auto dc = logprob_diffs(gpu, cpu_recs, &per_seq);
     std::printf("CUDA vs CPU backend: |d logprob| median %.4f p95 %.4f max %.4f\n", quantile(dc, 0.5),

@@ -61,6 +61,7 @@ TeacherForcedReport run_teacher_forced(const std::string& backend) {
         NpyArray route_w = dump(sn + "_layers/route_w.npy");
         ReplayOptions ro;
         ro.chunk_rows = 1 << 20;
+        ro.capture_layers = {static_cast<int>(cfg.n_layers)};  // the collapsed final hidden state
         PassRunner runner(*gm.be, *gm.ckpt, *gm.weights, gm.engram.get(), ro);
         runner.begin({seqs[static_cast<size_t>(si)].tokens});
         PassContext& ctx = runner.context();
@@ -108,6 +109,8 @@ TeacherForcedReport run_teacher_forced(const std::string& backend) {
                     NpyArray ik = dump(sn + "_L" + std::to_string(role.index_keys_from) + "_index_k.npy");
                     put_rows(be, ctx.index_k, info.row0, ik.data.data(), T);
                     info.cmp_rows = T;
+                }
+                if (role.uses_candidates && T > 0) {
                     // Candidate mask [s, T] positions -> block bitmask (MODEL.md 4.6.2 step 6).
                     NpyArray cm =
                         dump(sn + "_L" + std::to_string(cfg.candidate_source_layer) + "_candidates.npy");
@@ -204,7 +207,8 @@ TeacherForcedReport run_teacher_forced(const std::string& backend) {
         std::memcpy(runner.premix(0), slab<float>(premix, L6), static_cast<size_t>(s * hc) * 4);
         auto head = gm.weights->acquire(kHeadLayer);
         const GlobalWeights g = bind_global_weights([&](const std::string& n) { return head->get(n); });
-        auto scores = runner.finish(g, nullptr);
+        MemSink collapsed;
+        auto scores = runner.finish(g, &collapsed);
         NpyArray logits = dump(sn + "_logits.npy");
         const int64_t V = logits.shape[1];
         HeadCompare hcmp;
@@ -221,10 +225,86 @@ TeacherForcedReport run_teacher_forced(const std::string& backend) {
             hcmp.max_abs_logprob_diff = std::max(hcmp.max_abs_logprob_diff,
                                                  std::fabs(ref - scores[0].logprob[static_cast<size_t>(t)]));
         }
+        // The collapsed final hidden state (bf16 before the final norm; captured as fp16 of it) vs
+        // the reference's final_hidden_bf16, compared in the capture's fp16.
+        if (dump_exists(sn + "_final_hidden_bf16.npy")) {
+            NpyArray fh = dump(sn + "_final_hidden_bf16.npy");
+            const auto& mine = collapsed.rows.at({L6, 0});
+            const size_t n = static_cast<size_t>(s * D);
+            if (static_cast<size_t>(fh.numel()) == n && mine.size() == n) {
+                size_t eq = 0;
+                for (size_t k = 0; k < n; ++k) eq += mine[k] == f32_to_f16(bf16_to_f32(fh.as<uint16_t>()[k]));
+                hcmp.collapsed_equal = static_cast<double>(eq) / static_cast<double>(n);
+            } else {
+                hcmp.collapsed_equal = -1;  // shape mismatch: fails the check
+            }
+        } else {
+            hcmp.collapsed_equal = -1;
+        }
         rep.heads.push_back(hcmp);
     }
     return rep;
 }
+
+namespace {
+
+// Bounds just above what each backend measures today on tiny-a (so a regression fails). A layer
+// listed in `exceptions` gets its own bounds (measured + margin) instead of the general ones.
+struct LayerException {
+    int seq, layer;
+    double stream_l2, moe_l2, route_w_l2, stream_equal_min;
+    const char* why;
+};
+struct TeacherForcedBounds {
+    double stream_l2, premix_l2, attn_l2, moe_l2, route_w_l2, engram_l2;
+    double stream_equal_min, engram_equal_min;  // bitwise-equal fractions
+    double head_logprob;                        // max |d logprob| per sequence
+    double collapsed_equal_min;                 // final collapsed state vs final_hidden_bf16
+    std::vector<LayerException> exceptions;
+};
+
+TeacherForcedBounds bounds_for(const std::string& backend) {
+    TeacherForcedBounds b{};
+    b.head_logprob = 1e-5;  // worst measured: CPU 2.5e-7, CUDA 9.3e-7 (issue 10)
+    if (backend == "cpu") {
+        // CPU backend, measured 2026-12-02 (the table this test prints): worst stream rel L2 3.78e-4
+        // (seq 2 layer 2), pre-mix 8.08e-5, attention 0 (bitwise equal everywhere), MoE 1.27e-4,
+        // routing weights 1.86e-5, Engram 3.61e-7; min bitwise stream 98.24%, Engram 99.967%; the
+        // collapsed final state bitwise equal; head 2.5e-7. Bounds ~15% above (below for fractions).
+        b.stream_l2 = 4.4e-4;
+        b.premix_l2 = 9.3e-5;
+        b.attn_l2 = 0.0;
+        b.moe_l2 = 1.5e-4;
+        b.route_w_l2 = 2.2e-5;
+        b.engram_l2 = 4.2e-7;
+        b.stream_equal_min = 0.98;
+        b.engram_equal_min = 0.9996;
+        b.collapsed_equal_min = 1.0;
+        // The CPU's exactly rounded rsqrt vs the GPU's rsqrtf (MODEL.md 8.2): in seq 5 layer 3 token 1's
+        // ffn_norm r is 1 fp32 ulp below the reference's, which flips an fp8 act-quant scale inside the
+        // MoE (r + 1 ulp reproduces the dumped MoE output bit for bit; cpuref::rsqrt_f32). Kept:
+        // the CPU backend is the exactly rounded reference model, not a copy of rsqrtf.
+        // Measured: stream 5.01e-3, MoE 1.02e-2, routing weights 1.72e-5, stream bitwise 94.70%.
+        b.exceptions.push_back(
+            {5, 3, 5.8e-3, 1.18e-2, 2.0e-5, 0.94, "CPU exactly rounded rsqrt (MODEL.md 8.2)"});
+    } else {
+        // CUDA: with the accurate mHC / norm sums (issue 10) no layer is expected above 1e-3 (the
+        // issue measured 0 of 48 with fp64 dots). These are that target, not yet a measurement of this
+        // build: scripts/gpu_hc_check.sh prints the table; tighten to measured + margin after it.
+        b.stream_l2 = 1e-3;
+        b.premix_l2 = 1e-3;
+        b.attn_l2 = 1e-3;
+        b.moe_l2 = 1e-3;
+        b.route_w_l2 = 1e-3;
+        b.engram_l2 = 1e-3;
+        b.stream_equal_min = 0.9;
+        b.engram_equal_min = 0.9;
+        b.collapsed_equal_min = 0.9;
+    }
+    return b;
+}
+
+}  // namespace
 
 void check_teacher_forced_report(const TeacherForcedReport& rep, const std::string& backend) {
     std::printf("Teacher-forced comparison with DeepSeek's reference (GPU run), backend %s:\n%s",
@@ -233,53 +313,82 @@ void check_teacher_forced_report(const TeacherForcedReport& rep, const std::stri
         std::ofstream(std::string(out) + "/teacher_forced_" + backend + ".txt") << rep.table();
     }
     ASSERT_FALSE(rep.layers.empty());
-    int route_same = 0, route_tot = 0, topk_eq = 0, topk_tot = 0, checked = 0, over = 0;
-    // ULP-level differences that cannot be removed (the CPU's exactly rounded rsqrt vs the GPU's
-    // rsqrtf approximation, MODEL.md 8.2; reduction orders of the reference's cuBLAS GEMMs and of the
-    // tensor-core MMAs) occasionally flip an fp8 activation-quant scale inside the MoE, which moves
-    // one token's output by a few percent: tiny-a seq 5 layer 3 on the CPU (adding 1 ulp to the
-    // ffn_norm rsqrt of token 1 reproduces the reference's MoE output bit for bit), seq 6 layer 3 on
-    // CUDA. So at most 1 in 40 of the layers may exceed 1e-3, and none may exceed the reference's own
-    // CPU-vs-GPU maximum on this model (2.6e-2, golden README).
+    ASSERT_FALSE(rep.heads.empty());
+    const TeacherForcedBounds b = bounds_for(backend);
+    int over = 0;
+    double worst[8] = {0, 0, 0, 0, 0, 0, 1, 1};  // stream, premix, attn, moe, route_w, engram l2; eq mins
     for (const auto& l : rep.layers) {
-        route_same += static_cast<int>(l.route_sets_equal * l.len + 0.5);
-        route_tot += l.len;
-        topk_eq += l.topk_rows_equal;
-        topk_tot += l.topk_rows;
+        const std::string at = "seq " + std::to_string(l.seq) + " layer " + std::to_string(l.layer);
+        // Structure: 100% on tiny-a. A mismatch here does not skip the value checks below.
+        EXPECT_EQ(l.route_sets_equal, 1.0) << at << ": routing sets";
+        EXPECT_EQ(l.topk_rows_equal, l.topk_rows) << at << ": index top-k rows";
+        EXPECT_EQ(l.cand_rows_equal, l.cand_rows) << at << ": candidate rows";
+        EXPECT_EQ(l.cmp_kv_equal, 1.0) << at << ": compressed KV (bitwise)";
+        EXPECT_EQ(l.index_k_equal, 1.0) << at << ": index keys (bitwise)";
         if (l.engram) {
-            EXPECT_LE(l.engram_rel_l2, 1e-3) << "seq " << l.seq << " layer " << l.layer << " Engram";
+            EXPECT_LE(l.engram_rel_l2, b.engram_l2) << at << ": Engram rel L2";
+            EXPECT_GE(l.engram_equal, b.engram_equal_min) << at << ": Engram bitwise fraction";
+            worst[5] = std::max(worst[5], l.engram_rel_l2);
+            worst[7] = std::min(worst[7], l.engram_equal);
         }
-        // Relative L2 <= 1e-3 on every layer whose top-k selection equals the reference's.
-        if (!l.topk_all_equal()) continue;
-        ++checked;
-        const double worst = std::max(l.stream_rel_l2, l.premix_rel_l2);
-        if (worst > 1e-3) ++over;
-        EXPECT_LE(worst, 2.6e-2) << "seq " << l.seq << " layer " << l.layer << " output stream / pre-mix";
+        EXPECT_LE(l.premix_rel_l2, b.premix_l2) << at << ": pre-mix rel L2";
+        EXPECT_LE(l.attn_rel_l2, b.attn_l2) << at << ": attention output rel L2";
+        worst[1] = std::max(worst[1], l.premix_rel_l2);
+        worst[2] = std::max(worst[2], l.attn_rel_l2);
+        if (std::max(l.stream_rel_l2, l.premix_rel_l2) > 1e-3) ++over;
+        const LayerException* ex = nullptr;
+        for (const auto& e : b.exceptions)
+            if (e.seq == l.seq && e.layer == l.layer) ex = &e;
+        if (ex) {
+            EXPECT_LE(l.stream_rel_l2, ex->stream_l2) << at << " (" << ex->why << "): stream rel L2";
+            EXPECT_LE(l.moe_rel_l2, ex->moe_l2) << at << " (" << ex->why << "): MoE rel L2";
+            EXPECT_LE(l.route_w_rel_l2, ex->route_w_l2)
+                << at << " (" << ex->why << "): routing weights rel L2";
+            EXPECT_GE(l.stream_equal, ex->stream_equal_min) << at << " (" << ex->why << "): stream bitwise";
+            continue;
+        }
+        EXPECT_LE(l.stream_rel_l2, b.stream_l2) << at << ": stream rel L2";
+        EXPECT_LE(l.moe_rel_l2, b.moe_l2) << at << ": MoE output rel L2";
+        EXPECT_LE(l.route_w_rel_l2, b.route_w_l2) << at << ": routing weights rel L2";
+        EXPECT_GE(l.stream_equal, b.stream_equal_min) << at << ": stream bitwise fraction";
+        worst[0] = std::max(worst[0], l.stream_rel_l2);
+        worst[3] = std::max(worst[3], l.moe_rel_l2);
+        worst[4] = std::max(worst[4], l.route_w_rel_l2);
+        worst[6] = std::min(worst[6], l.stream_equal);
     }
-    std::printf("layers with equal top-k: %d, of which %d above rel L2 1e-3\n", checked, over);
-    EXPECT_LE(over, std::max(1, checked / 40)) << "more layers above 1e-3 than ulp-noise scale flips explain";
-    EXPECT_GE(static_cast<double>(route_same) / route_tot, 0.99) << "routing sets equal for < 99% of tokens";
-    if (topk_tot) {
-        EXPECT_GE(static_cast<double>(topk_eq) / topk_tot, 0.90) << "top-k rows equal for < 90%";
+    std::printf(
+        "worst outside the listed exceptions: stream %.3g premix %.3g attn %.3g moe %.3g route_w %.3g "
+        "engram %.3g; min bitwise stream %.6f engram %.6f; layers above rel L2 1e-3: %d of %zu\n",
+        worst[0], worst[1], worst[2], worst[3], worst[4], worst[5], worst[6], worst[7], over,
+        rep.layers.size());
+    EXPECT_LE(over, static_cast<int>(b.exceptions.size()))
+        << "layers above 1e-3 besides the listed exceptions";
+    double worst_head = 0, worst_collapsed = 1;
+    for (const auto& h : rep.heads) {
+        EXPECT_LE(h.max_abs_logprob_diff, b.head_logprob) << "head, seq " << h.seq;
+        EXPECT_GE(h.collapsed_equal, b.collapsed_equal_min) << "collapsed final hidden state, seq " << h.seq;
+        worst_head = std::max(worst_head, h.max_abs_logprob_diff);
+        worst_collapsed = std::min(worst_collapsed, h.collapsed_equal);
     }
-    for (const auto& h : rep.heads) EXPECT_LE(h.max_abs_logprob_diff, 1e-3) << "head, seq " << h.seq;
-    std::printf("aggregate: routing sets equal %d/%d, top-k rows equal %d/%d\n", route_same, route_tot,
-                topk_eq, topk_tot);
+    std::printf("head: worst |d logprob| %.3g; collapsed final hidden state bitwise (fp16) min %.6f\n",
+                worst_head, worst_collapsed);
 }
 
 std::string TeacherForcedReport::table() const {
     std::ostringstream o;
     char b[512];
-    std::snprintf(b, sizeof b, "%-5s %-5s %-4s %9s %10s %10s %10s %10s %7s %7s %9s %8s %8s\n", "seq", "layer",
-                  "len", "engram=", "stream=", "stream_l2", "premix_l2", "moe_l2",
-                  "route=", "topk=", "cand=", "cmpkv=", "idxk=");
+    std::snprintf(b, sizeof b, "%-5s %-5s %-4s %9s %10s %10s %10s %10s %10s %10s %7s %7s %9s %8s %8s\n",
+                  "seq", "layer", "len", "engram=", "stream=", "stream_l2", "premix_l2", "attn_l2", "moe_l2",
+                  "route_w_l2", "route=", "topk=", "cand=", "cmpkv=", "idxk=");
     o << b;
     for (const auto& l : layers) {
         std::snprintf(
-            b, sizeof b, "%-5d %-5d %-4d %9s %9.4f%% %10.2e %10.2e %10.2e %6.1f%% %7s %9s %7.3f%% %7.3f%%\n",
+            b, sizeof b,
+            "%-5d %-5d %-4d %9s %9.4f%% %10.2e %10.2e %10.2e %10.2e %10.2e %6.1f%% %7s %9s %7.3f%% %7.3f%%\n",
             l.seq, l.layer, l.len,
             l.engram ? (std::to_string(l.engram_equal * 100).substr(0, 6) + "%").c_str() : "-",
-            l.stream_equal * 100, l.stream_rel_l2, l.premix_rel_l2, l.moe_rel_l2, l.route_sets_equal * 100,
+            l.stream_equal * 100, l.stream_rel_l2, l.premix_rel_l2, l.attn_rel_l2, l.moe_rel_l2,
+            l.route_w_rel_l2, l.route_sets_equal * 100,
             l.topk_rows ? (std::to_string(l.topk_rows_equal) + "/" + std::to_string(l.topk_rows)).c_str()
                         : "-",
             l.cand_rows ? (std::to_string(l.cand_rows_equal) + "/" + std::to_string(l.cand_rows)).c_str()
@@ -288,8 +397,11 @@ std::string TeacherForcedReport::table() const {
         o << b;
     }
     for (const auto& h : heads) {
-        std::snprintf(b, sizeof b, "head seq %d (len %d): max |d logprob| vs reference logits %.3g\n", h.seq,
-                      h.len, h.max_abs_logprob_diff);
+        std::snprintf(
+            b, sizeof b,
+            "head seq %d (len %d): max |d logprob| vs reference logits %.3g; collapsed state bitwise "
+            "%.4f%%\n",
+            h.seq, h.len, h.max_abs_logprob_diff, h.collapsed_equal * 100);
         o << b;
     }
     return o.str();

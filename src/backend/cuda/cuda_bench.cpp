@@ -1,13 +1,16 @@
 // GEMM micro-benchmarks of the CUDA backend (see include/ds4r/kernel_bench.h).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_hc_check.h"
 #include "ds4r/kernel_bench.h"
 #include "ds4r/numeric.h"
 #include "gemm.cuh"
+#include "hc.cuh"
 #include "quant.cuh"
 
 namespace ds4r {
@@ -228,6 +231,45 @@ double bench_cublas_bf16_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K
     return r;
 }
 
+kern::HcMixAccum hc_variant(int variant) {
+    DS4R_CHECK(variant >= 0 && variant < kHcMixVariants, "bench: hc mix variant %d out of range", variant);
+    return variant == 0   ? kern::HcMixAccum::Fp32
+           : variant == 1 ? kern::HcMixAccum::Fp64
+                          : kern::HcMixAccum::Compensated;
+}
+
+double bench_hc_mixes_ms(CudaBackend& be, int variant, int64_t M, int64_t D, int iters) {
+    DS4R_CHECK(iters > 0 && M > 0 && D > 0, "bench: bad hc arguments M=%lld D=%lld iters=%d", (long long)M,
+               (long long)D, iters);
+    const kern::HcMixAccum accum = hc_variant(variant);
+    constexpr int64_t hc = kern::kHcMult, mix = kern::kHcMix;
+    const Tensor X = random_bf16(be, M, hc * D, 2.0f, 41);
+    // fn rms ~ 1/sqrt(K) as in the checkpoints; bf16 values are exact fp32 values.
+    const Tensor fnb = random_bf16(be, mix, hc * D, 2.0f / std::sqrt(static_cast<float>(hc * D)), 42);
+    std::vector<uint16_t> fb(static_cast<size_t>(mix * hc * D));
+    be.download(fb.data(), fnb, 0, fb.size() * 2);
+    std::vector<float> ff(fb.size());
+    for (size_t i = 0; i < fb.size(); ++i) ff[i] = bf16_to_f32(fb[i]);
+    const Tensor fn = be.alloc(DType::F32, {mix, hc * D});
+    be.upload(fn, 0, ff.data(), ff.size() * 4);
+    const float scale_h[3] = {0.7f, 0.9f, 0.6f};
+    std::vector<float> base_h(static_cast<size_t>(mix), 0.1f);
+    const Tensor scale = be.alloc(DType::F32, {3}), base = be.alloc(DType::F32, {mix});
+    be.upload(scale, 0, scale_h, sizeof scale_h);
+    be.upload(base, 0, base_h.data(), base_h.size() * 4);
+    const Tensor pre = be.alloc(DType::F32, {M, hc}), post = be.alloc(DType::F32, {M, hc}),
+                 comb = be.alloc(DType::F32, {M, hc, hc});
+    const float inv_n = 1.0f / static_cast<float>(hc * D);
+    auto fn_call = [&] {
+        DS4R_CUDA_CHECK(kern::launch_hc_mixes(
+            X.ptr<uint16_t>(), fn.ptr<float>(), scale.ptr<float>(), base.ptr<float>(), M, D, inv_n, 1e-6f,
+            1e-6f, 20, pre.ptr<float>(), post.ptr<float>(), comb.ptr<float>(), be.stream(), accum));
+    };
+    // time_tflops reports 2 * M * N * K * iters / elapsed: with M = N = K = 1 that is 2 * iters / s.
+    const double per_s = time_tflops(be, 1, 1, 1, iters, fn_call) * 1e12;
+    return 2.0 / per_s * 1e3;
+}
+
 class CudaKernelBench : public KernelBench {
 public:
     explicit CudaKernelBench(CudaBackend& be) : be_(be) {}
@@ -248,6 +290,10 @@ public:
         return bench_grouped_fp4_tflops(be_, experts, rows_per_expert, N, K, n_proj, iters);
     }
     double mma_sync_peak_tflops() override { return bench_mma_sync_peak_tflops(be_); }
+    double hc_mixes_ms(int variant, int64_t M, int64_t D, int iters) override {
+        return bench_hc_mixes_ms(be_, variant, M, D, iters);
+    }
+    int hc_mix_default_variant() const override { return ds4r::hc_mix_default_variant(); }
     void reset_memory_high_water() override { be_.reset_high_water(); }
     size_t memory_high_water() const override { return be_.high_water(); }
 
@@ -256,6 +302,28 @@ private:
 };
 
 }  // namespace
+
+int hc_mix_default_variant() {
+    for (int v = 0; v < kHcMixVariants; ++v)
+        if (hc_variant(v) == kern::kHcMixAccumDefault) return v;
+    return -1;
+}
+
+std::vector<float> hc_mix_dots(CudaBackend& be, int variant, const Tensor& X, const Tensor& fn) {
+    DS4R_CHECK(X.dtype == DType::BF16 && X.shape.size() == 3 && X.dim(1) == kern::kHcMult &&
+                   fn.dtype == DType::F32 && fn.shape == Shape({kern::kHcMix, kern::kHcMult * X.dim(2)}),
+               "hc_mix_dots: X %s, fn %s: expected BF16 [M, %d, D], F32 [%d, %d * D]",
+               shape_str(X.shape).c_str(), shape_str(fn.shape).c_str(), kern::kHcMult, kern::kHcMix,
+               kern::kHcMult);
+    const int64_t M = X.dim(0), D = X.dim(2);
+    std::vector<float> out(static_cast<size_t>(M * (kern::kHcMix + 1)));
+    if (M == 0) return out;
+    const Tensor dots = be.alloc(DType::F32, {M, kern::kHcMix + 1});
+    DS4R_CUDA_CHECK(kern::launch_hc_mix_dots(X.ptr<uint16_t>(), fn.ptr<float>(), M, D, dots.ptr<float>(),
+                                             be.stream(), hc_variant(variant)));
+    be.download(out.data(), dots, 0, out.size() * 4);
+    return out;
+}
 
 std::unique_ptr<KernelBench> make_kernel_bench(Backend& be) {
     auto* cb = dynamic_cast<CudaBackend*>(&be);
