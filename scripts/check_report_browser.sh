@@ -67,7 +67,7 @@ check() {  # check NAME CONDITION-EXIT-CODE
 }
 echo "check_report_browser: $report in $("$browser" --version 2>/dev/null | head -1) ($((end - start)) s)"
 grep -q 'data-ds4r-ok="1"' "$OUT/dom.html"; check "script ran to the end (data-ds4r-ok)" $?
-! grep -q 'data-ds4r-error' "$OUT/dom.html"; check "no uncaught error in the page" $?
+! grep -q 'data-ds4r-error="' "$OUT/dom.html"; check "no uncaught error in the page" $?
 ! grep -Eq 'Uncaught|CONSOLE.*(Error|error)' "$OUT/dom.log" "$OUT/screenshot.log"; check "no script error on the console" $?
 grep -q 'data-ds4r-tip="ok"' "$OUT/dom.html"; check "hover tooltip shows logprob" $?
 "$PY" - "$OUT/screenshot.png" <<'EOF'

@@ -72,8 +72,9 @@ def _error_message(lines):
     errors = [l.split("error:", 1)[1].strip() for l in lines if l.startswith("ds4replay: error:")]
     if errors:
         return "; ".join(errors)
-    rest = [l.strip() for l in lines if l.strip()]
-    return rest[-1] if rest else "(no message on stderr)"
+    # A usage error (CLI11) spans a few lines ending in "Run with --help for more information.".
+    rest = [l.strip() for l in lines if l.strip() and not l.startswith("Run with --help")]
+    return " ".join(rest[-3:]) if rest else "(no message on stderr)"
 
 
 def _json_default(obj):

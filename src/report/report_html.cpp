@@ -113,6 +113,9 @@ std::string histogram_svg(const std::vector<ReportRecord>& records) {
 // Bars of the per-token logprob difference A - B along A's tokens (aligned prefix and suffix); the
 // changed middle is shaded.
 std::string pair_svg(const PairDiff& d, int64_t n_a) {
+    if (d.aligned.empty())
+        return "<p class=\"note\">No tokens to compare one for one: the two sequences share no prefix or "
+               "suffix, so the whole difference is in the changed part.</p>";
     const double W = 760, H = 150, L = 52, R = 12, T = 10, B = 24;
     const double pw = W - L - R, ph = H - T - B, mid = T + ph / 2;
     double m = 1e-9;
