@@ -37,12 +37,16 @@ namespace ds4r {
 
 class Tokenizer;
 
+// Tokens shown as text in the HTML report by default (about 0.3 KB of page per token with top-8).
+inline constexpr int64_t kDefaultMaxTextTokens = 100000;
+
 struct ReportOptions {
     std::string results_path;
     std::string tokenizer_path;  // may be empty: token text from "token_text" fields, else ids
     std::string html_path;       // empty: text summary only
     std::vector<std::pair<std::string, std::string>> pairs;  // (id A, id B)
     bool overwrite = false;                                  // allow replacing an existing html_path
+    int64_t max_text_tokens = kDefaultMaxTextTokens;         // HTML: tokens shown as text
 };
 
 // One result record as the report reads it.
@@ -123,9 +127,11 @@ std::vector<std::string> token_texts(const ReportRecord& r, const Tokenizer* tok
 
 void write_text_report(const ReportFile& file, const std::vector<PairDiff>& pairs, const std::string& path,
                        std::FILE* out);
-// The whole HTML document.
+// The whole HTML document. Sequences are shown as text (with their per-token data) in file order
+// until max_text_tokens tokens are shown (the first one always); the rest get a note.
 std::string render_html_report(const ReportFile& file, const std::vector<PairDiff>& pairs,
-                               const Tokenizer* tok, const std::string& results_path);
+                               const Tokenizer* tok, const std::string& results_path,
+                               int64_t max_text_tokens = kDefaultMaxTextTokens);
 
 // The command: reads, prints the text summary to `out`, writes the HTML when asked. Returns 0.
 int run_report(const ReportOptions& opt, std::FILE* out);

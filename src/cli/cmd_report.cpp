@@ -18,6 +18,10 @@ void add_report_command(CLI::App& root, std::vector<Command>& out) {
     app->add_option("--model", *model, "Model directory (its tokenizer.json shows token text)");
     app->add_option("--html", opt->html_path, "Write a self-contained HTML report to this file");
     app->add_option("--pairs", *pairs, "A,B: compare the records with ids A and B (repeatable)");
+    app->add_option("--max-text-tokens", opt->max_text_tokens,
+                    "HTML: show the text of sequences up to this many tokens in all (the rest: table only)")
+        ->check(CLI::Range(int64_t(1), int64_t(1) << 40))
+        ->capture_default_str();
     app->add_flag("--overwrite", opt->overwrite,
                   "Replace an existing --html file that is not a ds4replay report");
     Command c;

@@ -107,7 +107,8 @@ int run_report(const ReportOptions& opt, std::FILE* out) {
     if (opt.html_path.empty()) return 0;
     std::optional<Tokenizer> tok;
     if (!opt.tokenizer_path.empty()) tok = Tokenizer::load(opt.tokenizer_path);
-    const std::string html = render_html_report(file, pairs, tok ? &*tok : nullptr, opt.results_path);
+    const std::string html =
+        render_html_report(file, pairs, tok ? &*tok : nullptr, opt.results_path, opt.max_text_tokens);
     AtomicFileWriter w(opt.html_path);
     w.write(html);
     w.commit();

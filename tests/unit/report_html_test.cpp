@@ -103,6 +103,23 @@ TEST(ReportHtml, StructureSelfContained) {
     EXPECT_NE(h.find("data-ds4r-ok"), std::string::npos);
 }
 
+TEST(ReportHtml, TextStopsAtMaxTextTokens) {
+    ReportFile f;
+    for (int i = 0; i < 3; ++i)
+        f.records.push_back(parse(R"({"id": "s", "n_tokens": 4, "logprob": [-1, -2, -3]})"));
+    // 6 tokens allowed: the first sequence (4) is shown, the next would pass 6, so it and the third are
+    // left out of the text (still in the table).
+    const std::string h = render_html_report(f, {}, nullptr, "r.jsonl", 6);
+    EXPECT_EQ(count(h, "<span class=\"t"), 4u);
+    EXPECT_EQ(count(h, "<tr><td data-v="), 3u);
+    EXPECT_NE(h.find("The text of 2 more sequences is left out"), std::string::npos);
+    nlohmann::json d = page_data(h);
+    ASSERT_EQ(d.size(), 3u);
+    EXPECT_TRUE(d[1].is_null());
+    // The first sequence is shown even when it alone is longer than the limit.
+    EXPECT_EQ(count(render_html_report(f, {}, nullptr, "r.jsonl", 2), "<span class=\"t"), 4u);
+}
+
 TEST(ReportHtml, NoTokensAnywhereSaysSo) {
     ReportFile f;
     f.records.push_back(parse(R"({"id": "a", "n_tokens": 3, "logprob": [-1, -2]})"));
