@@ -22,6 +22,7 @@
 #include "ds4r/file_util.h"
 #include "ds4r/text.h"
 #include "ds4r/tokenizer.h"
+#include "text/python_json.h"
 
 namespace ds4r {
 
@@ -29,7 +30,7 @@ namespace {
 
 using oj = nlohmann::ordered_json;
 
-constexpr int kMaxNesting = 256;
+constexpr int kMaxNesting = text::kMaxJsonNesting;
 constexpr size_t kOutputFlushBytes = size_t{1} << 20;
 
 // Fields an encode record consumes; they are not carried to the output.
@@ -40,30 +41,6 @@ bool consumed_field(const std::string& k) {
     for (const char* c : kConsumed)
         if (k == c) return true;
     return false;
-}
-
-// Deepest [ / { nesting outside strings: a bound checked before parsing (parse and dump recurse).
-int max_nesting(const std::string& s) {
-    int depth = 0, deepest = 0;
-    bool in_str = false, esc = false;
-    for (char c : s) {
-        if (in_str) {
-            if (esc)
-                esc = false;
-            else if (c == '\\')
-                esc = true;
-            else if (c == '"')
-                in_str = false;
-            continue;
-        }
-        if (c == '"')
-            in_str = true;
-        else if (c == '[' || c == '{')
-            deepest = std::max(deepest, ++depth);
-        else if ((c == ']' || c == '}') && depth > 0)
-            --depth;
-    }
-    return deepest;
 }
 
 // Line-by-line input from a file or stdin.
@@ -157,7 +134,7 @@ std::string dump_line(const oj& v) {
 // Parses one JSONL line; nullopt-like: returns false for blank lines. Throws "<where>what".
 bool parse_line(const std::string& line, const std::string& where, oj& v) {
     if (line.find_first_not_of(" \t") == std::string::npos) return false;
-    if (max_nesting(line) > kMaxNesting)
+    if (text::json_nesting_depth(line) > kMaxNesting)
         throw InputError(where + strfmt("JSON nested deeper than %d levels", kMaxNesting));
     v = oj::parse(line, nullptr, false);
     if (v.is_discarded()) throw InputError(where + "not valid JSON");
