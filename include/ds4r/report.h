@@ -19,7 +19,8 @@
 // the --pairs comparisons.
 //
 // Pairs (A, B: two record ids, the same conversation with one line changed): the difference of total
-// logprob and where it arises. With token ids on both sides, the sequences are aligned on their
+// logprob and where it arises. With token ids on both sides (else "token_text" on both sides, the
+// tokens then matched by their text), the sequences are aligned on their
 // longest common prefix and suffix (suffix not overlapping the prefix): scored tokens in the common
 // prefix (same context, same token: difference 0), the changed middle (each side's own tokens), and
 // the common suffix, compared token for token (same token, different context). Without token ids the
@@ -92,7 +93,7 @@ SequenceStats total_stats(const std::vector<ReportRecord>& records);
 struct PairDiff {
     std::string id_a, id_b;
     double sum_a = 0, sum_b = 0, delta = 0;  // delta = sum_a - sum_b
-    bool aligned_on_tokens = false;          // false: one-for-one positions (no token ids)
+    bool aligned_on_tokens = false;          // false: one-for-one positions (no token ids or texts)
     int64_t prefix_tokens = 0;               // common prefix length (tokens)
     int64_t suffix_tokens = 0;               // common suffix length (tokens)
     // Contributions to delta (they add up to it): scored tokens in the common prefix, the changed

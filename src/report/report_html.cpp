@@ -227,7 +227,8 @@ std::string render_html_report(const ReportFile& file, const std::vector<PairDif
                     d.delta_middle, (long long)d.suffix_tokens, d.delta_suffix);
             else
                 h += strfmt(
-                    "<p class=\"note\">No token ids in these records: positions compared one for one "
+                    "<p class=\"note\">No token ids or token text in these records: positions compared one "
+                    "for one "
                     "(common positions %+.4f, extra positions %+.4f).</p>",
                     d.delta_suffix, d.delta_middle);
             h += pair_svg(d, ia < recs.size() ? recs[ia].n_tokens : 1) + "</div>";

@@ -193,7 +193,10 @@ PairDiff compare_pair(const ReportRecord& a, const ReportRecord& b) {
     for (double v : a.logprob) d.sum_a += v;
     for (double v : b.logprob) d.sum_b += v;
     d.delta = d.sum_a - d.sum_b;
-    if (a.tokens.empty() || b.tokens.empty()) {
+    // Tokens are matched by id, else (records written without ids) by their "token_text".
+    const bool by_id = !a.tokens.empty() && !b.tokens.empty();
+    const bool by_text = !by_id && !a.token_text.empty() && !b.token_text.empty();
+    if (!by_id && !by_text) {
         // No ids: positions one for one over the common length; the rest counts as "middle".
         const int64_t n = std::min(a.logprob.size(), b.logprob.size());
         for (int64_t t = 0; t < n; ++t) {
@@ -209,9 +212,12 @@ PairDiff compare_pair(const ReportRecord& a, const ReportRecord& b) {
     d.aligned_on_tokens = true;
     const int64_t na = a.n_tokens, nb = b.n_tokens;
     int64_t p = 0;
-    while (p < na && p < nb && a.tokens[p] == b.tokens[p]) ++p;
+    auto same = [&](int64_t i, int64_t j) {
+        return by_id ? a.tokens[i] == b.tokens[j] : a.token_text[i] == b.token_text[j];
+    };
+    while (p < na && p < nb && same(p, p)) ++p;
     int64_t s = 0;
-    while (s < na - p && s < nb - p && a.tokens[na - 1 - s] == b.tokens[nb - 1 - s]) ++s;
+    while (s < na - p && s < nb - p && same(na - 1 - s, nb - 1 - s)) ++s;
     d.prefix_tokens = p;
     d.suffix_tokens = s;
     // Token j >= 1 is scored by logprob[j - 1]; token 0 is not scored.

@@ -71,11 +71,11 @@ void write_text_report(const ReportFile& file, const std::vector<PairDiff>& pair
                 (long long)d.prefix_tokens, d.delta_prefix, (long long)d.middle_a, (long long)d.middle_b,
                 d.delta_middle, (long long)d.suffix_tokens, d.delta_suffix);
         } else {
-            std::fprintf(
-                out,
-                "  no token ids in the records: positions compared one for one: common positions %+.4f, "
-                "extra positions %+.4f\n",
-                d.delta_suffix, d.delta_middle);
+            std::fprintf(out,
+                         "  no token ids or token_text in the records: positions compared one for one: "
+                         "common positions %+.4f, "
+                         "extra positions %+.4f\n",
+                         d.delta_suffix, d.delta_middle);
         }
         // The aligned tokens whose logprob moved most.
         std::vector<PairDiff::Aligned> top = d.aligned;

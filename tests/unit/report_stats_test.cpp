@@ -168,6 +168,19 @@ TEST(ReportPairs, EdgeCasesAddUp) {
     EXPECT_DOUBLE_EQ(disjoint.delta_suffix, 3 + 6);
 }
 
+TEST(ReportPairs, TokenTextAlignsWithoutIds) {
+    // encode --with-text | score: records carry "token_text" but no ids.
+    PairDiff d = compare_pair(
+        parse(R"({"id": "A", "n_tokens": 4, "token_text": ["<s>", "a", "b", "."], "logprob": [-1, -2, -3]})"),
+        parse(
+            R"({"id": "B", "n_tokens": 4, "token_text": ["<s>", "a", "c", "."], "logprob": [-1, -5, -4]})"));
+    EXPECT_TRUE(d.aligned_on_tokens);
+    EXPECT_EQ(d.prefix_tokens, 2);
+    EXPECT_EQ(d.suffix_tokens, 1);
+    EXPECT_DOUBLE_EQ(d.delta_middle, 3);
+    EXPECT_DOUBLE_EQ(d.delta_suffix, 1);
+}
+
 TEST(ReportPairs, WithoutTokensPositionsOneForOne) {
     PairDiff d = compare_pair(parse(R"({"id": "A", "n_tokens": 3, "logprob": [-1, -2]})"),
                               parse(R"({"id": "B", "n_tokens": 4, "logprob": [-2, -2, -5]})"));
