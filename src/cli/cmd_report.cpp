@@ -31,6 +31,10 @@ void add_report_command(CLI::App& root, std::vector<Command>& out) {
             throw InputError("give either --tokenizer or --model, not both");
         if (opt->tokenizer_path.empty() && !model->empty())
             opt->tokenizer_path = path_join(*model, "tokenizer.json");
+        // Neither given: the default model directory's tokenizer when there is one (token text is optional).
+        const std::string fallback = path_join(default_model_dir(), "tokenizer.json");
+        if (opt->tokenizer_path.empty() && model->empty() && file_exists(fallback))
+            opt->tokenizer_path = fallback;
         for (const std::string& p : *pairs) {
             const size_t comma = p.find(',');
             if (comma == std::string::npos || comma == 0 || comma + 1 == p.size() ||
