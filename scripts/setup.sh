@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS=(cmake g++ make libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libgtest-dev libutf8proc-dev liburing-dev)
+PKGS=(cmake g++ make libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libgtest-dev libutf8proc-dev libpcre2-dev zlib1g-dev liburing-dev)
+# The Python package tests (tests/python: pytest, numpy).
+PKGS+=(python3-numpy python3-pytest)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -189,21 +189,28 @@ std::string utf8_from_bytes_lossy(std::string_view bytes) {
     return out;
 }
 
-std::string byte_level_decode(std::string_view token) {
+void append_byte_level_bytes(std::string_view token, std::string& bytes) {
     const auto& table = char_to_byte_table();
-    std::string bytes;
-    bytes.reserve(token.size());
+    const size_t start = bytes.size();
     size_t i = 0;
     while (i < token.size()) {
         uint32_t cp;
         size_t len = utf8_scalar(token, i, &cp);
         if (!len || cp >= table.size() || table[cp] < 0) {
             // A char outside the table: the whole token keeps its own bytes (ByteLevel decoder).
-            return utf8_from_bytes_lossy(token);
+            bytes.resize(start);
+            bytes.append(token);
+            return;
         }
         bytes.push_back(static_cast<char>(static_cast<uint8_t>(table[cp])));
         i += len;
     }
+}
+
+std::string byte_level_decode(std::string_view token) {
+    std::string bytes;
+    bytes.reserve(token.size());
+    append_byte_level_bytes(token, bytes);
     return utf8_from_bytes_lossy(bytes);
 }
 
@@ -225,9 +232,12 @@ Tokenizer Tokenizer::parse(std::string_view json_text, const std::string& path) 
     if (!root.contains("model") || !root.at("model").is_object())
         throw CheckpointError(strfmt("%s: missing object 'model'", path.c_str()));
     const json& model = root.at("model");
+    bool ignore_merges = false;
     if (model.contains("type") &&
         !(model.at("type").is_string() && model.at("type").get<std::string>() == "BPE"))
         throw CheckpointError(strfmt("%s: model.type must be \"BPE\"", path.c_str()));
+    if (model.contains("ignore_merges") && model.at("ignore_merges").is_boolean())
+        ignore_merges = model.at("ignore_merges").get<bool>();
     if (!model.contains("vocab") || !model.at("vocab").is_object())
         throw CheckpointError(strfmt("%s: missing object 'model.vocab' (token -> id)", path.c_str()));
     const json& vocab = model.at("vocab");
@@ -243,6 +253,7 @@ Tokenizer Tokenizer::parse(std::string_view json_text, const std::string& path) 
 
     // --- added_tokens ---
     std::vector<std::pair<int64_t, std::string>> added_entries;
+    std::vector<AddedTokenInfo> added_info;
     if (root.contains("added_tokens") && !root.at("added_tokens").is_null()) {
         const json& added = root.at("added_tokens");
         if (!added.is_array())
@@ -254,12 +265,56 @@ Tokenizer Tokenizer::parse(std::string_view json_text, const std::string& path) 
                            path.c_str()));
             int64_t id = token_id(a.at("id"), path, "added_tokens");
             added_entries.emplace_back(id, a.at("content").get<std::string>());
+            AddedTokenInfo info;
+            info.id = id;
+            info.content = added_entries.back().second;
+            auto flag = [&](const char* k, bool dflt) {
+                return a.contains(k) && a.at(k).is_boolean() ? a.at(k).get<bool>() : dflt;
+            };
+            info.special = flag("special", false);
+            // `tokenizers` defaults: normalized = !special, the strip / word flags off.
+            info.normalized = flag("normalized", !info.special);
+            info.lstrip = flag("lstrip", false);
+            info.rstrip = flag("rstrip", false);
+            info.single_word = flag("single_word", false);
+            added_info.push_back(std::move(info));
             max_id = std::max(max_id, id);
         }
     }
     if (max_id < 0) throw CheckpointError(strfmt("%s: the tokenizer has no tokens", path.c_str()));
 
+    // --- merges (optional here: only the encoder needs them) ---
+    std::vector<std::pair<std::string, std::string>> merges;
+    if (model.contains("merges") && !model.at("merges").is_null()) {
+        const json& m = model.at("merges");
+        if (!m.is_array()) throw CheckpointError(strfmt("%s: model.merges must be an array", path.c_str()));
+        merges.reserve(m.size());
+        for (size_t r = 0; r < m.size(); ++r) {
+            const json& e = m[r];
+            if (e.is_string()) {
+                const std::string& s = e.get_ref<const std::string&>();
+                const size_t sp = s.find(' ');
+                if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+                    throw CheckpointError(
+                        strfmt("%s: model.merges[%zu] must be \"A B\" (two tokens and one "
+                               "space), found \"%s\"",
+                               path.c_str(), r, s.substr(0, 40).c_str()));
+                merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+            } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+                merges.emplace_back(e[0].get<std::string>(), e[1].get<std::string>());
+            } else {
+                throw CheckpointError(strfmt(
+                    "%s: model.merges[%zu] must be a string \"A B\" or a pair [A, B]", path.c_str(), r));
+            }
+        }
+    }
+
     Tokenizer tok;
+    tok.merges_ = std::move(merges);
+    tok.added_info_ = std::move(added_info);
+    tok.ignore_merges_ = ignore_merges;
+    if (root.contains("pre_tokenizer")) tok.pre_tokenizer_json_ = root.at("pre_tokenizer").dump();
+    if (root.contains("normalizer")) tok.normalizer_json_ = root.at("normalizer").dump();
     const size_t n = static_cast<size_t>(max_id + 1);
     tok.tokens_.assign(n, std::string());
     tok.added_.assign(n, 0);
@@ -272,6 +327,7 @@ Tokenizer Tokenizer::parse(std::string_view json_text, const std::string& path) 
         tok.present_[u] = 1;
         tok.tokens_[u] = *token;
     }
+    tok.model_vocab_ = tok.tokens_;
     // The added vocabulary wins over the model's vocab for the same id (TokenizerImpl::decode).
     std::vector<uint8_t> seen_added(n, 0);
     for (auto& [id, content] : added_entries) {
@@ -310,6 +366,13 @@ bool Tokenizer::is_added(int64_t id) const {
 
 bool Tokenizer::has_token(int64_t id) const {
     return id >= 0 && id < size() && present_[static_cast<size_t>(id)] != 0;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+    std::string bytes;
+    for (int32_t id : ids)
+        if (has_token(id)) append_byte_level_bytes(tokens_[static_cast<size_t>(id)], bytes);
+    return utf8_from_bytes_lossy(bytes);
 }
 
 std::string Tokenizer::decode_one(int64_t id) const {

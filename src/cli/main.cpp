@@ -34,6 +34,9 @@ int main(int argc, char** argv) {
     cli::add_make_tiny_command(app, cmds);
     cli::add_compare_command(app, cmds);
     cli::add_bench_command(app, cmds);
+    cli::add_report_command(app, cmds);
+    cli::add_encode_command(app, cmds);
+    cli::add_decode_command(app, cmds);
 
     try {
         app.parse(argc, argv);
