@@ -35,8 +35,7 @@ std::string format_error_record(const std::string& id_json, int64_t line, const 
 class ResultWriter {
 public:
     // path "-" = stdout (flushed, not fsynced); a FIFO or device path is written, not fsynced.
-    // `truncate`: start the file empty (--overwrite); else append to what it holds.
-    explicit ResultWriter(const std::string& path, bool truncate = false);
+    explicit ResultWriter(const std::string& path);
     void append(const std::string& line);  // buffered until commit()
     void commit();                         // write + fsync the buffered lines
     // Commits the buffered lines and, in the same step, replaces existing lines (by 0-based index

@@ -138,9 +138,9 @@ std::string format_error_record(const std::string& id_json, int64_t line, const 
     return out;
 }
 
-ResultWriter::ResultWriter(const std::string& path, bool truncate) : path_(path), stdout_(path == "-") {
+ResultWriter::ResultWriter(const std::string& path) : path_(path), stdout_(path == "-") {
     if (stdout_) return;
-    fh_ = FileHandle(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0), 0644);
+    fh_ = FileHandle(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     struct stat st {};
     // fsync only means something for a regular file (a FIFO or /dev/stdout would fail with EINVAL).
     regular_ = ::fstat(fh_.fd(), &st) == 0 && S_ISREG(st.st_mode);

@@ -225,15 +225,18 @@ void ScoreJob::open_outputs() {
         }
         if (check_.saved_pass) hidden_->restore_refs(check_.saved_pass->hidden_refs);
     }
+    // The output opened (appending) before the sidecar: a path that cannot be written fails here.
+    out_ = std::make_unique<ResultWriter>(opt_.output);
     if (check_.files) {
         write_run_manifest(run_manifest_path(opt_.output), manifest_);
-        // A kill mid-write can leave a partial last line: it was never committed.
-        if (!check_.overwrite && check_.file_bytes > check_.committed_bytes) {
-            log_warn(strfmt("%s: dropping an incomplete last line (%llu bytes) before resuming",
-                            opt_.output.c_str(),
-                            (unsigned long long)(check_.file_bytes - check_.committed_bytes)));
+        // --overwrite starts it empty; a kill mid-write can leave a partial last line (never committed).
+        const uint64_t keep = check_.overwrite ? 0 : check_.committed_bytes;
+        if (check_.overwrite || check_.file_bytes > keep) {
+            if (!check_.overwrite)
+                log_warn(strfmt("%s: dropping an incomplete last line (%llu bytes) before resuming",
+                                opt_.output.c_str(), (unsigned long long)(check_.file_bytes - keep)));
             FileHandle f(opt_.output, O_RDWR);
-            if (::ftruncate(f.fd(), static_cast<off_t>(check_.committed_bytes)) != 0)
+            if (::ftruncate(f.fd(), static_cast<off_t>(keep)) != 0)
                 throw RuntimeError(
                     strfmt("%s: cannot truncate (%s)", opt_.output.c_str(), errno_text(errno).c_str()));
             f.fsync_or_throw();
@@ -242,7 +245,6 @@ void ScoreJob::open_outputs() {
     if (!check_.records.empty())
         log_info(strfmt("resume: %lld records already in %s", (long long)check_.records.size(),
                         opt_.output.c_str()));
-    out_ = std::make_unique<ResultWriter>(opt_.output, check_.overwrite);
 }
 
 Pass ScoreJob::collect_pass(int64_t pass_tokens, int64_t last_pos, Progress& progress, ScoreSummary& sum) {
