@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 "$BIN" inspect --model "$OUT/model" | tail -n 4
 rm -f "$OUT/results.jsonl"
 "$BIN" score --model "$OUT/model" --input scripts/data/demo_tokens.jsonl --output "$OUT/results.jsonl" \
-  --capture-layers 2 --hidden-dir "$OUT/hidden" --progress plain
+  --capture-layers 2 --hidden-dir "$OUT/hidden" --progress plain --overwrite  # re-runnable: replaces the last demo's files
 python3 - "$OUT/results.jsonl" <<'PY' 2>/dev/null || head -c 600 "$OUT/results.jsonl"
 import json, sys
 for line in open(sys.argv[1]):

@@ -123,8 +123,10 @@ std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt, c
 // The gathers of one pass: a background thread gathers table 0, then 1, ... as soon as it is created.
 class EngramPassGather {
 public:
-    // hashes: I64 [rows, n_tables, cols] (PassRunner's hash ids of the pass).
-    EngramPassGather(const EngramResources& res, std::vector<int64_t> hashes, int64_t rows, int64_t cols);
+    // hashes: I64 [rows, n_tables, cols] (PassRunner's hash ids of the pass). Tables before
+    // first_table are not gathered (a pass continued from a saved layer has run their layers).
+    EngramPassGather(const EngramResources& res, std::vector<int64_t> hashes, int64_t rows, int64_t cols,
+                     int first_table = 0);
     // Stops the thread at its next request boundary and joins it.
     ~EngramPassGather();
     EngramPassGather(const EngramPassGather&) = delete;
@@ -140,6 +142,7 @@ private:
     const EngramResources& res_;
     std::vector<int64_t> hashes_;
     int64_t rows_, cols_;
+    int first_table_;
     std::atomic<bool> stop_{false};
     mutable std::mutex mu_;
     std::condition_variable cv_;

@@ -74,8 +74,8 @@ std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt, c
 }
 
 EngramPassGather::EngramPassGather(const EngramResources& res, std::vector<int64_t> hashes, int64_t rows,
-                                   int64_t cols)
-    : res_(res), hashes_(std::move(hashes)), rows_(rows), cols_(cols) {
+                                   int64_t cols, int first_table)
+    : res_(res), hashes_(std::move(hashes)), rows_(rows), cols_(cols), first_table_(first_table) {
     const size_t n = res_.tables.size();
     DS4R_CHECK(hashes_.size() == static_cast<size_t>(rows_ * cols_) * n,
                "Engram gather: %zu hash ids for %lld rows x %zu tables x %lld columns", hashes_.size(),
@@ -94,7 +94,7 @@ EngramPassGather::~EngramPassGather() {
 void EngramPassGather::run() {
     const size_t n = res_.tables.size();
     // Table 0 (layer 1's) first: it has the fewest layers to hide behind; each next one behind it.
-    for (size_t ei = 0; ei < n; ++ei) {
+    for (size_t ei = static_cast<size_t>(std::max(first_table_, 0)); ei < n; ++ei) {
         EngramRowSet set;
         EngramGatherStats st;
         std::exception_ptr err;
@@ -132,7 +132,8 @@ void EngramPassGather::run() {
 
 const EngramRowSet& EngramPassGather::wait(int ei) {
     const auto i = static_cast<size_t>(ei);
-    DS4R_CHECK(i < sets_.size(), "Engram gather: table %d of %zu", ei, sets_.size());
+    DS4R_CHECK(i < sets_.size() && ei >= first_table_, "Engram gather: table %d of %zu (first gathered: %d)", ei,
+               sets_.size(), first_table_);
     const double t0 = now_s();
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return done_[i] != 0; });

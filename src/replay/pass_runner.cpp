@@ -73,11 +73,12 @@ int64_t PassRunner::seq_len(int seq) const {
     return static_cast<int64_t>(tokens_.at(static_cast<size_t>(seq)).size());
 }
 
-void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs) {
+void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs, int first_layer) {
     // The previous pass's gather (finished, or stopped at its next request) goes with its rows.
     if (engram_gather_) engram_stats_.add(engram_gather_->stats());
     engram_gather_.reset();
     tokens_ = seqs;
+    next_layer_ = 0;
     row0_.clear();
     total_rows_ = 0;
     std::vector<int64_t> lens;
@@ -121,7 +122,12 @@ void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs) {
             std::vector<int64_t> h = engram_hash_ids(seqs[i], engram_->map, engram_->layout, cfg_);
             std::copy(h.begin(), h.end(), hashes.begin() + row0_[i] * ne * cols);
         }
-        engram_gather_ = std::make_unique<EngramPassGather>(*engram_, std::move(hashes), total_rows_, cols);
+        // A pass continued from a saved layer (first_layer > 0) skips the tables of the layers it ran.
+        int first_table = 0;
+        while (first_table < ne && cfg_.engram_layer_ids[static_cast<size_t>(first_table)] < first_layer)
+            ++first_table;
+        engram_gather_ =
+            std::make_unique<EngramPassGather>(*engram_, std::move(hashes), total_rows_, cols, first_table);
     }
     plan_chunks();
 }
@@ -432,10 +438,11 @@ std::vector<SequenceScores> PassRunner::finish(const GlobalWeights& g, HiddenSin
 }
 
 std::vector<SequenceScores> PassRunner::run(const std::vector<std::vector<int32_t>>& seqs, HiddenSink* sink,
-                                            const std::function<void(const LayerTiming&)>& on_layer) {
+                                            const std::function<void(const LayerTiming&)>& on_layer,
+                                            const Continuation* from) {
     for (;;) {
         try {
-            return run_pass(seqs, sink, on_layer);
+            return run_pass(seqs, sink, on_layer, from);
         } catch (const OutOfMemoryError& e) {
             // DESIGN.md section 6: shrink the chunks and go on, never return wrong data. Nothing of
             // the pass has left the runner (its captured rows are dropped by the sink).
@@ -447,6 +454,7 @@ std::vector<SequenceScores> PassRunner::run(const std::vector<std::vector<int32_
                        (long long)opt_.chunk_rows, e.what(), (long long)rows));
             opt_.chunk_rows = rows;
             ++oom_retries_;
+            from = nullptr;  // the whole pass again: the rows it captured before a save are dropped too
             if (sink) sink->restart_pass();
             be_.synchronize();
         }
@@ -455,13 +463,18 @@ std::vector<SequenceScores> PassRunner::run(const std::vector<std::vector<int32_
 
 std::vector<SequenceScores> PassRunner::run_pass(const std::vector<std::vector<int32_t>>& seqs,
                                                  HiddenSink* sink,
-                                                 const std::function<void(const LayerTiming&)>& on_layer) {
-    begin(seqs);
+                                                 const std::function<void(const LayerTiming&)>& on_layer,
+                                                 const Continuation* from) {
+    begin(seqs, from ? from->next_layer : 0);
+    if (from) {
+        from->load(*this);
+        next_layer_ = from->next_layer;
+    }
     auto captured = [&](int L) {
         return std::find(opt_.capture_layers.begin(), opt_.capture_layers.end(), L) !=
                opt_.capture_layers.end();
     };
-    for (int L = 0; L < cfg_.n_layers; ++L) {
+    for (int L = next_layer_; L < cfg_.n_layers; ++L) {
         LayerTiming tm;
         tm.layer = L;
         tm.rows = total_rows_;
@@ -474,6 +487,7 @@ std::vector<SequenceScores> PassRunner::run_pass(const std::vector<std::vector<i
         run_engram(w);
         if (captured(L)) capture(L, sink);
         run_block(w);
+        next_layer_ = L + 1;  // the host state now holds layer L's output (a save point)
         tm.compute_s = now_s() - t0;
         if (on_layer) on_layer(tm);
     }

@@ -68,17 +68,17 @@ inline std::vector<std::vector<int32_t>> tiny_roles_sequences(int64_t vocab) {
     return out;
 }
 
-// Scores the sequences of each group in one PassRunner pass (chunks of max_batch_tokens rows);
+// Scores the sequences of each group in one PassRunner pass (chunks of chunk_rows rows);
 // returns the formatted record (top-8) of every sequence index. With a sink, the stream entering
 // every layer (copies mode: the exact bf16 bits) and the final hidden state are captured.
 inline std::map<int, std::string> score_tiny_roles(const std::string& backend,
                                                    const std::vector<std::vector<int>>& groups,
-                                                   int64_t max_batch_tokens, const std::string& dir = "",
+                                                   int64_t chunk_rows, const std::string& dir = "",
                                                    MemSink* sink = nullptr) {
     RolesModel& m = tiny_roles_model(backend, dir);
     const auto seqs = tiny_roles_sequences(m.ckpt->config().vocab_size);
     ReplayOptions ro;
-    ro.chunk_rows = max_batch_tokens;
+    ro.chunk_rows = chunk_rows;
     ro.top_k = 8;
     if (sink) {
         ro.hidden_mode = HiddenMode::Copies;
