@@ -54,10 +54,17 @@ struct Setup {
           enc(std::make_unique<ds4r::TextEncoder>(tok)) {}
 };
 
+Setup* setup = nullptr;
+
 }  // namespace
 
+// The tokenizer is loaded once, before fuzzing starts (not counted against -timeout).
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+    setup = new Setup();
+    return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-    static Setup* setup = new Setup();  // built once, kept for the process
     if (size == 0) return 0;
     const bool chat = data[0] & 1;
     std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
