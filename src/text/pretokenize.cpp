@@ -36,7 +36,8 @@ public:
     Regex(const std::string& pattern, bool literal, const std::string& where) {
         int err = 0;
         PCRE2_SIZE off = 0;
-        uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+        // (PCRE2_LITERAL admits UTF but not UCP; a literal has no classes anyway.)
+        uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
         const std::string p = literal ? pattern : oniguruma_to_pcre2(pattern);
         code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(p.data()), p.size(), options, &err, &off, nullptr);
         if (!code_) {

@@ -21,9 +21,14 @@
 
 namespace {
 
-std::string source_dir() {
+// tests/data (DS4R_TEST_DATA from tests/fuzz/CMakeLists.txt, else next to this file).
+std::string test_data_dir() {
+#ifdef DS4R_TEST_DATA
+    return DS4R_TEST_DATA;
+#else
     std::string f = __FILE__;  // .../tests/fuzz/fuzz_encode.cpp
-    return f.substr(0, f.rfind('/'));
+    return f.substr(0, f.rfind('/')) + "/../data";
+#endif
 }
 
 std::string gunzip(const std::string& path) {
@@ -44,16 +49,22 @@ struct Setup {
     ds4r::Tokenizer tok;
     std::unique_ptr<ds4r::TextEncoder> enc;
     Setup()
-        : tok(ds4r::Tokenizer::parse(
-              gunzip(source_dir() + "/../data/tokenizer/deepseek-v41-tokenizer.json.gz"),
-              "deepseek-v41-tokenizer.json")),
+        : tok(ds4r::Tokenizer::parse(gunzip(test_data_dir() + "/tokenizer/deepseek-v41-tokenizer.json.gz"),
+                                     "deepseek-v41-tokenizer.json")),
           enc(std::make_unique<ds4r::TextEncoder>(tok)) {}
 };
 
+Setup* setup = nullptr;
+
 }  // namespace
 
+// The tokenizer is loaded once, before fuzzing starts (not counted against -timeout).
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+    setup = new Setup();
+    return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-    static Setup* setup = new Setup();  // built once, kept for the process
     if (size == 0) return 0;
     const bool chat = data[0] & 1;
     std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);

@@ -14,16 +14,16 @@ namespace {
 using json = nlohmann::json;
 
 // A case's input as a record: a bare message list is {"messages": [...]} (chat mode, as DeepSeek's
-// test harness runs it).
-std::string case_record(const json& input) {
-    return input.is_array() ? json{{"messages", input}}.dump() : input.dump();
+// test harness runs it). Key order matters (tool schemas are written in it): ordered_json.
+std::string case_record(const nlohmann::ordered_json& input) {
+    return input.is_array() ? nlohmann::ordered_json{{"messages", input}}.dump() : input.dump();
 }
 
 TEST(EncodeChat, OfficialCasesPromptAndIdsMatch) {
     const auto lines = test::read_lines(test::tokenizer_data_dir() + "/chat_to_ids.jsonl");
     ASSERT_EQ(lines.size(), 5u);
     for (const std::string& line : lines) {
-        const json rec = json::parse(line);
+        const auto rec = nlohmann::ordered_json::parse(line);
         const std::string id = rec.at("id").get<std::string>();
         const std::string prompt = render_chat_prompt(case_record(rec.at("input")));
         EXPECT_EQ(prompt, rec.at("expected_prompt").get<std::string>()) << id;

@@ -102,9 +102,7 @@ TEST(EncodeCli, BadLinesExitTwoNamingFileAndLine) {
     for (const Case& c : cases) {
         write_text(dir + "/in.jsonl", "{\"text\": \"ok\"}\n" + c.line + "\n");
         std::string log;
-        EXPECT_EQ(test::run_ds4replay(
-                      "encode" + tok_arg() + " " + shell_quote(dir + "/in.jsonl") + " >/dev/null", &log),
-                  2)
+        EXPECT_EQ(test::run_ds4replay("encode" + tok_arg() + " " + shell_quote(dir + "/in.jsonl"), &log), 2)
             << c.line;
         EXPECT_NE(log.find(dir + "/in.jsonl:2: "), std::string::npos) << log;
         EXPECT_NE(log.find(c.expect), std::string::npos) << log;

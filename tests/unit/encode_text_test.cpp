@@ -137,7 +137,9 @@ TEST(TokenizerDecode, JoinsBytesAcrossTokensBeforeUtf8) {
     std::string per_token;
     for (int32_t id : ids) per_token += tok.decode_one(id);
     EXPECT_EQ(tok.decode(ids), "🙂");
-    if (ids.size() > 1) EXPECT_NE(per_token, "🙂");  // each piece alone is invalid UTF-8
+    if (ids.size() > 1) {
+        EXPECT_NE(per_token, "🙂");  // each piece alone is invalid UTF-8
+    }
 }
 
 }  // namespace
