@@ -29,6 +29,17 @@ struct NpyArray {
     }
 };
 
+// The header of a .npy file: dtype, shape, where the data starts.
+struct NpyHeader {
+    std::string descr;
+    Shape shape;
+    size_t data_offset = 0;
+};
+// Parses the header at the start of `bytes` (the data need not follow); RuntimeError naming `path`.
+NpyHeader parse_npy_header(const uint8_t* bytes, size_t size, const std::string& path);
+// Reads only the header of a .npy file (its first 64 KiB at most).
+NpyHeader read_npy_header(const std::string& path);
+
 // Reads a .npy file; throws RuntimeError naming the file on any malformation (bad magic, header,
 // fortran order, big-endian dtype, truncated data).
 NpyArray load_npy(const std::string& path);

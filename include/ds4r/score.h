@@ -8,6 +8,7 @@
 
 #include "ds4r/backend.h"
 #include "ds4r/replay.h"
+#include "ds4r/shard.h"
 
 namespace ds4r {
 
@@ -30,6 +31,7 @@ struct ScoreOptions {
     // default_rng(10007 * layer) equal the released model's published values (MODEL.md 4.2).
     bool seed_check = false;
     std::string progress = "auto";  // auto | bar | plain | none
+    ShardSpec shard;                // --shard K/N | auto: only this shard's records (include/ds4r/shard.h)
 };
 
 struct ScoreSummary {

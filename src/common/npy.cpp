@@ -44,7 +44,7 @@ bool header_value(const std::string& h, const std::string& key, std::string& out
 
 }  // namespace
 
-NpyArray parse_npy(const uint8_t* b, size_t n, const std::string& path) {
+NpyHeader parse_npy_header(const uint8_t* b, size_t n, const std::string& path) {
     auto fail = [&](const char* what) {
         throw RuntimeError(strfmt("%s: not a valid .npy file: %s", path.c_str(), what));
     };
@@ -63,7 +63,7 @@ NpyArray parse_npy(const uint8_t* b, size_t n, const std::string& path) {
     }
     if (hoff + hlen > n) fail("header runs past the end of the file");
     std::string h(reinterpret_cast<const char*>(b + hoff), hlen);
-    NpyArray a;
+    NpyHeader a;
     std::string v;
     if (!header_value(h, "descr", v) || v.size() < 5 || v.front() != '\'' || v.back() != '\'')
         fail("no descr");
@@ -87,13 +87,29 @@ NpyArray parse_npy(const uint8_t* b, size_t n, const std::string& path) {
                 a.shape.push_back(d);
             }
     }
-    size_t item = a.item_size();
-    if (item == 0) fail("bad dtype");
-    size_t bytes = static_cast<size_t>(a.numel()) * item;
-    size_t doff = hoff + hlen;
-    if (n - doff < bytes) fail("data shorter than shape x dtype");
-    a.data.assign(b + doff, b + doff + bytes);
+    if (a.descr.size() < 3 || std::atoi(a.descr.c_str() + 2) <= 0) fail("bad dtype");
+    a.data_offset = hoff + hlen;
     return a;
+}
+
+NpyArray parse_npy(const uint8_t* b, size_t n, const std::string& path) {
+    const NpyHeader h = parse_npy_header(b, n, path);
+    NpyArray a;
+    a.descr = h.descr;
+    a.shape = h.shape;
+    size_t item = a.item_size();
+    size_t bytes = static_cast<size_t>(a.numel()) * item;
+    if (n - h.data_offset < bytes)
+        throw RuntimeError(strfmt("%s: not a valid .npy file: data shorter than shape x dtype", path.c_str()));
+    a.data.assign(b + h.data_offset, b + h.data_offset + bytes);
+    return a;
+}
+
+NpyHeader read_npy_header(const std::string& path) {
+    FileHandle f(path, O_RDONLY);
+    std::vector<uint8_t> head(size_t{1} << 16);
+    head.resize(f.pread_some(head.data(), head.size(), 0));
+    return parse_npy_header(head.data(), head.size(), path);
 }
 
 NpyArray load_npy(const std::string& path) {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
@@ -19,6 +20,7 @@
 #include "ds4r/log.h"
 #include "ds4r/output.h"
 #include "ds4r/progress.h"
+#include "ds4r/shard.h"
 
 namespace ds4r {
 
@@ -212,6 +214,11 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     // Input and output problems surface before the (slow) backend and table setup.
     InputReader reader(opt.input, cfg.vocab_size, max_len);
     if (!opt.skip_bad && opt.input != "-") validate_whole_input(opt.input, cfg.vocab_size, max_len);
+    std::optional<ShardPlan> shard;  // --shard: this run scores records [first, end) of the input
+    if (opt.shard.enabled()) {
+        shard = plan_shard(opt.input, cfg.vocab_size, max_len, opt.shard);
+        log_info(describe_shard_plan(*shard));
+    }
     // Resume: ids already present are skipped; hidden files are cut back to the committed rows.
     ResumeState resume;
     struct stat ost {};
@@ -274,6 +281,7 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     sum.backend = be->name();
     std::unordered_map<std::string, int64_t> seen;  // id -> line (duplicate detection)
     bool eof = false;
+    int64_t record_index = 0;  // records (non-blank lines) read so far, for --shard
     try {
         while (!eof) {
             throw_if_interrupted();  // between passes: everything so far is committed
@@ -287,6 +295,10 @@ ScoreSummary run_score(const ScoreOptions& opt) {
             int64_t tokens = 0;
             uint64_t pass_bytes = 0;
             while (tokens < pass_tokens) {
+                if (shard && record_index >= shard->end_record()) {  // the rest is later shards'
+                    eof = true;
+                    break;
+                }
                 Item it;
                 std::string bad_id;
                 const uint64_t b0 = reader.bytes_consumed();
@@ -308,6 +320,10 @@ ScoreSummary run_score(const ScoreOptions& opt) {
                     it.rec.id_json = bad_id.empty() ? std::to_string(reader.line()) : bad_id;
                 }
                 const uint64_t line_bytes = reader.bytes_consumed() - b0;
+                if (shard && !shard->contains(record_index++)) {  // an earlier shard's record
+                    progress.skip_input(line_bytes);
+                    continue;
+                }
                 if (resume.take(it.rec.id_json)) {
                     ++sum.resumed;
                     progress.skip_input(line_bytes);
