@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -35,8 +36,8 @@ struct MergeSummary {
 // Checks, then writes. Refuses with InputError (exit 2), before writing anything, naming each problem:
 // shard counts that differ, shards missing or given twice, planned record ranges that do not tile the
 // input, a shard whose results hold fewer or more complete records than planned (or a partial last
-// line: a shard still running or killed; rerun it with --resume), hidden rows that are not contiguous
-// or that a shard's .npy does not hold, .npy files of different dtypes / row shapes, an output or
+// line: a shard still running or killed; rerun it with --resume), hidden entries that are malformed or
+// reference rows a shard's .npy does not hold, .npy files of different dtypes / row shapes, an output or
 // merged hidden file that exists (without `overwrite`), an output that is one of the shards' files.
 // Everything is written to temporary files and renamed into place at the end (hidden files first,
 // then the results), so an interrupted merge leaves no partial output.
@@ -54,12 +55,15 @@ struct MergeRunOptions {
 // InputError (exit 2) naming every problem found, before anything is written.
 MergeSummary run_merge(const MergeRunOptions& opt);
 
-// The text of a results line with the row ranges of its top-level "hidden" entries moved by
-// `row_offset[layer]` (layers not in the map: by 0). Every other byte is kept. `next_row[layer]` is
-// the row where the layer's next range must start (a shard's ranges are contiguous from 0); it is
-// advanced to the end of each range. A line without "hidden" is returned unchanged. Throws InputError
-// ("<where>: ...") on a malformed or non-contiguous "hidden" entry. Exposed for tests.
-std::string shift_hidden_rows(const std::string& line, const std::map<int, int64_t>& row_offset,
-                              std::map<int, int64_t>& next_row, const std::string& where);
+// Called for each entry of a record's "hidden" array: layer and the rows [begin, end) it references;
+// returns where those rows start in the file being written.
+using RowMap = std::function<int64_t(int layer, int64_t begin, int64_t end)>;
+
+// The text of a results line with the row range of each entry of its top-level "hidden" array
+// replaced by [map(...), map(...) + end - begin); every other byte is kept. A line without "hidden"
+// (an error record) is returned unchanged. Throws InputError ("<where>: ...") on a malformed entry, one
+// naming another file than hidden_L<layer>.npy, or one not in the exact layout format_record writes
+// (so a change of that layout cannot go unnoticed). Exposed for tests.
+std::string remap_hidden_rows(const std::string& line, const RowMap& map, const std::string& where);
 
 }  // namespace ds4r

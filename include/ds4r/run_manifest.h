@@ -10,7 +10,7 @@
 //    "model": {"fingerprint": "hex", "n_layers": 40, "vocab": 129280},
 //    "hidden": {"dir": "..." | null, "layers": {"2": {"dtype": "<f2", "row_shape": [5120]}, ...}},
 //    "backend": "cuda",            (informational: never compared)
-//    "shard": null | {"index": K, "count": N}}
+//    "shard": null | {"index": K, "count": N, "first_record": F, "records": R}}
 #pragma once
 
 #include <cstdint>
@@ -28,8 +28,8 @@ struct RunManifest {
     static constexpr int kVersion = 1;
 
     struct Input {
-        std::string path;    // as given on the command line ("-" = stdin)
-        std::string sha256;  // hex of the input bytes; "" = unknown (stdin: resume cannot check it)
+        std::string path;      // as given on the command line ("-" = stdin)
+        std::string sha256;    // hex of the input bytes; "" = unknown (stdin: resume cannot check it)
         int64_t records = -1;  // non-blank input lines (records + error records); -1 = unknown
     };
     struct Model {
@@ -42,11 +42,15 @@ struct RunManifest {
         bool operator==(const HiddenLayer&) const = default;
     };
     struct Hidden {
-        std::string dir;                      // "" = no hidden capture
-        std::map<int, HiddenLayer> layers;    // captured layer -> layout of hidden_L<layer>.npy
+        std::string dir;                    // "" = no hidden capture
+        std::map<int, HiddenLayer> layers;  // captured layer -> layout of hidden_L<layer>.npy
     };
     struct Shard {
         int index = 0, count = 1;  // this output holds shard `index` of `count`, as given to --shard K/N
+        // The input records (0-based, non-blank lines) the shard's plan gave it: [first_record,
+        // first_record + records) (include/ds4r/shard.h); records = -1: not recorded. `merge` checks
+        // that the shards tile the input and that each holds exactly its records.
+        int64_t first_record = 0, records = -1;
         bool operator==(const Shard&) const = default;
     };
 
@@ -92,6 +96,7 @@ std::vector<std::string> compare_run_manifests(const RunManifest& now, const Run
                                                const std::string& then_label = "the output was written with");
 // The same, without the "shard" field (`merge`: shards of one run differ only there).
 std::vector<std::string> compare_run_manifests_ignoring_shard(
-    const RunManifest& a, const RunManifest& b, const std::string& then_label = "the output was written with");
+    const RunManifest& a, const RunManifest& b,
+    const std::string& then_label = "the output was written with");
 
 }  // namespace ds4r

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
     cli::add_make_tiny_command(app, cmds);
     cli::add_compare_command(app, cmds);
     cli::add_bench_command(app, cmds);
+    cli::add_merge_command(app, cmds);
 
     try {
         app.parse(argc, argv);

@@ -89,6 +89,10 @@ bool find_top_level_value(const std::string& s, const std::string& key, size_t& 
     return false;
 }
 
+std::string hidden_file_name(int layer) {
+    return "hidden_L" + std::to_string(layer) + ".npy";  // as HiddenNpyWriter::file_name
+}
+
 struct RowRef {
     int layer = 0;
     std::string file;
@@ -96,15 +100,12 @@ struct RowRef {
 };
 
 // The "hidden" value exactly as format_record (src/output/records.cpp) writes it.
-std::string format_hidden(const std::vector<RowRef>& refs, const std::map<int, int64_t>& offset) {
+std::string format_hidden(const std::vector<RowRef>& refs) {
     std::string out = "[";
     for (size_t i = 0; i < refs.size(); ++i) {
-        const auto it = offset.find(refs[i].layer);
-        const int64_t d = it == offset.end() ? 0 : it->second;
         if (i) out += ", ";
         out += "{\"layer\": " + std::to_string(refs[i].layer) + ", \"file\": " + json(refs[i].file).dump() +
-               ", \"rows\": [" + std::to_string(refs[i].begin + d) + ", " + std::to_string(refs[i].end + d) +
-               "]}";
+               ", \"rows\": [" + std::to_string(refs[i].begin) + ", " + std::to_string(refs[i].end) + "]}";
     }
     return out + "]";
 }
@@ -150,15 +151,12 @@ std::string shard_name(const MergeShard& s) {
     return strfmt("shard %lld/%lld (%s)", (long long)s.index, (long long)s.count, s.results.c_str());
 }
 
-std::string hidden_file_name(int layer) {
-    return "hidden_L" + std::to_string(layer) + ".npy";  // as HiddenNpyWriter::file_name
-}
-
 // One shard's captured layer: its .npy header and the rows its records reference.
 struct ShardLayer {
     std::string path;
     NpyHeader header;
-    int64_t rows = 0;  // referenced by the shard's records
+    int64_t max_end = 0;  // the largest row end its records reference
+    int64_t rows = 0;     // rows its records reference (their ranges' total length)
 };
 
 Shape row_shape_of(const NpyHeader& h) {
@@ -216,8 +214,7 @@ void throw_problems(const std::vector<std::string>& problems) {
 
 }  // namespace
 
-std::string shift_hidden_rows(const std::string& line, const std::map<int, int64_t>& row_offset,
-                              std::map<int, int64_t>& next_row, const std::string& where) {
+std::string remap_hidden_rows(const std::string& line, const RowMap& map, const std::string& where) {
     size_t vb = 0, ve = 0;
     if (!find_top_level_value(line, "hidden", vb, ve)) return line;
     const std::string text = line.substr(vb, ve - vb);
@@ -234,24 +231,27 @@ std::string shift_hidden_rows(const std::string& line, const std::map<int, int64
                 throw InputError(where + ": \"hidden\" rows must be [start, end]");
             r.begin = rows.at(0).get<int64_t>();
             r.end = rows.at(1).get<int64_t>();
+            if (r.begin < 0 || r.end < r.begin)
+                throw InputError(strfmt("%s: hidden rows [%lld, %lld) of layer %d are not a range",
+                                        where.c_str(), (long long)r.begin, (long long)r.end, r.layer));
+            if (r.file != hidden_file_name(r.layer))
+                throw InputError(strfmt("%s: hidden rows of layer %d in \"%s\", expected \"%s\"",
+                                        where.c_str(), r.layer, r.file.c_str(),
+                                        hidden_file_name(r.layer).c_str()));
             refs.push_back(r);
         }
     } catch (const json::exception& e) {
         throw InputError(where + ": malformed \"hidden\" entry (" + e.what() + ")");
     }
-    for (const RowRef& r : refs) {
-        int64_t& next = next_row[r.layer];
-        if (r.begin != next || r.end < r.begin)
-            throw InputError(
-                strfmt("%s: hidden rows [%lld, %lld) of layer %d do not follow the previous "
-                       "record's (expected to start at row %lld)",
-                       where.c_str(), (long long)r.begin, (long long)r.end, r.layer, (long long)next));
-        next = r.end;
-    }
     // Only the row numbers may change: the entry must read back exactly as this program writes it.
-    if (format_hidden(refs, {}) != text)
+    if (format_hidden(refs) != text)
         throw InputError(where + ": \"hidden\" entry not in the layout ds4replay writes: " + text);
-    return line.substr(0, vb) + format_hidden(refs, row_offset) + line.substr(ve);
+    for (RowRef& r : refs) {
+        const int64_t n = r.end - r.begin;
+        r.begin = map(r.layer, r.begin, r.end);
+        r.end = r.begin + n;
+    }
+    return line.substr(0, vb) + format_hidden(refs) + line.substr(ve);
 }
 
 MergeSummary merge_shard_outputs(const std::vector<MergeShard>& shards, const MergeTarget& target) {
@@ -320,8 +320,11 @@ MergeSummary merge_shard_outputs(const std::vector<MergeShard>& shards, const Me
                                    " exists: merge never replaces a file (use --overwrite to replace it)");
         }
 
-    // 3. Every shard complete: exactly its planned records, whole lines, contiguous hidden rows.
-    std::vector<std::map<int, int64_t>> shard_rows(order.size());  // per shard: layer -> referenced rows
+    // 3. Every shard complete: exactly its planned records, whole lines, well-formed hidden entries.
+    struct Referenced {
+        int64_t max_end = 0, rows = 0;
+    };
+    std::vector<std::map<int, Referenced>> shard_rows(order.size());  // per shard: layer -> rows
     for (size_t i = 0; i < order.size(); ++i) {
         const MergeShard& s = *order[i];
         if (!file_exists(s.results)) {
@@ -330,11 +333,16 @@ MergeSummary merge_shard_outputs(const std::vector<MergeShard>& shards, const Me
         }
         int64_t lines = 0;
         uint64_t tail = 0;
+        const RowMap note = [&](int layer, int64_t begin, int64_t end) {
+            Referenced& r = shard_rows[i][layer];
+            r.max_end = std::max(r.max_end, end);
+            r.rows += end - begin;
+            return begin;
+        };
         try {
             tail = for_each_line(s.results, [&](const std::string& line, int64_t no) {
                 ++lines;
-                shift_hidden_rows(line, {}, shard_rows[i],
-                                  strfmt("%s:%lld", s.results.c_str(), (long long)no));
+                remap_hidden_rows(line, note, strfmt("%s:%lld", s.results.c_str(), (long long)no));
             });
         } catch (const InputError& e) {
             problems.push_back(e.what());
@@ -368,7 +376,10 @@ MergeSummary merge_shard_outputs(const std::vector<MergeShard>& shards, const Me
             ShardLayer& sl = per_shard.emplace_back();
             sl.path = path_join(order[i]->hidden_dir, hidden_file_name(L));
             const auto it = shard_rows[i].find(L);
-            sl.rows = it == shard_rows[i].end() ? 0 : it->second;
+            if (it != shard_rows[i].end()) {
+                sl.max_end = it->second.max_end;
+                sl.rows = it->second.rows;
+            }
             uint64_t size = 0;
             try {
                 sl.header = read_npy_header(sl.path);
@@ -385,63 +396,87 @@ MergeSummary merge_shard_outputs(const std::vector<MergeShard>& shards, const Me
             if (sl.header.descr != first->header.descr ||
                 row_shape_of(sl.header) != row_shape_of(first->header))
                 problems.push_back(sl.path + ": dtype or row shape differs from " + first->path);
-            else if (sl.header.shape[0] < sl.rows ||
-                     size < sl.header.data_offset + row_bytes_of(sl.header) * sl.rows)
-                problems.push_back(strfmt("%s: holds %lld rows, the records of %s reference %lld",
+            else if (sl.header.shape[0] < sl.max_end ||
+                     size < sl.header.data_offset + row_bytes_of(sl.header) * sl.max_end)
+                problems.push_back(strfmt("%s: holds %lld rows, the records of %s reference rows up to %lld",
                                           sl.path.c_str(), (long long)sl.header.shape[0],
-                                          shard_name(*order[i]).c_str(), (long long)sl.rows));
+                                          shard_name(*order[i]).c_str(), (long long)sl.max_end));
         }
     }
     throw_problems(problems);
 
-    // 5. Write: hidden files, then the results (each to a temporary name), then rename all into place.
+    // 5. Write (to temporary names): each record's hidden rows are appended to the merged files in
+    // record order (runs of consecutive rows copied at once) and its "rows" point at them; so the rows
+    // are in input order, as in an unsharded run, even where a shard's were not (a --skip-bad line
+    // retried by --resume has its rows at the end of its shard's files).
     MergeSummary sum;
     PendingFiles pending;
-    std::map<int, std::vector<int64_t>> offsets;  // layer -> per shard: first merged row
+    struct OutLayer {
+        FileHandle out;
+        uint64_t row_bytes = 0;
+        int64_t next_row = 0;
+        // The run of source rows not yet copied: [run_begin, run_end) of the current shard's file.
+        int64_t run_begin = 0, run_end = 0;
+    };
+    std::map<int, OutLayer> outs;
     if (hidden) make_dirs(target.hidden_dir);
     for (auto& [L, per_shard] : layers) {
         const NpyHeader& h0 = per_shard[0].header;
-        const Shape row_shape = row_shape_of(h0);
-        const uint64_t row_bytes = row_bytes_of(h0);
         int64_t total = 0;
-        for (const auto& sl : per_shard) {
-            offsets[L].push_back(total);
-            total += sl.rows;
-        }
+        for (const auto& sl : per_shard) total += sl.rows;
         Shape shape{total};
+        const Shape row_shape = row_shape_of(h0);
         shape.insert(shape.end(), row_shape.begin(), row_shape.end());
         // The same header the unsharded run writes (HiddenNpyWriter reserves room for any row count):
         // padded to the shards' header size.
         const std::string header = npy_header(h0.descr, shape, h0.data_offset);
-        const std::string final_path = path_join(target.hidden_dir, hidden_file_name(L));
-        FileHandle out(pending.add(final_path), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        out.write_all(header.data(), header.size());
-        for (const auto& sl : per_shard) {
-            FileHandle in(sl.path, O_RDONLY | O_CLOEXEC);
-            copy_range(in, sl.header.data_offset, row_bytes * static_cast<uint64_t>(sl.rows), out);
-        }
-        out.fsync_or_throw();
+        OutLayer& o = outs[L];
+        o.out = FileHandle(pending.add(path_join(target.hidden_dir, hidden_file_name(L))),
+                           O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        o.out.write_all(header.data(), header.size());
+        o.row_bytes = row_bytes_of(h0);
         sum.hidden_rows[L] = total;
     }
-    {
-        FileHandle out(pending.add(target.output), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        std::string buf;
-        for (size_t i = 0; i < order.size(); ++i) {
-            std::map<int, int64_t> offset, next;
-            for (const auto& [L, per_shard] : offsets) offset[L] = per_shard[i];
-            for_each_line(order[i]->results, [&](const std::string& line, int64_t no) {
-                buf += shift_hidden_rows(line, offset, next,
-                                         strfmt("%s:%lld", order[i]->results.c_str(), (long long)no));
-                buf += '\n';
-                ++sum.records;
-                if (buf.size() >= (size_t{8} << 20)) {
-                    out.write_all(buf.data(), buf.size());
-                    buf.clear();
-                }
-            });
-        }
-        out.write_all(buf.data(), buf.size());
-        out.fsync_or_throw();
+    FileHandle results(pending.add(target.output), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    std::string buf;
+    for (size_t i = 0; i < order.size(); ++i) {
+        std::map<int, FileHandle> in;  // this shard's hidden files
+        for (auto& [L, per_shard] : layers) in[L] = FileHandle(per_shard[i].path, O_RDONLY | O_CLOEXEC);
+        auto flush = [&](int L) {
+            OutLayer& o = outs.at(L);
+            copy_range(in.at(L), layers.at(L)[i].header.data_offset + o.row_bytes * o.run_begin,
+                       o.row_bytes * (o.run_end - o.run_begin), o.out);
+            o.run_begin = o.run_end = 0;
+        };
+        const RowMap gather = [&](int L, int64_t begin, int64_t end) {
+            OutLayer& o = outs.at(L);
+            if (begin != o.run_end) {
+                flush(L);
+                o.run_begin = o.run_end = begin;
+            }
+            o.run_end = end;
+            const int64_t at = o.next_row;
+            o.next_row += end - begin;
+            return at;
+        };
+        for_each_line(order[i]->results, [&](const std::string& line, int64_t no) {
+            buf +=
+                remap_hidden_rows(line, gather, strfmt("%s:%lld", order[i]->results.c_str(), (long long)no));
+            buf += '\n';
+            ++sum.records;
+            if (buf.size() >= (size_t{8} << 20)) {
+                results.write_all(buf.data(), buf.size());
+                buf.clear();
+            }
+        });
+        for (auto& [L, o] : outs) flush(L);
+    }
+    results.write_all(buf.data(), buf.size());
+    results.fsync_or_throw();
+    for (auto& [L, o] : outs) {
+        DS4R_CHECK(o.next_row == sum.hidden_rows[L], "merge: layer %d: %lld rows written, %lld planned", L,
+                   (long long)o.next_row, (long long)sum.hidden_rows[L]);
+        o.out.fsync_or_throw();
     }
     pending.commit();
     return sum;

@@ -162,37 +162,52 @@ TEST(Shard, PlanScansTheWholeInputFile) {
     EXPECT_NE(error_of([&] { plan_shard("-", 512, 1000, {1, 2}); }).find("regular file"), std::string::npos);
 }
 
-TEST(Merge, ShiftsHiddenRowsAndKeepsEveryOtherByte) {
+TEST(Merge, RemapsHiddenRowsAndKeepsEveryOtherByte) {
+    // The id and a carried-through field contain the text "hidden": only the top-level member counts.
     const std::string line =
         "{\"id\": \"x\\\"hidden\\\": [\", \"n_tokens\": 3, \"sum_logprob\": -1.5, \"hidden\": [{\"layer\": "
         "2, "
-        "\"file\": \"hidden_L2.npy\", \"rows\": [0, 3]}, {\"layer\": 6, \"file\": \"hidden_L6.npy\", "
+        "\"file\": \"hidden_L2.npy\", \"rows\": [5, 8]}, {\"layer\": 6, \"file\": \"hidden_L6.npy\", "
         "\"rows\": "
-        "[0, 3]}], \"note\": {\"hidden\": [1]}}";
-    std::map<int, int64_t> next;
-    const std::string out = shift_hidden_rows(line, {{2, 10}, {6, 20}}, next, "t:1");
+        "[5, 8]}], \"note\": {\"hidden\": [1]}}";
+    std::vector<std::string> seen;
+    const RowMap map = [&](int layer, int64_t begin, int64_t end) -> int64_t {
+        seen.push_back(strfmt("%d:%lld-%lld", layer, (long long)begin, (long long)end));
+        return layer == 2 ? 10 : 20;
+    };
+    const std::string out = remap_hidden_rows(line, map, "t:1");
     EXPECT_EQ(
         out,
         "{\"id\": \"x\\\"hidden\\\": [\", \"n_tokens\": 3, \"sum_logprob\": -1.5, \"hidden\": [{\"layer\": "
         "2, \"file\": \"hidden_L2.npy\", \"rows\": [10, 13]}, {\"layer\": 6, \"file\": "
         "\"hidden_L6.npy\", \"rows\": [20, 23]}], \"note\": {\"hidden\": [1]}}");
-    EXPECT_EQ(next[2], 3);
-    EXPECT_EQ(next[6], 3);
-    // The next record must continue at row 3.
-    const std::string gap =
-        "{\"id\": 1, \"hidden\": [{\"layer\": 2, \"file\": \"hidden_L2.npy\", \"rows\": [4, 5]}]}";
-    EXPECT_NE(error_of([&] { shift_hidden_rows(gap, {}, next, "t:2"); }).find("t:2: hidden rows [4, 5)"),
-              std::string::npos);
-    // Error records and records without hidden states are unchanged.
-    const std::string err = "{\"id\": \"b\", \"error\": \"in.jsonl:2: bad\", \"line\": 2}";
-    EXPECT_EQ(shift_hidden_rows(err, {{2, 10}}, next, "t:3"), err);
+    EXPECT_EQ(seen, (std::vector<std::string>{"2:5-8", "6:5-8"}));
+    // Error records (no "hidden") are unchanged and the map is not called.
+    seen.clear();
+    const std::string err = "{\"id\": \"b\", \"error\": \"in.jsonl:2: bad \\\"hidden\\\": [\", \"line\": 2}";
+    EXPECT_EQ(remap_hidden_rows(err, map, "t:2"), err);
+    EXPECT_TRUE(seen.empty());
     // A layout this program does not write is refused rather than reformatted.
     const std::string odd =
         "{\"id\": 1, \"hidden\": [{\"layer\":2, \"file\": \"hidden_L2.npy\", \"rows\": [3, 5]}]}";
-    EXPECT_NE(error_of([&] { shift_hidden_rows(odd, {}, next, "t:4"); }).find("layout"), std::string::npos);
+    EXPECT_NE(
+        error_of([&] { remap_hidden_rows(odd, map, "t:3"); }).find("t:3: \"hidden\" entry not in the layout"),
+        std::string::npos);
     EXPECT_NE(error_of([&] {
-                  shift_hidden_rows("{\"hidden\": [{\"layer\": 2}]}", {}, next, "t:5");
-              }).find("t:5: malformed"),
+                  remap_hidden_rows("{\"hidden\": [{\"layer\": 2}]}", map, "t:4");
+              }).find("t:4: malformed"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] {
+                  remap_hidden_rows(
+                      "{\"hidden\": [{\"layer\": 2, \"file\": \"hidden_L6.npy\", \"rows\": [0, 1]}]}", map,
+                      "t:5");
+              }).find("expected \"hidden_L2.npy\""),
+              std::string::npos);
+    EXPECT_NE(error_of([&] {
+                  remap_hidden_rows(
+                      "{\"hidden\": [{\"layer\": 2, \"file\": \"hidden_L2.npy\", \"rows\": [4, 1]}]}", map,
+                      "t:6");
+              }).find("not a range"),
               std::string::npos);
 }
 
