@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "ds4r/error.h"
 #include "ds4r/log.h"
 #include "ds4r/merge.h"
 
