@@ -371,6 +371,7 @@ MergeSummary merge_shard_outputs(const std::vector<MergeShard>& shards, const Me
     std::map<int, std::vector<ShardLayer>> layers;  // layer -> per shard (in order)
     for (int L : target.capture_layers) {
         auto& per_shard = layers[L];
+        per_shard.reserve(order.size());    // `first` points into it
         const ShardLayer* first = nullptr;  // the first shard whose file could be read
         for (size_t i = 0; i < order.size(); ++i) {
             ShardLayer& sl = per_shard.emplace_back();
