@@ -301,7 +301,7 @@ MergeSummary merge_shard_outputs(const std::vector<MergeShard>& shards, const Me
     const bool hidden = !target.capture_layers.empty();
     if (hidden && target.hidden_dir.empty())
         problems.push_back("the shards hold hidden states: give --hidden-dir DIR for the merged .npy files");
-    if (file_exists(target.output) && !target.overwrite)
+    if (file_exists(target.output) && !target.overwrite)  // (run_merge reports it first)
         problems.push_back(target.output +
                            " exists: merge never replaces a file (use --overwrite to replace it)");
     for (const auto* s : order) {

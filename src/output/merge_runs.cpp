@@ -62,7 +62,9 @@ MergeSummary run_merge(const MergeRunOptions& opt) {
                     ": the input's hash is not recorded: cannot check the shards belong together");
     }
     const std::string merged_side = run_manifest_path(opt.output);
-    if (file_exists(merged_side) && !opt.overwrite)
+    if (file_exists(opt.output) && !opt.overwrite)
+        problems.push_back(opt.output + " exists: merge never replaces a file (use --overwrite to replace it)");
+    else if (file_exists(merged_side) && !opt.overwrite)
         problems.push_back(merged_side +
                            " exists: merge never replaces a file (use --overwrite to replace it)");
     if (!runs.empty() && runs[0].input.records < 0)
