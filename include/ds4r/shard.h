@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "ds4r/run_manifest.h"
+
 namespace ds4r {
 
 // Which shard this run is; count == 0: not sharded.
@@ -60,6 +62,9 @@ struct ShardPlan {
 // record of the output). vocab / max_len as for InputReader (they decide which lines are bad, as in
 // the run itself).
 ShardPlan plan_shard(const std::string& input_path, int64_t vocab, int64_t max_len, ShardSpec spec);
+// The run sidecar's "shard" entry for this plan (`merge` reads it back).
+RunManifest::Shard shard_manifest_entry(const ShardPlan& p);
+
 // "shard 2/4: records 10..19 of 40 (1234 of 5000 tokens)" for the log.
 std::string describe_shard_plan(const ShardPlan& p);
 

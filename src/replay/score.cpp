@@ -20,6 +20,8 @@
 #include "ds4r/log.h"
 #include "ds4r/output.h"
 #include "ds4r/progress.h"
+#include "ds4r/run_manifest.h"
+#include "ds4r/sha256.h"
 #include "ds4r/shard.h"
 
 namespace ds4r {
@@ -146,6 +148,37 @@ void validate_whole_input(const std::string& path, int64_t vocab, int64_t max_le
     }
 }
 
+// TEMPORARY (until the safety branch's ScoreJob, which writes the full sidecar with resume checks, is
+// merged; then keep theirs and only set `manifest.shard = shard_manifest_entry(*shard)` there): the run
+// sidecar `<output>.run.json` that `merge` reads.
+void write_minimal_sidecar(const ScoreOptions& opt, const ModelConfig& cfg, const std::string& model_dir,
+                           int64_t max_len, const std::optional<ShardPlan>& shard, const std::string& backend) {
+    if (opt.output == "-") return;
+    RunManifest m;
+    m.input.path = opt.input;
+    if (opt.input != "-") m.input.sha256 = sha256_file(opt.input);
+    if (shard) m.input.records = shard->total_records;
+    m.set_option("top_k", static_cast<int64_t>(opt.top_k));
+    m.set_option("capture_layers", opt.capture_layers);
+    m.set_option("hidden_mode", std::string(opt.hidden_mode == HiddenMode::Copies ? "copies" : "mean"));
+    m.set_option("max_seq_len", max_len);
+    m.set_option("skip_bad", opt.skip_bad);
+    const std::string index = path_join(model_dir, "model.safetensors.index.json");
+    m.model.fingerprint =
+        model_fingerprint(path_join(model_dir, "config.json"), file_exists(index) ? index : std::string());
+    m.model.n_layers = cfg.n_layers;
+    m.model.vocab = cfg.vocab_size;
+    m.hidden.dir = opt.capture_layers.empty() ? std::string() : opt.hidden_dir;
+    for (int L : opt.capture_layers) {
+        const bool copies = opt.hidden_mode == HiddenMode::Copies && L < cfg.n_layers;
+        m.hidden.layers[L] = copies ? RunManifest::HiddenLayer{"<u2", Shape{cfg.hc_mult, cfg.dim}}
+                                    : RunManifest::HiddenLayer{"<f2", Shape{cfg.dim}};
+    }
+    m.backend = backend;
+    if (shard) m.shard = shard_manifest_entry(*shard);
+    write_run_manifest(run_manifest_path(opt.output), m);
+}
+
 }  // namespace
 
 // --seed-check: the Engram multipliers come from numpy.random.default_rng(10007 * layer) (MODEL.md
@@ -251,6 +284,7 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     if (opt.seed_check) check_engram_seeds(cfg);
     auto be = select_backend(opt.backend, opt.device);
     log_info("backend: " + be->name());
+    write_minimal_sidecar(opt, cfg, ckpt.dir(), max_len, shard, be->name());
 
     ReplayOptions ro;
     ro.top_k = opt.top_k;

@@ -161,6 +161,15 @@ ShardPlan plan_shard(const std::string& input_path, int64_t vocab, int64_t max_l
     return p;
 }
 
+RunManifest::Shard shard_manifest_entry(const ShardPlan& p) {
+    RunManifest::Shard s;
+    s.index = static_cast<int>(p.index);
+    s.count = static_cast<int>(p.count);
+    s.first_record = p.first_record;
+    s.records = p.records;
+    return s;
+}
+
 std::string describe_shard_plan(const ShardPlan& p) {
     if (p.records == 0)
         return strfmt("shard %lld/%lld: no records (the input has %lld records for %lld shards)",
