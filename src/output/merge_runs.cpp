@@ -63,7 +63,8 @@ MergeSummary run_merge(const MergeRunOptions& opt) {
     }
     const std::string merged_side = run_manifest_path(opt.output);
     if (file_exists(opt.output) && !opt.overwrite)
-        problems.push_back(opt.output + " exists: merge never replaces a file (use --overwrite to replace it)");
+        problems.push_back(opt.output +
+                           " exists: merge never replaces a file (use --overwrite to replace it)");
     else if (file_exists(merged_side) && !opt.overwrite)
         problems.push_back(merged_side +
                            " exists: merge never replaces a file (use --overwrite to replace it)");

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_run_util.h"
+#include "ds4r/error.h"
 
 namespace ds4r {
 namespace {
@@ -70,7 +71,8 @@ const std::string& work_dir() {
 void ensure_unsharded_run() {
     static const bool done = [] {
         std::string log;
-        EXPECT_EQ(score(work_dir(), work_dir() + "/ref.jsonl", work_dir() + "/ref-hidden", "", &log), 0) << log;
+        EXPECT_EQ(score(work_dir(), work_dir() + "/ref.jsonl", work_dir() + "/ref-hidden", "", &log), 0)
+            << log;
         return true;
     }();
     (void)done;
@@ -212,8 +214,9 @@ TEST(ShardMerge, RefusesMissingDuplicatedIncompleteAndForeignShards) {
     // A shard of another split, and one written with other options.
     refused(s1 + " " + s2 + " " + shards_of(1) + "/s1.jsonl", "different splits");
     std::string log;
-    ASSERT_EQ(score(work_dir(), e + "/k3.jsonl", e + "/k3h", "--shard 3/3 --top-k 4", &log), 0) << log;
-    refused(s1 + " " + s2 + " " + e + "/k3.jsonl", "--top-k");
+    ASSERT_EQ(score(work_dir(), e + "/k3.jsonl", e + "/k3h", "--shard 3/3 --max-seq-len 1000", &log), 0)
+        << log;
+    refused(s1 + " " + s2 + " " + e + "/k3.jsonl", "--max-seq-len 1000 but shard 1/3");
     // A results file without a sidecar.
     write_text(e + "/plain.jsonl", slurp(s3));
     refused(s1 + " " + s2 + " " + e + "/plain.jsonl", "no run sidecar");
