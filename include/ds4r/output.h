@@ -35,10 +35,15 @@ std::string format_error_record(const std::string& id_json, int64_t line, const 
 class ResultWriter {
 public:
     // path "-" = stdout (flushed, not fsynced); a FIFO or device path is written, not fsynced.
-    explicit ResultWriter(const std::string& path);
+    // `truncate`: start the file empty (--overwrite); else append to what it holds.
+    explicit ResultWriter(const std::string& path, bool truncate = false);
     void append(const std::string& line);  // buffered until commit()
     void commit();                         // write + fsync the buffered lines
-    void discard() {                       // drop the lines not yet committed (an interrupted pass)
+    // Commits the buffered lines and, in the same step, replaces existing lines (by 0-based index
+    // among the file's non-blank lines; --skip-bad error records retried on resume): the new file
+    // is written beside the old one and renamed over it, so a crash leaves the old or the new file.
+    void commit_replacing(const std::map<int64_t, std::string>& replaced);
+    void discard() {  // drop the lines not yet committed (an interrupted pass)
         pending_.clear();
         pending_lines_ = 0;
     }
@@ -54,18 +59,36 @@ private:
     int64_t pending_lines_ = 0, committed_ = 0;
 };
 
+// Layout of hidden_L<layer>.npy: mean / final: fp16 [rows, D]; copies: bf16 bit patterns as <u2
+// [rows, hc, D].
+struct HiddenLayout {
+    std::string descr;  // numpy dtype
+    Shape row_shape;    // one row
+    int64_t row_elems = 0;
+};
+HiddenLayout hidden_layout(HiddenMode mode, int layer, int n_layers, int64_t dim, int64_t hc);
+constexpr size_t kHiddenHeaderBytes = 128;  // the writer's fixed .npy header (room for any shape)
+
 // Hidden-state capture files: <dir>/hidden_L<layer>.npy, every sequence's rows in input order.
 // The npy header is rewritten with the final row count at every commit (it reserves room for any
 // count), so a committed file is always a valid .npy whose rows match the committed records.
 class HiddenNpyWriter : public HiddenSink {
 public:
     HiddenNpyWriter(std::string dir, int n_layers, HiddenMode mode, int64_t dim, int64_t hc);
-    // Opens (or, on resume, truncates to `rows_kept[layer]` rows and reopens) the layer's file.
-    void open_layer(int layer, int64_t rows_kept = 0);
+    // Opens (or, on resume, truncates to `rows_kept` rows and reopens) the layer's file. A pass saved
+    // mid-way (Ctrl-C) also keeps its `rows_pending` uncommitted rows after them (see restore_refs).
+    void open_layer(int layer, int64_t rows_kept = 0, int64_t rows_pending = 0);
     void add_rows(int layer, int seq, const uint16_t* data, int64_t rows, int64_t row_elems) override;
     // Rows [begin, end) written for (layer, seq) since the last clear_refs().
     std::vector<HiddenRef> refs_for(int seq) const;
     void clear_refs();
+    // The refs of the uncommitted rows (a pass being saved mid-way) and their restoration on resume
+    // (after open_layer kept the rows): layer -> seq -> [begin, end).
+    std::map<int, std::vector<HiddenRef>> pending_refs() const { return refs_; }
+    void restore_refs(const std::map<int, std::vector<HiddenRef>>& refs) { refs_ = refs; }
+    std::map<int, int64_t> committed_rows() const;  // layer -> rows its header announces
+    // fsync of the rows written so far (a saved pass keeps them), header unchanged.
+    void sync_data();
     void commit();  // fsync data, rewrite the header with the current row count, fsync
     // Drops the rows added since the last commit (an interrupted pass): truncates every file back to
     // its committed rows and forgets the refs.

@@ -87,9 +87,14 @@ void clear_interrupt();
 // stop mid-pass). Not a ds4r::Error: the CLI maps it to exit code 130.
 class Interrupted : public std::runtime_error {
 public:
-    explicit Interrupted(int64_t sequences_saved = 0)
-        : std::runtime_error("interrupted"), sequences_saved(sequences_saved) {}
+    explicit Interrupted(int64_t sequences_saved = 0, std::string pass_saved = {})
+        : std::runtime_error("interrupted"),
+          sequences_saved(sequences_saved),
+          pass_saved(std::move(pass_saved)) {}
     int64_t sequences_saved;  // records in the output file (earlier runs included) when it stopped
+    // "pass of 12 sequences / 34,567 tokens saved at layer 3 of 6" when the pass in flight was saved
+    // (--resume continues it); empty when it was dropped.
+    std::string pass_saved;
 };
 // Throws Interrupted(0) when an interrupt was requested.
 void throw_if_interrupted();

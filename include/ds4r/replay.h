@@ -18,7 +18,9 @@
 
 namespace ds4r {
 
+class AtomicFileWriter;
 class Checkpoint;
+class FileHandle;
 class Tokenizer;
 
 enum class HiddenMode { Mean, Copies };
@@ -85,15 +87,35 @@ public:
     // (OutOfMemoryError), the chunks are halved (down to kMinChunkRows) and the pass runs again from
     // its start: results do not depend on the chunk size (batch invariance), so nothing changes but
     // the time. Later passes keep the smaller chunks.
+    // `from`: continue a pass saved mid-way (Ctrl-C): after begin(), `from->load` restores the state
+    // written by write_state and the layers from `from->next_layer` run (an out-of-memory retry runs
+    // the whole pass again instead).
+    struct Continuation {
+        int next_layer = 0;
+        std::function<void(PassRunner&)> load;
+    };
     std::vector<SequenceScores> run(const std::vector<std::vector<int32_t>>& seqs, HiddenSink* sink,
-                                    const std::function<void(const LayerTiming&)>& on_layer = {});
+                                    const std::function<void(const LayerTiming&)>& on_layer = {},
+                                    const Continuation* from = nullptr);
     static constexpr int64_t kMinChunkRows = 8;
     int64_t chunk_rows() const { return opt_.max_batch_tokens; }  // the current chunk size
     int out_of_memory_retries() const { return oom_retries_; }
 
+    // --- mid-pass save (src/replay/pass_state.cpp) ---
+    // The first layer not yet applied to the host state of the current pass.
+    int next_layer() const { return next_layer_; }
+    // Everything that carries from one layer to the next: the residual stream and pre-mix (host), the
+    // per-sequence shared-slot sizes and the shared-slot arenas (compressed KV, index keys, top-k,
+    // candidate mask; MODEL.md 5.6). Names and byte sizes, in write_state's order.
+    std::vector<std::pair<std::string, uint64_t>> state_blobs() const;
+    void write_state(AtomicFileWriter& out);
+    // Reads the blobs at `offset` of `in` into a pass begun with the same sequences.
+    void read_state(const FileHandle& in, uint64_t offset);
+
     // --- step API (used by run() and by the teacher-forced tests) ---
     // Embeds the tokens, expands to hc copies, pre-mix = one-hot copy 0, computes Engram hashes.
-    void begin(const std::vector<std::vector<int32_t>>& seqs);
+    // `first_layer`: the layer the pass starts at (a continued pass: its Engram gather starts there).
+    void begin(const std::vector<std::vector<int32_t>>& seqs, int first_layer = 0);
     // Engram of layer L on the host stream (no-op for non-Engram layers).
     void run_engram(const LayerWeights& w);
     // Block L (kv sweep, then main sweep). If host_taps is non-null, per-row taps are downloaded
@@ -118,7 +140,8 @@ public:
 
 private:
     std::vector<SequenceScores> run_pass(const std::vector<std::vector<int32_t>>& seqs, HiddenSink* sink,
-                                         const std::function<void(const LayerTiming&)>& on_layer);
+                                         const std::function<void(const LayerTiming&)>& on_layer,
+                                         const Continuation* from);
     struct Chunk {
         int64_t r0 = 0, r1 = 0;  // pass rows
         ChunkRows rows;
@@ -165,6 +188,7 @@ private:
     std::vector<int64_t> hashes_;   // I64 [total_rows, n_engram_layers, cols]
     std::vector<Chunk> chunks_;
     int oom_retries_ = 0;
+    int next_layer_ = 0;                        // first layer not yet applied to the host state
     std::unique_ptr<CopyQueue> up_q_, down_q_;  // the state ring's host -> backend / backend -> host copies
     std::future<std::vector<uint16_t>> engram_rows_;  // the gather in flight
     int engram_rows_layer_ = -1;                      // its Engram layer index (-1: none)

@@ -28,8 +28,8 @@ struct RunManifest {
     static constexpr int kVersion = 1;
 
     struct Input {
-        std::string path;    // as given on the command line ("-" = stdin)
-        std::string sha256;  // hex of the input bytes; "" = unknown (stdin: resume cannot check it)
+        std::string path;      // as given on the command line ("-" = stdin)
+        std::string sha256;    // hex of the input bytes; "" = unknown (stdin: resume cannot check it)
         int64_t records = -1;  // non-blank input lines (records + error records); -1 = unknown
     };
     struct Model {
@@ -42,8 +42,8 @@ struct RunManifest {
         bool operator==(const HiddenLayer&) const = default;
     };
     struct Hidden {
-        std::string dir;                      // "" = no hidden capture
-        std::map<int, HiddenLayer> layers;    // captured layer -> layout of hidden_L<layer>.npy
+        std::string dir;                    // "" = no hidden capture
+        std::map<int, HiddenLayer> layers;  // captured layer -> layout of hidden_L<layer>.npy
     };
     struct Shard {
         int index = 0, count = 1;  // this output holds shard `index` of `count`, as given to --shard K/N
@@ -96,6 +96,7 @@ std::vector<std::string> compare_run_manifests(const RunManifest& now, const Run
                                                const std::string& then_label = "the output was written with");
 // The same, without the "shard" field (`merge`: shards of one run differ only there).
 std::vector<std::string> compare_run_manifests_ignoring_shard(
-    const RunManifest& a, const RunManifest& b, const std::string& then_label = "the output was written with");
+    const RunManifest& a, const RunManifest& b,
+    const std::string& then_label = "the output was written with");
 
 }  // namespace ds4r

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,11 +27,14 @@ struct ScoreOptions {
     int64_t pass_tokens = 0;       // 0 = sized from available host / backend memory
     int64_t max_seq_len = 0;       // 0 = max_position_embeddings of the config
     bool resume = false;
+    bool overwrite = false;  // replace an existing output / hidden files / saved pass of an earlier run
     bool skip_bad = false;
     // Before scoring, check that the Engram hash multipliers derived from numpy's
     // default_rng(10007 * layer) equal the released model's published values (MODEL.md 4.2).
     bool seed_check = false;
     std::string progress = "auto";  // auto | bar | plain | none
+    // Tests only: called after every layer of every pass (e.g. to request an interrupt at layer 3).
+    std::function<void(const LayerTiming&)> on_layer_for_tests;
     ShardSpec shard;                // --shard K/N | auto: only this shard's records (include/ds4r/shard.h)
 };
 

@@ -62,7 +62,10 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
         ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
     app->add_option("--max-seq-len", opt->max_seq_len, "Longest accepted sequence (0 = the model's maximum)")
         ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
-    app->add_flag("--resume", opt->resume, "Skip ids already in the output and append the rest");
+    app->add_flag("--resume", opt->resume,
+                  "Continue the run that wrote --output (checked against its sidecar <output>.run.json)");
+    app->add_flag("--overwrite", opt->overwrite,
+                  "Replace an existing output, the hidden files this run writes and a saved pass");
     app->add_flag("--seed-check", opt->seed_check,
                   "Verify the Engram hash multipliers (numpy default_rng(10007*L)) against the released "
                   "model's values first");
@@ -95,8 +98,15 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
         try {
             s = run_score(*opt);
         } catch (const Interrupted& e) {
-            std::fprintf(stderr, "ds4replay: interrupted: %lld sequences saved; rerun with --resume\n",
-                         (long long)e.sequences_saved);
+            if (e.pass_saved.empty())
+                std::fprintf(stderr, "ds4replay: interrupted: %lld sequences saved; rerun with --resume\n",
+                             (long long)e.sequences_saved);
+            else
+                std::fprintf(
+                    stderr,
+                    "ds4replay: interrupted: %lld sequences saved, and the %s; --resume continues from "
+                    "there\n",
+                    (long long)e.sequences_saved, e.pass_saved.c_str());
             return 130;
         }
         log_info(

@@ -100,7 +100,8 @@ NpyArray parse_npy(const uint8_t* b, size_t n, const std::string& path) {
     size_t item = a.item_size();
     size_t bytes = static_cast<size_t>(a.numel()) * item;
     if (n - h.data_offset < bytes)
-        throw RuntimeError(strfmt("%s: not a valid .npy file: data shorter than shape x dtype", path.c_str()));
+        throw RuntimeError(
+            strfmt("%s: not a valid .npy file: data shorter than shape x dtype", path.c_str()));
     a.data.assign(b + h.data_offset, b + h.data_offset + bytes);
     return a;
 }

@@ -10,8 +10,17 @@ namespace ds4r {
 
 namespace {
 // Room for any shape we can write (the largest header is ~90 bytes): a rewrite never moves data.
-constexpr size_t kHeaderBytes = 128;
+constexpr size_t kHeaderBytes = kHiddenHeaderBytes;
 }  // namespace
+
+HiddenLayout hidden_layout(HiddenMode mode, int layer, int n_layers, int64_t dim, int64_t hc) {
+    const bool copies = mode == HiddenMode::Copies && layer < n_layers;
+    HiddenLayout l;
+    l.descr = copies ? "<u2" : "<f2";
+    l.row_shape = copies ? Shape{hc, dim} : Shape{dim};
+    l.row_elems = copies ? hc * dim : dim;
+    return l;
+}
 
 HiddenNpyWriter::HiddenNpyWriter(std::string dir, int n_layers, HiddenMode mode, int64_t dim, int64_t hc)
     : dir_(std::move(dir)), n_layers_(n_layers), mode_(mode), dim_(dim), hc_(hc) {
@@ -22,28 +31,28 @@ std::string HiddenNpyWriter::file_name(int layer) const {
     return "hidden_L" + std::to_string(layer) + ".npy";
 }
 
-void HiddenNpyWriter::open_layer(int layer, int64_t rows_kept) {
+void HiddenNpyWriter::open_layer(int layer, int64_t rows_kept, int64_t rows_pending) {
     LayerFile lf;
-    const bool copies = mode_ == HiddenMode::Copies && layer < n_layers_;
-    // mean / final: fp16 [rows, D]; copies: bf16 bit patterns as <u2 [rows, hc, D].
-    lf.descr = copies ? "<u2" : "<f2";
-    lf.row_shape = copies ? Shape{hc_, dim_} : Shape{dim_};
-    lf.row_elems = copies ? hc_ * dim_ : dim_;
+    const HiddenLayout layout = hidden_layout(mode_, layer, n_layers_, dim_, hc_);
+    lf.descr = layout.descr;
+    lf.row_shape = layout.row_shape;
+    lf.row_elems = layout.row_elems;
     const std::string path = path_join(dir_, file_name(layer));
-    lf.fh = FileHandle(path, O_RDWR | O_CREAT, 0644);
-    const uint64_t keep = kHeaderBytes + static_cast<uint64_t>(rows_kept * lf.row_elems) * 2;
-    if (rows_kept > 0 && lf.fh.size() < keep)
+    const uint64_t keep = kHeaderBytes + static_cast<uint64_t>((rows_kept + rows_pending) * lf.row_elems) * 2;
+    // Checked before the file is created or cut (a failed resume changes nothing).
+    if (rows_kept + rows_pending > 0 && (!file_exists(path) || FileHandle(path, O_RDONLY).size() < keep))
         throw RuntimeError(
             strfmt("%s: holds fewer rows than the results file references (%lld); cannot resume",
-                   path.c_str(), (long long)rows_kept));
+                   path.c_str(), (long long)(rows_kept + rows_pending)));
+    lf.fh = FileHandle(path, O_RDWR | O_CREAT, 0644);
     if (::ftruncate(lf.fh.fd(), static_cast<off_t>(keep)) != 0)
         throw RuntimeError(strfmt("%s: ftruncate failed (%s)", path.c_str(), errno_text(errno).c_str()));
-    lf.rows = rows_kept;
+    lf.rows = rows_kept + rows_pending;
     lf.committed_rows = rows_kept;
     files_[layer] = std::move(lf);
-    // Write a valid header now (0 rows for a new file).
+    // Write a valid header now (0 rows for a new file; the committed rows on resume).
     auto& f = files_[layer];
-    Shape shape{f.rows};
+    Shape shape{f.committed_rows};
     shape.insert(shape.end(), f.row_shape.begin(), f.row_shape.end());
     std::string h = npy_header(f.descr, shape, kHeaderBytes);
     DS4R_CHECK(h.size() == kHeaderBytes, "npy header size %zu != %zu", h.size(), kHeaderBytes);
@@ -86,6 +95,16 @@ std::vector<HiddenRef> HiddenNpyWriter::refs_for(int seq) const {
 
 void HiddenNpyWriter::clear_refs() {
     refs_.clear();
+}
+
+std::map<int, int64_t> HiddenNpyWriter::committed_rows() const {
+    std::map<int, int64_t> rows;
+    for (const auto& [layer, f] : files_) rows[layer] = f.committed_rows;
+    return rows;
+}
+
+void HiddenNpyWriter::sync_data() {
+    for (auto& [layer, f] : files_) f.fh.fsync_or_throw();
 }
 
 void HiddenNpyWriter::commit() {

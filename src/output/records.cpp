@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "ds4r/output.h"
 #include "ds4r/tokenizer.h"
@@ -137,9 +138,9 @@ std::string format_error_record(const std::string& id_json, int64_t line, const 
     return out;
 }
 
-ResultWriter::ResultWriter(const std::string& path) : path_(path), stdout_(path == "-") {
+ResultWriter::ResultWriter(const std::string& path, bool truncate) : path_(path), stdout_(path == "-") {
     if (stdout_) return;
-    fh_ = FileHandle(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    fh_ = FileHandle(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0), 0644);
     struct stat st {};
     // fsync only means something for a regular file (a FIFO or /dev/stdout would fail with EINVAL).
     regular_ = ::fstat(fh_.fd(), &st) == 0 && S_ISREG(st.st_mode);
@@ -162,6 +163,64 @@ void ResultWriter::commit() {
         fh_.write_all(pending_.data(), pending_.size());
         if (regular_) fh_.fsync_or_throw();
     }
+    pending_.clear();
+    committed_ += pending_lines_;
+    pending_lines_ = 0;
+}
+
+}  // namespace ds4r
+
+namespace ds4r {
+
+void ResultWriter::commit_replacing(const std::map<int64_t, std::string>& replaced) {
+    if (replaced.empty()) {
+        commit();
+        return;
+    }
+    DS4R_CHECK(regular_, "%s: lines can be replaced in a regular file only", path_.c_str());
+    // Stream the file into its replacement, swapping the replaced lines, then the new lines.
+    FileHandle in(path_, O_RDONLY);
+    AtomicFileWriter out(path_);
+    const uint64_t size = in.size();
+    std::string chunk(size_t{4} << 20, '\0'), line, buf;
+    int64_t index = 0;
+    size_t seen = 0;
+    auto flush_line = [&]() {
+        const bool blank = line.find_first_not_of(" \t\r") == std::string::npos;
+        auto it = blank ? replaced.end() : replaced.find(index);
+        buf += it == replaced.end() ? line : it->second;
+        buf += '\n';
+        if (it != replaced.end()) ++seen;
+        if (!blank) ++index;
+        line.clear();
+        if (buf.size() >= chunk.size()) {
+            out.write(buf);
+            buf.clear();
+        }
+    };
+    for (uint64_t off = 0; off < size;) {
+        const size_t n = in.pread_some(
+            chunk.data(), static_cast<size_t>(std::min<uint64_t>(chunk.size(), size - off)), off);
+        if (n == 0) break;
+        for (size_t p = 0; p < n;) {
+            const void* nl = std::memchr(chunk.data() + p, '\n', n - p);
+            const size_t take =
+                nl ? static_cast<size_t>(static_cast<const char*>(nl) - (chunk.data() + p)) : n - p;
+            line.append(chunk.data() + p, take);
+            p += take;
+            if (!nl) break;
+            ++p;
+            flush_line();
+        }
+        off += n;
+    }
+    DS4R_CHECK(line.empty(), "%s: ends with a partial line; cannot replace lines", path_.c_str());
+    DS4R_CHECK(seen == replaced.size(), "%s: %zu of the %zu lines to replace are not in the file",
+               path_.c_str(), replaced.size() - seen, replaced.size());
+    out.write(buf);
+    out.write(pending_);
+    out.commit();  // fsync, rename over the old file, fsync the directory
+    fh_ = FileHandle(path_, O_WRONLY | O_APPEND | O_CLOEXEC, 0644);
     pending_.clear();
     committed_ += pending_lines_;
     pending_lines_ = 0;

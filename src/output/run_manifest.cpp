@@ -41,17 +41,18 @@ std::string model_fingerprint(const std::string& config_path, const std::string&
 }
 
 std::string run_manifest_to_json(const RunManifest& m) {
-    json j;
+    nlohmann::ordered_json j;  // in the documented order
     j["format"] = RunManifest::kFormat;
     j["version"] = RunManifest::kVersion;
     j["input"] = {{"path", m.input.path},
                   {"sha256", m.input.sha256.empty() ? json(nullptr) : json(m.input.sha256)},
                   {"records", m.input.records < 0 ? json(nullptr) : json(m.input.records)}};
-    json opts = json::object();
-    for (const auto& [k, v] : m.options) opts[k] = json::parse(v);
+    nlohmann::ordered_json opts = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : m.options) opts[k] = nlohmann::ordered_json::parse(v);
     j["options"] = opts;
-    j["model"] = {{"fingerprint", m.model.fingerprint}, {"n_layers", m.model.n_layers}, {"vocab", m.model.vocab}};
-    json layers = json::object();
+    j["model"] = {
+        {"fingerprint", m.model.fingerprint}, {"n_layers", m.model.n_layers}, {"vocab", m.model.vocab}};
+    nlohmann::ordered_json layers = nlohmann::ordered_json::object();
     for (const auto& [L, hl] : m.hidden.layers)
         layers[std::to_string(L)] = {{"dtype", hl.dtype}, {"row_shape", hl.row_shape}};
     j["hidden"] = {{"dir", m.hidden.dir.empty() ? json(nullptr) : json(m.hidden.dir)}, {"layers", layers}};
@@ -61,7 +62,7 @@ std::string run_manifest_to_json(const RunManifest& m) {
                                 {"first_record", m.shard->first_record},
                                 {"records", m.shard->records < 0 ? json(nullptr) : json(m.shard->records)}}
                          : json(nullptr);
-    return j.dump(2) + "\n";
+    return j.dump(1) + "\n";
 }
 
 namespace {
@@ -87,9 +88,10 @@ RunManifest parse_run_manifest(const std::string& text, const std::string& path)
             throw InputError(path + ": not a run sidecar (no \"format\": \"ds4replay-run\")");
         const int version = j.at("version").get<int>();
         if (version < 1 || version > RunManifest::kVersion)
-            throw InputError(strfmt("%s: run sidecar version %d; this ds4replay reads version %d (a newer "
-                                    "ds4replay wrote it?)",
-                                    path.c_str(), version, RunManifest::kVersion));
+            throw InputError(
+                strfmt("%s: run sidecar version %d; this ds4replay reads version %d (a newer "
+                       "ds4replay wrote it?)",
+                       path.c_str(), version, RunManifest::kVersion));
         const json& in = j.at("input");
         m.input.path = in.at("path").get<std::string>();
         m.input.sha256 = string_or_empty(in, "sha256");
@@ -115,7 +117,8 @@ RunManifest parse_run_manifest(const std::string& text, const std::string& path)
             hl.row_shape = v.at("row_shape").get<Shape>();
             m.hidden.layers[L] = hl;
         }
-        if (j.contains("backend") && j.at("backend").is_string()) m.backend = j.at("backend").get<std::string>();
+        if (j.contains("backend") && j.at("backend").is_string())
+            m.backend = j.at("backend").get<std::string>();
         if (j.contains("shard") && !j.at("shard").is_null()) {
             RunManifest::Shard s;
             s.index = j.at("shard").at("index").get<int>();
@@ -127,7 +130,8 @@ RunManifest parse_run_manifest(const std::string& text, const std::string& path)
                 throw InputError(strfmt("%s: shard records %lld + %lld are not a valid range", path.c_str(),
                                         (long long)s.first_record, (long long)s.records));
             if (s.count < 1 || s.index < 0 || s.index > s.count)
-                throw InputError(strfmt("%s: shard %d of %d is not a valid shard", path.c_str(), s.index, s.count));
+                throw InputError(
+                    strfmt("%s: shard %d of %d is not a valid shard", path.c_str(), s.index, s.count));
             m.shard = s;
         }
     } catch (const json::exception& e) {
@@ -167,7 +171,8 @@ std::string option_text(const std::string& key, const std::string* value_json) {
     if (v.is_array()) {
         if (v.empty()) return "no " + flag;
         std::string s;
-        for (const auto& x : v) s += (s.empty() ? "" : ",") + (x.is_string() ? x.get<std::string>() : x.dump());
+        for (const auto& x : v)
+            s += (s.empty() ? "" : ",") + (x.is_string() ? x.get<std::string>() : x.dump());
         return flag + " " + s;
     }
     return flag + " " + v.dump();
@@ -182,8 +187,8 @@ std::string short_hash(const std::string& h) {
     return h.size() > 12 ? h.substr(0, 12) + "..." : h;
 }
 
-std::vector<std::string> compare_impl(const RunManifest& now, const RunManifest& then, const std::string& label,
-                                      bool with_shard) {
+std::vector<std::string> compare_impl(const RunManifest& now, const RunManifest& then,
+                                      const std::string& label, bool with_shard) {
     std::vector<std::string> d;
     if (!now.input.sha256.empty() && !then.input.sha256.empty() && now.input.sha256 != then.input.sha256)
         d.push_back(strfmt("input %s (sha256 %s, %lld records) but %s input %s (sha256 %s, %lld records)",
@@ -209,10 +214,11 @@ std::vector<std::string> compare_impl(const RunManifest& now, const RunManifest&
     }
     if (now.model.fingerprint != then.model.fingerprint || now.model.n_layers != then.model.n_layers ||
         now.model.vocab != then.model.vocab)
-        d.push_back(strfmt("model %s (%lld layers, vocabulary %lld) but %s model %s (%lld layers, vocabulary %lld)",
-                           short_hash(now.model.fingerprint).c_str(), (long long)now.model.n_layers,
-                           (long long)now.model.vocab, label.c_str(), short_hash(then.model.fingerprint).c_str(),
-                           (long long)then.model.n_layers, (long long)then.model.vocab));
+        d.push_back(
+            strfmt("model %s (%lld layers, vocabulary %lld) but %s model %s (%lld layers, vocabulary %lld)",
+                   short_hash(now.model.fingerprint).c_str(), (long long)now.model.n_layers,
+                   (long long)now.model.vocab, label.c_str(), short_hash(then.model.fingerprint).c_str(),
+                   (long long)then.model.n_layers, (long long)then.model.vocab));
     std::map<int, int> layers;
     for (const auto& kv : now.hidden.layers) layers[kv.first] |= 1;
     for (const auto& kv : then.hidden.layers) layers[kv.first] |= 2;

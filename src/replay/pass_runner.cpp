@@ -88,12 +88,13 @@ int64_t PassRunner::seq_len(int seq) const {
     return static_cast<int64_t>(tokens_.at(static_cast<size_t>(seq)).size());
 }
 
-void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs) {
+void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs, int first_layer) {
     // A gather of the previous pass still running reads hashes_: finish it before they change.
     if (engram_rows_.valid()) engram_rows_.wait();
     engram_rows_ = {};
     engram_rows_layer_ = -1;
     tokens_ = seqs;
+    next_layer_ = 0;
     row0_.clear();
     total_rows_ = 0;
     std::vector<int64_t> lens;
@@ -138,7 +139,11 @@ void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs) {
             std::copy(h.begin(), h.end(), hashes_.begin() + row0_[i] * ne * cols);
         }
         // The first table's rows are gathered while the layers before it run.
-        start_engram_gather(0);
+        for (size_t ei = 0; ei < cfg_.engram_layer_ids.size(); ++ei)
+            if (cfg_.engram_layer_ids[ei] >= first_layer) {
+                start_engram_gather(static_cast<int>(ei));
+                break;
+            }
     }
     plan_chunks();
 }
@@ -478,10 +483,11 @@ std::vector<SequenceScores> PassRunner::finish(const GlobalWeights& g, HiddenSin
 }
 
 std::vector<SequenceScores> PassRunner::run(const std::vector<std::vector<int32_t>>& seqs, HiddenSink* sink,
-                                            const std::function<void(const LayerTiming&)>& on_layer) {
+                                            const std::function<void(const LayerTiming&)>& on_layer,
+                                            const Continuation* from) {
     for (;;) {
         try {
-            return run_pass(seqs, sink, on_layer);
+            return run_pass(seqs, sink, on_layer, from);
         } catch (const OutOfMemoryError& e) {
             // DESIGN.md section 6: shrink the chunks and go on, never return wrong data. Nothing of
             // the pass has left the runner (its captured rows are dropped by the sink).
@@ -493,6 +499,7 @@ std::vector<SequenceScores> PassRunner::run(const std::vector<std::vector<int32_
                        (long long)opt_.max_batch_tokens, e.what(), (long long)rows));
             opt_.max_batch_tokens = rows;
             ++oom_retries_;
+            from = nullptr;  // the whole pass again: the rows it captured before a save are dropped too
             if (sink) sink->restart_pass();
             be_.synchronize();
         }
@@ -501,13 +508,18 @@ std::vector<SequenceScores> PassRunner::run(const std::vector<std::vector<int32_
 
 std::vector<SequenceScores> PassRunner::run_pass(const std::vector<std::vector<int32_t>>& seqs,
                                                  HiddenSink* sink,
-                                                 const std::function<void(const LayerTiming&)>& on_layer) {
-    begin(seqs);
+                                                 const std::function<void(const LayerTiming&)>& on_layer,
+                                                 const Continuation* from) {
+    begin(seqs, from ? from->next_layer : 0);
+    if (from) {
+        from->load(*this);
+        next_layer_ = from->next_layer;
+    }
     auto captured = [&](int L) {
         return std::find(opt_.capture_layers.begin(), opt_.capture_layers.end(), L) !=
                opt_.capture_layers.end();
     };
-    for (int L = 0; L < cfg_.n_layers; ++L) {
+    for (int L = next_layer_; L < cfg_.n_layers; ++L) {
         LayerTiming tm;
         tm.layer = L;
         tm.rows = total_rows_;
@@ -520,6 +532,7 @@ std::vector<SequenceScores> PassRunner::run_pass(const std::vector<std::vector<i
         run_engram(w);
         if (captured(L)) capture(L, sink);
         run_block(w);
+        next_layer_ = L + 1;  // the host state now holds layer L's output (a save point)
         tm.compute_s = now_s() - t0;
         if (on_layer) on_layer(tm);
     }

@@ -1,4 +1,7 @@
-// The score job: input -> passes -> durable results (DESIGN.md sections 2, 5, 6).
+// The score job: input -> passes -> durable results (DESIGN.md sections 2, 5, 6). The steps:
+// check the options and the model, check the outputs (read-only, src/replay/resume.cpp), set up the
+// backend, open the outputs (the first change to any file), then per pass: collect, run, commit. An
+// interrupt mid-pass saves the pass at the layer boundary (src/replay/pass_state.cpp).
 #include "ds4r/score.h"
 
 #include <fcntl.h>
@@ -20,9 +23,9 @@
 #include "ds4r/log.h"
 #include "ds4r/output.h"
 #include "ds4r/progress.h"
-#include "ds4r/run_manifest.h"
-#include "ds4r/sha256.h"
 #include "ds4r/shard.h"
+#include "replay/pass_state.h"
+#include "replay/resume.h"
 
 namespace ds4r {
 
@@ -42,88 +45,6 @@ uint64_t host_available_bytes() {
     while (f >> key >> val >> unit)
         if (key == "MemAvailable:") return val * 1024;
     return 0;
-}
-
-// What an existing results file already holds (for --resume).
-struct ResumeState {
-    int64_t records = 0;                           // complete lines (records and error records)
-    std::unordered_map<std::string, int64_t> ids;  // id JSON text -> how many records carry it
-    std::map<int, int64_t> hidden_rows;            // layer -> rows referenced by complete records
-
-    // True (and one use consumed) when the output already holds a record for this id. Records are
-    // written in input order, one per input line, so the k-th input line with an id matches the k-th
-    // record with that id (ids repeat only in error records of --skip-bad).
-    bool take(const std::string& id) {
-        auto it = ids.find(id);
-        if (it == ids.end() || it->second == 0) return false;
-        --it->second;
-        return true;
-    }
-};
-
-void note_record(ResumeState& st, const std::string& line, const std::string& path, int64_t line_no) {
-    const std::string where = strfmt("%s:%lld: ", path.c_str(), (long long)line_no);
-    nlohmann::json v;
-    try {
-        v = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception&) {
-        throw InputError(
-            where + "existing results line is not valid JSON; cannot resume (remove the line or the file)");
-    }
-    if (!v.is_object() || !v.contains("id"))
-        throw InputError(where + "existing results line has no \"id\"; cannot resume");
-    ++st.records;
-    ++st.ids[v.at("id").dump()];
-    if (!v.contains("hidden")) return;
-    try {
-        for (const auto& h : v.at("hidden")) {
-            const int L = h.at("layer").get<int>();
-            const int64_t end = h.at("rows").at(1).get<int64_t>();
-            st.hidden_rows[L] = std::max(st.hidden_rows[L], end);
-        }
-    } catch (const nlohmann::json::exception& e) {
-        throw InputError(where + "existing results line has a malformed \"hidden\" entry; cannot resume (" +
-                         e.what() + ")");
-    }
-}
-
-// Reads the results file line by line. A kill mid-write can leave a partial last line (no newline):
-// it was never committed, so it is cut away before anything is appended.
-ResumeState scan_existing_output(const std::string& path) {
-    ResumeState st;
-    FileHandle f(path, O_RDWR);
-    const uint64_t size = f.size();
-    std::string chunk(size_t{4} << 20, '\0'), line;
-    uint64_t off = 0, line_start = 0;
-    int64_t line_no = 0;
-    while (off < size) {
-        const size_t n = f.pread_some(chunk.data(),
-                                      static_cast<size_t>(std::min<uint64_t>(chunk.size(), size - off)), off);
-        if (n == 0) break;
-        size_t p = 0;
-        while (p < n) {
-            const void* nl = std::memchr(chunk.data() + p, '\n', n - p);
-            const size_t take =
-                nl ? static_cast<size_t>(static_cast<const char*>(nl) - (chunk.data() + p)) : n - p;
-            line.append(chunk.data() + p, take);
-            p += take;
-            if (!nl) break;
-            ++p;
-            ++line_no;
-            if (line.find_first_not_of(" \t\r") != std::string::npos) note_record(st, line, path, line_no);
-            line.clear();
-            line_start = off + p;
-        }
-        off += n;
-    }
-    if (line_start < size) {
-        log_warn(strfmt("%s: dropping an incomplete last line (%llu bytes) before resuming", path.c_str(),
-                        (unsigned long long)(size - line_start)));
-        if (::ftruncate(f.fd(), static_cast<off_t>(line_start)) != 0)
-            throw RuntimeError(strfmt("%s: cannot truncate (%s)", path.c_str(), errno_text(errno).c_str()));
-        f.fsync_or_throw();
-    }
-    return st;
 }
 
 bool same_file(const std::string& a, const std::string& b) {
@@ -147,39 +68,6 @@ void validate_whole_input(const std::string& path, int64_t vocab, int64_t max_le
                                     (long long)rec.line, rec.id_json.c_str(), (long long)pos->second));
     }
 }
-
-// TEMPORARY (until the safety branch's ScoreJob, which writes the full sidecar with resume checks, is
-// merged; then keep theirs and only set `manifest.shard = shard_manifest_entry(*shard)` there): the run
-// sidecar `<output>.run.json` that `merge` reads.
-void write_minimal_sidecar(const ScoreOptions& opt, const ModelConfig& cfg, const std::string& model_dir,
-                           int64_t max_len, const std::optional<ShardPlan>& shard, const std::string& backend) {
-    if (opt.output == "-") return;
-    RunManifest m;
-    m.input.path = opt.input;
-    if (opt.input != "-") m.input.sha256 = sha256_file(opt.input);
-    if (shard) m.input.records = shard->total_records;
-    m.set_option("top_k", static_cast<int64_t>(opt.top_k));
-    m.set_option("capture_layers", opt.capture_layers);
-    m.set_option("hidden_mode", std::string(opt.hidden_mode == HiddenMode::Copies ? "copies" : "mean"));
-    m.set_option("max_seq_len", max_len);
-    m.set_option("skip_bad", opt.skip_bad);
-    const std::string index = path_join(model_dir, "model.safetensors.index.json");
-    m.model.fingerprint =
-        model_fingerprint(path_join(model_dir, "config.json"), file_exists(index) ? index : std::string());
-    m.model.n_layers = cfg.n_layers;
-    m.model.vocab = cfg.vocab_size;
-    m.hidden.dir = opt.capture_layers.empty() ? std::string() : opt.hidden_dir;
-    for (int L : opt.capture_layers) {
-        const bool copies = opt.hidden_mode == HiddenMode::Copies && L < cfg.n_layers;
-        m.hidden.layers[L] = copies ? RunManifest::HiddenLayer{"<u2", Shape{cfg.hc_mult, cfg.dim}}
-                                    : RunManifest::HiddenLayer{"<f2", Shape{cfg.dim}};
-    }
-    m.backend = backend;
-    if (shard) m.shard = shard_manifest_entry(*shard);
-    write_run_manifest(run_manifest_path(opt.output), m);
-}
-
-}  // namespace
 
 // --seed-check: the Engram multipliers come from numpy.random.default_rng(10007 * layer) (MODEL.md
 // 4.2); for the released model they must equal its published values.
@@ -211,6 +99,372 @@ static void check_engram_seeds(const ModelConfig& cfg) {
     }
 }
 
+// The options that need no model.
+void check_options(const ScoreOptions& opt) {
+    if (opt.resume && opt.output == "-")
+        throw InputError("--resume needs --output FILE (it cannot continue stdout)");
+    if (opt.overwrite && opt.resume) throw InputError("--resume and --overwrite exclude each other");
+    if (opt.top_k < 1 || opt.top_k > 1024) throw InputError("--top-k must be in [1, 1024]");
+    if (!opt.capture_layers.empty() && opt.hidden_dir.empty())
+        throw InputError("--capture-layers needs --hidden-dir DIR");
+    if (opt.input != "-" && opt.output != "-" && same_file(opt.input, opt.output))
+        throw InputError(opt.output + ": the output file is the input file");
+}
+
+// The options checked against the model; returns the longest accepted sequence.
+int64_t check_options_against_model(const ScoreOptions& opt, const ModelConfig& cfg) {
+    for (int L : opt.capture_layers)
+        if (L < 0 || L > cfg.n_layers)
+            throw InputError(
+                strfmt("--capture-layers: layer %d outside [0, %lld]", L, (long long)cfg.n_layers));
+    if (opt.top_k > cfg.vocab_size) throw InputError("--top-k is larger than the vocabulary");
+    return opt.max_seq_len > 0 ? opt.max_seq_len
+                               : (cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 65536);
+}
+
+// Pass size: host state ~ hc*D*2 + hashes per token (<= 64 KB, DESIGN.md 5), half of MemAvailable.
+int64_t pass_tokens_for(const ScoreOptions& opt, const ModelConfig& cfg) {
+    if (opt.pass_tokens > 0) return opt.pass_tokens;
+    const int64_t host_per_token =
+        cfg.hc_mult * cfg.dim * 2 + cfg.hc_mult * 4 +
+        static_cast<int64_t>(cfg.engram_layer_ids.size()) * cfg.engram_hash_cols() * 8 + 64;
+    const uint64_t avail = host_available_bytes();
+    const int64_t n = avail ? static_cast<int64_t>(avail / 2) / host_per_token : (1 << 20);
+    return std::clamp<int64_t>(n, 1024, 1 << 20);
+}
+
+std::string thousands(int64_t v) {
+    std::string s = std::to_string(v), out;
+    for (size_t i = 0; i < s.size(); ++i) {
+        if (i && (s.size() - i) % 3 == 0) out += ',';
+        out += s[i];
+    }
+    return out;
+}
+
+// One input record of a pass, in input order; bad lines (--skip-bad) keep their place.
+struct PassItem {
+    int64_t pos = 0;  // input record position (0-based among non-blank lines)
+    bool bad = false;
+    InputRecord rec;
+    std::string error;
+    int64_t replaces = -1;  // a retried error record: the output record it replaces
+};
+
+struct Pass {
+    std::vector<PassItem> items;
+    std::vector<std::vector<int32_t>> seqs;  // the scored items' tokens
+    std::vector<int> seq_of_item;            // item -> index into seqs (-1: bad)
+    int64_t tokens = 0;
+    uint64_t bytes = 0;  // input bytes of the scored items (progress)
+};
+
+// A score run: its files, its runner and its place in the input.
+class ScoreJob {
+public:
+    ScoreJob(const ScoreOptions& opt, const ModelConfig& cfg, InputReader& reader, const OutputCheck& check,
+             RunManifest manifest)
+        : opt_(opt),
+          cfg_(cfg),
+          reader_(reader),
+          check_(check),
+          manifest_(std::move(manifest)),
+          cursor_(&check.records) {}
+
+    // --shard: only the plan's records are scored (earlier ones are read for their ids only).
+    void restrict_to(const ShardPlan& plan) { shard_ = plan; }
+    // Opens the output, the hidden files and writes the sidecar: the first step that changes a file.
+    void open_outputs();
+    void run(PassRunner& runner, WeightSource& weights, Progress& progress, ScoreSummary& sum);
+
+private:
+    // Reads input records into a pass: up to `pass_tokens` tokens, or (a saved pass) through
+    // position `last_pos`. Records already in the output are skipped.
+    Pass collect_pass(int64_t pass_tokens, int64_t last_pos, Progress& progress, ScoreSummary& sum);
+    // The saved pass must be this pass: same items, same tokens.
+    void check_saved_pass(const Pass& pass, const SavedPass& saved) const;
+    void commit_pass(const Pass& pass, const std::vector<SequenceScores>& scores, ScoreSummary& sum);
+    // Ctrl-C mid-pass: the pass's state after its last completed layer, to <output>.pass. Returns the
+    // message part ("pass of ... saved at layer 3 of 6"), or "" when nothing could be saved.
+    std::string save_pass_in_flight(const Pass& pass, PassRunner& runner);
+    int64_t records_in_output() const {
+        return static_cast<int64_t>(check_.records.size()) + out_->lines_committed();
+    }
+
+    const ScoreOptions& opt_;
+    const ModelConfig& cfg_;
+    InputReader& reader_;
+    const OutputCheck& check_;
+    RunManifest manifest_;
+    ResumeCursor cursor_;
+    std::unique_ptr<ResultWriter> out_;
+    std::unique_ptr<HiddenNpyWriter> hidden_;
+    std::unordered_map<std::string, int64_t> seen_;  // id -> line (duplicate detection)
+    int64_t next_pos_ = 0;                           // next input record position
+    bool eof_ = false;
+    std::optional<ShardPlan> shard_;  // --shard: next_pos_ counts from its first record
+    int64_t input_record_ = 0;        // records read from the input (all shards')
+    bool pass_file_ = false;  // <output>.pass exists (saved by an earlier run, continued by this one)
+};
+
+void ScoreJob::open_outputs() {
+    const std::string pass_file = pass_state_path(opt_.output);
+    if (check_.files && (check_.overwrite || check_.stale_pass_file) && file_exists(pass_file)) {
+        // Replaced (--overwrite) or spent: a saved pass of an earlier run (ours to remove).
+        if (::unlink(pass_file.c_str()) != 0)
+            throw RuntimeError(
+                strfmt("%s: cannot remove (%s)", pass_file.c_str(), errno_text(errno).c_str()));
+        fsync_parent_dir(pass_file);
+    }
+    pass_file_ = check_.saved_pass.has_value();
+    // Hidden files first: a hidden dir that cannot be made stops the run before the output exists.
+    if (!opt_.capture_layers.empty()) {
+        hidden_ = std::make_unique<HiddenNpyWriter>(opt_.hidden_dir, static_cast<int>(cfg_.n_layers),
+                                                    opt_.hidden_mode, cfg_.dim, cfg_.hc_mult);
+        const std::map<int, int64_t> pending =
+            check_.saved_pass ? check_.saved_pass->hidden_pending() : std::map<int, int64_t>{};
+        for (int L : opt_.capture_layers) {
+            auto it = check_.hidden_rows.find(L);
+            auto pt = pending.find(L);
+            hidden_->open_layer(L, it == check_.hidden_rows.end() ? 0 : it->second,
+                                pt == pending.end() ? 0 : pt->second);
+        }
+        if (check_.saved_pass) hidden_->restore_refs(check_.saved_pass->hidden_refs);
+    }
+    if (check_.files) {
+        write_run_manifest(run_manifest_path(opt_.output), manifest_);
+        // A kill mid-write can leave a partial last line: it was never committed.
+        if (!check_.overwrite && check_.file_bytes > check_.committed_bytes) {
+            log_warn(strfmt("%s: dropping an incomplete last line (%llu bytes) before resuming",
+                            opt_.output.c_str(),
+                            (unsigned long long)(check_.file_bytes - check_.committed_bytes)));
+            FileHandle f(opt_.output, O_RDWR);
+            if (::ftruncate(f.fd(), static_cast<off_t>(check_.committed_bytes)) != 0)
+                throw RuntimeError(
+                    strfmt("%s: cannot truncate (%s)", opt_.output.c_str(), errno_text(errno).c_str()));
+            f.fsync_or_throw();
+        }
+    }
+    if (!check_.records.empty())
+        log_info(strfmt("resume: %lld records already in %s", (long long)check_.records.size(),
+                        opt_.output.c_str()));
+    out_ = std::make_unique<ResultWriter>(opt_.output, check_.overwrite);
+}
+
+Pass ScoreJob::collect_pass(int64_t pass_tokens, int64_t last_pos, Progress& progress, ScoreSummary& sum) {
+    Pass pass;
+    while (!eof_ && (last_pos >= 0 ? next_pos_ <= last_pos : pass.tokens < pass_tokens)) {
+        if (shard_ && input_record_ >= shard_->end_record()) {  // the rest is later shards'
+            eof_ = true;
+            break;
+        }
+        PassItem it;
+        std::string bad_id;
+        const uint64_t b0 = reader_.bytes_consumed();
+        try {
+            if (!reader_.next(it.rec, &bad_id)) {
+                eof_ = true;
+                break;
+            }
+            auto [at, fresh] = seen_.emplace(it.rec.id_json, it.rec.line);
+            if (!fresh)
+                throw InputError(strfmt("%s:%lld: duplicate id %s (first on line %lld)",
+                                        reader_.path().c_str(), (long long)it.rec.line,
+                                        it.rec.id_json.c_str(), (long long)at->second));
+        } catch (const InputError& e) {
+            if (!opt_.skip_bad) throw;
+            it.bad = true;
+            it.error = e.what();
+            it.rec.line = reader_.line();
+            it.rec.id_json = bad_id.empty() ? std::to_string(reader_.line()) : bad_id;
+            it.rec.tokens.clear();
+        }
+        if (shard_ && input_record_++ < shard_->first_record) {  // an earlier shard's record
+            progress.skip_input(reader_.bytes_consumed() - b0);
+            continue;
+        }
+        it.pos = next_pos_++;
+        const uint64_t line_bytes = reader_.bytes_consumed() - b0;
+        switch (cursor_.classify(it.pos, it.bad, it.rec.line, it.rec.id_json,
+                                 static_cast<int64_t>(it.rec.tokens.size()), reader_.path(), opt_.output)) {
+            case ResumeCursor::Action::Skip:
+                ++sum.resumed;
+                progress.skip_input(line_bytes);
+                continue;
+            case ResumeCursor::Action::Retry:
+                it.replaces = it.pos;
+                log_info(
+                    strfmt("resume: %s:%lld (id %s) is good now: scoring it in place of its error record",
+                           reader_.path().c_str(), (long long)it.rec.line, it.rec.id_json.c_str()));
+                break;
+            case ResumeCursor::Action::Score:
+                break;
+        }
+        if (it.bad) {
+            ++sum.bad_lines;
+            log_warn(std::string("skipping: ") + it.error);
+            progress.skip_input(line_bytes);
+        } else {
+            pass.tokens += static_cast<int64_t>(it.rec.tokens.size());
+            pass.bytes += line_bytes;
+        }
+        pass.items.push_back(std::move(it));
+    }
+    pass.seq_of_item.assign(pass.items.size(), -1);
+    for (size_t i = 0; i < pass.items.size(); ++i)
+        if (!pass.items[i].bad) {
+            pass.seq_of_item[i] = static_cast<int>(pass.seqs.size());
+            pass.seqs.push_back(pass.items[i].rec.tokens);
+        }
+    return pass;
+}
+
+void ScoreJob::check_saved_pass(const Pass& pass, const SavedPass& saved) const {
+    std::vector<SavedPass::Item> items;
+    for (const PassItem& it : pass.items) items.push_back({it.pos, it.rec.id_json, it.bad, it.replaces});
+    if (items != saved.items || pass.seqs != saved.tokens)
+        throw InputError(
+            pass_state_path(opt_.output) +
+            ": the saved pass is not the input's next pass (its ids or tokens differ); remove the file to "
+            "run that pass again from its start");
+}
+
+void ScoreJob::commit_pass(const Pass& pass, const std::vector<SequenceScores>& scores, ScoreSummary& sum) {
+    std::map<int64_t, std::string> replaced;  // retried error records
+    for (size_t i = 0; i < pass.items.size(); ++i) {
+        const PassItem& it = pass.items[i];
+        if (it.bad) {
+            out_->append(format_error_record(it.rec.id_json, it.rec.line, it.error));
+            continue;
+        }
+        const int s = pass.seq_of_item[i];
+        std::vector<HiddenRef> refs = hidden_ ? hidden_->refs_for(s) : std::vector<HiddenRef>{};
+        std::string record = format_record(it.rec.id_json, scores[static_cast<size_t>(s)], opt_.top_k, refs,
+                                           it.rec.extra_json);
+        if (it.replaces >= 0)
+            replaced[it.replaces] = std::move(record);
+        else
+            out_->append(record);
+        ++sum.sequences;
+        sum.tokens += static_cast<int64_t>(it.rec.tokens.size());
+    }
+    // Hidden rows first, then the records that reference them: a crash in between leaves
+    // unreferenced rows that --resume cuts away, never a record pointing at missing rows.
+    if (hidden_) {
+        hidden_->commit();
+        hidden_->clear_refs();
+    }
+    out_->commit_replacing(replaced);
+    // The saved pass is now in the output: its file is spent (a crash before this unlink leaves a
+    // stale file that --resume recognizes by its record count and removes).
+    if (pass_file_) {
+        const std::string pass_file = pass_state_path(opt_.output);
+        if (::unlink(pass_file.c_str()) != 0 && errno != ENOENT)
+            throw RuntimeError(
+                strfmt("%s: cannot remove (%s)", pass_file.c_str(), errno_text(errno).c_str()));
+        fsync_parent_dir(pass_file);
+        pass_file_ = false;
+    }
+}
+
+std::string ScoreJob::save_pass_in_flight(const Pass& pass, PassRunner& runner) {
+    const int layer = runner.next_layer();
+    if (!check_.files || pass.seqs.empty() || layer < 1 || layer > cfg_.n_layers) return "";
+    SavedPass sp;
+    sp.manifest_json = run_manifest_to_json(manifest_);
+    sp.records_before = records_in_output();
+    sp.next_layer = layer;
+    sp.n_layers = static_cast<int>(cfg_.n_layers);
+    for (const PassItem& it : pass.items) sp.items.push_back({it.pos, it.rec.id_json, it.bad, it.replaces});
+    sp.tokens = pass.seqs;
+    if (hidden_) {
+        hidden_->sync_data();  // the rows captured so far stay in the files, after the committed ones
+        sp.hidden_committed = hidden_->committed_rows();
+        sp.hidden_refs = hidden_->pending_refs();
+    }
+    const std::string path = pass_state_path(opt_.output);
+    try {
+        save_pass_state(path, sp, runner);
+    } catch (const std::exception& e) {
+        log_warn(std::string("saving the pass in flight failed (it is dropped): ") + e.what());
+        return "";
+    }
+    pass_file_ = true;
+    return strfmt("pass of %s sequences / %s tokens saved at layer %d of %lld",
+                  thousands((int64_t)pass.seqs.size()).c_str(), thousands(pass.tokens).c_str(), layer,
+                  (long long)cfg_.n_layers);
+}
+
+void ScoreJob::run(PassRunner& runner, WeightSource& weights, Progress& progress, ScoreSummary& sum) {
+    const int64_t pass_tokens = pass_tokens_for(opt_, cfg_);
+    log_info(strfmt("chunks of <= %lld rows, passes of <= %lld tokens", (long long)runner.chunk_rows(),
+                    (long long)pass_tokens));
+    const SavedPass* saved = check_.saved_pass ? &*check_.saved_pass : nullptr;
+    Pass pass;
+    try {
+        while (!eof_) {
+            throw_if_interrupted();  // between passes: everything so far is committed
+            pass = collect_pass(pass_tokens, saved ? saved->items.back().pos : -1, progress, sum);
+            if (pass.items.empty()) break;
+            PassRunner::Continuation cont;
+            if (saved) {
+                check_saved_pass(pass, *saved);
+                cont.next_layer = saved->next_layer;
+                cont.load = [&](PassRunner& r) { load_pass_state(pass_state_path(opt_.output), *saved, r); };
+                log_info(strfmt("resume: continuing the saved pass of %zu sequences at layer %d",
+                                pass.seqs.size(), saved->next_layer));
+            }
+            std::vector<SequenceScores> scores;
+            if (!pass.seqs.empty()) {
+                progress.set_bytes_read(weights.stats().bytes_read);
+                progress.begin_pass(static_cast<int64_t>(pass.seqs.size()), pass.tokens, pass.bytes);
+                scores = runner.run(
+                    pass.seqs, hidden_.get(),
+                    [&](const LayerTiming& t) {
+                        progress.set_bytes_read(weights.stats().bytes_read);
+                        progress.layer_done(t);
+                        if (opt_.on_layer_for_tests) opt_.on_layer_for_tests(t);
+                        // Stop at the layer boundary (the pass is saved, see below); after the head
+                        // the pass is complete and is committed first.
+                        if (t.layer != kHeadLayer) throw_if_interrupted();
+                    },
+                    saved ? &cont : nullptr);
+                progress.end_pass();
+                ++sum.passes;
+            }
+            saved = nullptr;
+            commit_pass(pass, scores, sum);
+            pass = Pass{};
+        }
+    } catch (const Interrupted&) {
+        // The pass in flight is saved at the layer boundary; its lines never reach the output. If it
+        // cannot be saved, its hidden rows are cut back too.
+        out_->discard();
+        const std::string saved_text = save_pass_in_flight(pass, runner);
+        // A saved pass (this one, or an earlier run's not yet continued) keeps its rows in the files.
+        if (hidden_) {
+            if (pass_file_) {
+                hidden_->sync_data();
+                hidden_->clear_refs();
+            } else {
+                hidden_->rollback();
+            }
+        }
+        throw Interrupted(records_in_output(), saved_text);
+    } catch (...) {
+        // Any other failure: the same clean-up, best effort (the original error is what matters).
+        out_->discard();
+        try {
+            if (hidden_ && !pass_file_) hidden_->rollback();  // a saved pass's rows stay with it
+        } catch (const std::exception& e) {
+            log_warn(std::string("after the error below, cleaning up the hidden files failed: ") + e.what());
+        }
+        throw;
+    }
+}
+
+}  // namespace
+
 std::unique_ptr<Backend> select_backend(const std::string& kind, int device) {
     if (kind == "cpu") return make_cpu_backend();
     std::string why;
@@ -226,65 +480,33 @@ std::unique_ptr<Backend> select_backend(const std::string& kind, int device) {
 
 ScoreSummary run_score(const ScoreOptions& opt) {
     const double t_start = now_s();
-    if (opt.resume && opt.output == "-")
-        throw InputError("--resume needs --output FILE (it cannot continue stdout)");
-    if (opt.top_k < 1 || opt.top_k > 1024) throw InputError("--top-k must be in [1, 1024]");
-    if (!opt.capture_layers.empty() && opt.hidden_dir.empty())
-        throw InputError("--capture-layers needs --hidden-dir DIR");
-    if (opt.input != "-" && opt.output != "-" && same_file(opt.input, opt.output))
-        throw InputError(opt.output + ": the output file is the input file");
+    check_options(opt);
     Checkpoint ckpt = Checkpoint::open(opt.model_dir);
     const ModelConfig& cfg = ckpt.config();
-    for (int L : opt.capture_layers)
-        if (L < 0 || L > cfg.n_layers)
-            throw InputError(
-                strfmt("--capture-layers: layer %d outside [0, %lld]", L, (long long)cfg.n_layers));
-    if (opt.top_k > cfg.vocab_size) throw InputError("--top-k is larger than the vocabulary");
-    const int64_t max_len = opt.max_seq_len > 0
-                                ? opt.max_seq_len
-                                : (cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 65536);
+    const int64_t max_len = check_options_against_model(opt, cfg);
 
-    // Input and output problems surface before the (slow) backend and table setup.
+    // Input and output problems surface before the (slow) backend and table setup, and before any
+    // file is changed.
     InputReader reader(opt.input, cfg.vocab_size, max_len);
     if (!opt.skip_bad && opt.input != "-") validate_whole_input(opt.input, cfg.vocab_size, max_len);
+    RunManifest manifest = make_run_manifest(opt, cfg, ckpt.dir(), max_len, fingerprint_input(opt.input));
     std::optional<ShardPlan> shard;  // --shard: this run scores records [first, end) of the input
     if (opt.shard.enabled()) {
         shard = plan_shard(opt.input, cfg.vocab_size, max_len, opt.shard);
         log_info(describe_shard_plan(*shard));
+        manifest.shard = shard_manifest_entry(*shard);
     }
-    // Resume: ids already present are skipped; hidden files are cut back to the committed rows.
-    ResumeState resume;
-    struct stat ost {};
-    if (opt.output != "-" && ::stat(opt.output.c_str(), &ost) == 0) {
-        if (S_ISDIR(ost.st_mode))
-            throw RuntimeError(opt.output + ": is a directory, expected the results file");
-        if (S_ISREG(ost.st_mode)) {
-            if (ost.st_size > 0 && !opt.resume)
-                throw InputError(opt.output +
-                                 ": exists and is not empty; use --resume to continue it, or remove it");
-            if (opt.resume) resume = scan_existing_output(opt.output);
-        } else if (opt.resume) {
-            throw InputError(opt.output + ": --resume needs a regular results file");
-        }
-    }
-    if (resume.records)
-        log_info(strfmt("resume: %lld records already in %s", (long long)resume.records, opt.output.c_str()));
-    ResultWriter out(opt.output);
-    std::unique_ptr<HiddenNpyWriter> hidden;
-    if (!opt.capture_layers.empty()) {
-        hidden = std::make_unique<HiddenNpyWriter>(opt.hidden_dir, static_cast<int>(cfg.n_layers),
-                                                   opt.hidden_mode, cfg.dim, cfg.hc_mult);
-        for (int L : opt.capture_layers) {
-            auto it = resume.hidden_rows.find(L);
-            hidden->open_layer(L, it == resume.hidden_rows.end() ? 0 : it->second);
-        }
-    }
+    const OutputCheck check = check_outputs(opt, manifest, cfg, max_len);
 
     auto engram = load_engram_resources(ckpt);
     if (opt.seed_check) check_engram_seeds(cfg);
     auto be = select_backend(opt.backend, opt.device);
     log_info("backend: " + be->name());
-    write_minimal_sidecar(opt, cfg, ckpt.dir(), max_len, shard, be->name());
+    manifest.backend = be->name();
+
+    ScoreJob job(opt, cfg, reader, check, manifest);
+    if (shard) job.restrict_to(*shard);
+    job.open_outputs();
 
     ReplayOptions ro;
     ro.top_k = opt.top_k;
@@ -292,19 +514,6 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     ro.hidden_mode = opt.hidden_mode;
     ro.max_batch_tokens =
         opt.max_batch_tokens > 0 ? opt.max_batch_tokens : default_chunk_rows(cfg, be->free_memory());
-    // Pass size: host state ~ hc*D*2 + hashes per token (<= 64 KB, DESIGN.md 5), half of MemAvailable.
-    const int64_t host_per_token =
-        cfg.hc_mult * cfg.dim * 2 + cfg.hc_mult * 4 +
-        static_cast<int64_t>(cfg.engram_layer_ids.size()) * cfg.engram_hash_cols() * 8 + 64;
-    int64_t pass_tokens = opt.pass_tokens;
-    if (pass_tokens <= 0) {
-        const uint64_t avail = host_available_bytes();
-        pass_tokens = avail ? static_cast<int64_t>(avail / 2) / host_per_token : (1 << 20);
-        pass_tokens = std::clamp<int64_t>(pass_tokens, 1024, 1 << 20);
-    }
-    log_info(strfmt("chunks of <= %lld rows, passes of <= %lld tokens", (long long)ro.max_batch_tokens,
-                    (long long)pass_tokens));
-
     // Layer L+1 is read (and uploaded) while layer L computes.
     auto weights = make_prefetch_weight_source(*be, ckpt);
     PassRunner runner(*be, ckpt, *weights, engram.get(), ro);
@@ -313,123 +522,7 @@ ScoreSummary run_score(const ScoreOptions& opt) {
 
     ScoreSummary sum;
     sum.backend = be->name();
-    std::unordered_map<std::string, int64_t> seen;  // id -> line (duplicate detection)
-    bool eof = false;
-    int64_t record_index = 0;  // records (non-blank lines) read so far, for --shard
-    try {
-        while (!eof) {
-            throw_if_interrupted();  // between passes: everything so far is committed
-            // Collect one pass: records in input order, bad lines (with --skip-bad) keep their place.
-            struct Item {
-                bool bad = false;
-                InputRecord rec;
-                std::string error;
-            };
-            std::vector<Item> items;
-            int64_t tokens = 0;
-            uint64_t pass_bytes = 0;
-            while (tokens < pass_tokens) {
-                if (shard && record_index >= shard->end_record()) {  // the rest is later shards'
-                    eof = true;
-                    break;
-                }
-                Item it;
-                std::string bad_id;
-                const uint64_t b0 = reader.bytes_consumed();
-                try {
-                    if (!reader.next(it.rec, &bad_id)) {
-                        eof = true;
-                        break;
-                    }
-                    auto [pos, fresh] = seen.emplace(it.rec.id_json, it.rec.line);
-                    if (!fresh)
-                        throw InputError(strfmt("%s:%lld: duplicate id %s (first on line %lld)",
-                                                reader.path().c_str(), (long long)it.rec.line,
-                                                it.rec.id_json.c_str(), (long long)pos->second));
-                } catch (const InputError& e) {
-                    if (!opt.skip_bad) throw;
-                    it.bad = true;
-                    it.error = e.what();
-                    it.rec.line = reader.line();
-                    it.rec.id_json = bad_id.empty() ? std::to_string(reader.line()) : bad_id;
-                }
-                const uint64_t line_bytes = reader.bytes_consumed() - b0;
-                if (shard && !shard->contains(record_index++)) {  // an earlier shard's record
-                    progress.skip_input(line_bytes);
-                    continue;
-                }
-                if (resume.take(it.rec.id_json)) {
-                    ++sum.resumed;
-                    progress.skip_input(line_bytes);
-                    continue;
-                }
-                if (it.bad) {
-                    ++sum.bad_lines;
-                    log_warn(std::string("skipping: ") + it.error);
-                    progress.skip_input(line_bytes);
-                } else {
-                    tokens += static_cast<int64_t>(it.rec.tokens.size());
-                    pass_bytes += line_bytes;
-                }
-                items.push_back(std::move(it));
-            }
-            if (items.empty()) break;
-            std::vector<std::vector<int32_t>> seqs;
-            std::vector<int> seq_of_item(items.size(), -1);
-            for (size_t i = 0; i < items.size(); ++i)
-                if (!items[i].bad) {
-                    seq_of_item[i] = static_cast<int>(seqs.size());
-                    seqs.push_back(items[i].rec.tokens);
-                }
-            std::vector<SequenceScores> scores;
-            if (!seqs.empty()) {
-                progress.set_bytes_read(weights->stats().bytes_read);
-                progress.begin_pass(static_cast<int64_t>(seqs.size()), tokens, pass_bytes);
-                scores = runner.run(seqs, hidden.get(), [&](const LayerTiming& t) {
-                    progress.set_bytes_read(weights->stats().bytes_read);
-                    progress.layer_done(t);
-                    // Stop mid-pass (nothing of this pass is committed); after the head the pass is
-                    // complete and is committed first.
-                    if (t.layer != kHeadLayer) throw_if_interrupted();
-                });
-                progress.end_pass();
-                ++sum.passes;
-            }
-            for (size_t i = 0; i < items.size(); ++i) {
-                if (items[i].bad) {
-                    out.append(format_error_record(items[i].rec.id_json, items[i].rec.line, items[i].error));
-                    continue;
-                }
-                const int s = seq_of_item[i];
-                std::vector<HiddenRef> refs = hidden ? hidden->refs_for(s) : std::vector<HiddenRef>{};
-                out.append(format_record(items[i].rec.id_json, scores[static_cast<size_t>(s)], opt.top_k,
-                                         refs, items[i].rec.extra_json));
-                ++sum.sequences;
-                sum.tokens += static_cast<int64_t>(items[i].rec.tokens.size());
-            }
-            // Hidden rows first, then the records that reference them: a crash in between leaves
-            // unreferenced rows that --resume cuts away, never a record pointing at missing rows.
-            if (hidden) {
-                hidden->commit();
-                hidden->clear_refs();
-            }
-            out.commit();
-        }
-    } catch (const Interrupted&) {
-        // Nothing of the interrupted pass reaches the files: its lines are dropped, its hidden rows cut.
-        out.discard();
-        if (hidden) hidden->rollback();
-        throw Interrupted(resume.records + out.lines_committed());
-    } catch (...) {
-        // Any other failure: the same clean-up, best effort (the original error is what matters).
-        out.discard();
-        try {
-            if (hidden) hidden->rollback();
-        } catch (const std::exception& e) {
-            log_warn(std::string("after the error below, cleaning up the hidden files failed: ") + e.what());
-        }
-        throw;
-    }
+    job.run(runner, *weights, progress, sum);
     sum.seconds = now_s() - t_start;
     return sum;
 }

@@ -1,12 +1,13 @@
 // The run sidecar (include/ds4r/run_manifest.h) and SHA-256: known answers, round trip, the
 // differences --resume reports, atomic writing, malformed sidecars rejected with the file named.
+#include "ds4r/run_manifest.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
 #include "cli_run_util.h"
 #include "ds4r/error.h"
-#include "ds4r/run_manifest.h"
 #include "ds4r/sha256.h"
 
 namespace ds4r {
@@ -26,7 +27,8 @@ TEST(Sha256, KnownAnswers) {
               "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
     const std::string million(1000000, 'a');
     Sha256 h;
-    for (size_t i = 0; i < million.size(); i += 997) h.update(million.data() + i, std::min<size_t>(997, million.size() - i));
+    for (size_t i = 0; i < million.size(); i += 997)
+        h.update(million.data() + i, std::min<size_t>(997, million.size() - i));
     EXPECT_EQ(h.hex_digest(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
     const std::string p = test::temp_dir("sha") + "/f";
     test::write_text(p, "abc");

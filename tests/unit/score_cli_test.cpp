@@ -296,8 +296,11 @@ TEST(ScoreCliPaths, HiddenDirUnderAFile) {
 TEST(ScoreCliPaths, OutputExistsWithoutResume) {
     const std::string dir = test::temp_dir("paths");
     write_text(dir + "/o.jsonl", "{\"id\": \"x\", \"error\": \"e\", \"line\": 1}\n");
-    expect_failure(score_args(good_input(dir), dir + "/o.jsonl"), 2,
-                   dir + "/o.jsonl: exists and is not empty; use --resume to continue it, or remove it");
+    expect_failure(
+        score_args(good_input(dir), dir + "/o.jsonl"), 2,
+        dir +
+            "/o.jsonl: exists and is not empty; use --resume to continue it, --overwrite to replace it, or "
+            "remove it");
 }
 
 TEST(ScoreCliPaths, ResumeNeedsAFile) {
