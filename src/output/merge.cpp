@@ -231,7 +231,7 @@ std::string remap_hidden_rows(const std::string& line, const RowMap& map, const 
                 throw InputError(where + ": \"hidden\" rows must be [start, end]");
             r.begin = rows.at(0).get<int64_t>();
             r.end = rows.at(1).get<int64_t>();
-            if (r.begin < 0 || r.end < r.begin)
+            if (r.begin < 0 || r.end < r.begin || r.end > (int64_t{1} << 48))
                 throw InputError(strfmt("%s: hidden rows [%lld, %lld) of layer %d are not a range",
                                         where.c_str(), (long long)r.begin, (long long)r.end, r.layer));
             if (r.file != hidden_file_name(r.layer))
