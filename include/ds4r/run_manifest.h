@@ -10,7 +10,7 @@
 //    "model": {"fingerprint": "hex", "n_layers": 40, "vocab": 129280},
 //    "hidden": {"dir": "..." | null, "layers": {"2": {"dtype": "<f2", "row_shape": [5120]}, ...}},
 //    "backend": "cuda",            (informational: never compared)
-//    "shard": null | {"index": K, "count": N}}
+//    "shard": null | {"index": K, "count": N, "first_record": F, "records": R}}
 #pragma once
 
 #include <cstdint>
@@ -47,6 +47,10 @@ struct RunManifest {
     };
     struct Shard {
         int index = 0, count = 1;  // this output holds shard `index` of `count`, as given to --shard K/N
+        // The input records (0-based, non-blank lines) the shard's plan gave it: [first_record,
+        // first_record + records) (include/ds4r/shard.h); records = -1: not recorded. `merge` checks
+        // that the shards tile the input and that each holds exactly its records.
+        int64_t first_record = 0, records = -1;
         bool operator==(const Shard&) const = default;
     };
 

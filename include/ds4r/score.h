@@ -10,6 +10,7 @@
 #include "ds4r/backend.h"
 #include "ds4r/io_settings.h"
 #include "ds4r/replay.h"
+#include "ds4r/shard.h"
 
 namespace ds4r {
 
@@ -37,6 +38,7 @@ struct ScoreOptions {
     IoSettings io;                  // --io, --read-threads, --read-request-mb, --engram-io, ...
     // Tests only: called after every layer of every pass (e.g. to request an interrupt at layer 3).
     std::function<void(const LayerTiming&)> on_layer_for_tests;
+    ShardSpec shard;                // --shard K/N | auto: only this shard's records (include/ds4r/shard.h)
 };
 
 struct ScoreSummary {

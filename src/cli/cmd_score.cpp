@@ -1,5 +1,6 @@
 // `ds4replay score`: CLI11 glue for run_score (src/replay/score.cpp).
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -35,6 +36,8 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
     auto layers = std::make_shared<std::string>();
     auto mode = std::make_shared<std::string>("mean");
     auto positional = std::make_shared<std::string>();
+    auto shard = std::make_shared<std::string>();
+    auto shard_count = std::make_shared<int64_t>(0);
     CLI::App* app =
         root.add_subcommand("score", "Score token sequences: logprob, rank, entropy and top-k per position");
     opt->model_dir = default_model_dir();
@@ -74,10 +77,16 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
     app->add_option("--progress", opt->progress, "auto, bar, plain or none")
         ->check(CLI::IsMember({"auto", "bar", "plain", "none"}))
         ->capture_default_str();
+    app->add_option("--shard", *shard,
+                    "Score only shard K of N of the input (K/N, 1-based, balanced by tokens), or auto: the "
+                    "index of a Slurm job array task / Kubernetes indexed Job; merge shards with `merge`");
+    app->add_option("--shard-count", *shard_count,
+                    "With --shard auto: the number of shards (required for a Kubernetes indexed Job)")
+        ->check(CLI::Range(int64_t(1), kMaxShards));
     auto apply_io = add_io_flags(app, &opt->io);
     Command c;
     c.app = app;
-    c.run = [opt, layers, mode, positional, apply_io]() -> int {
+    c.run = [opt, layers, mode, positional, shard, shard_count, apply_io]() -> int {
         apply_io();
         if (!positional->empty()) {
             if (opt->input != "-" && opt->input != *positional)
@@ -85,6 +94,8 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
             opt->input = *positional;
         }
         opt->capture_layers = parse_layers(*layers);
+        opt->shard =
+            parse_shard_spec(*shard, *shard_count, [](const char* name) { return std::getenv(name); });
         opt->hidden_mode = *mode == "copies" ? HiddenMode::Copies : HiddenMode::Mean;
         if (opt->chunk_rows == 1) throw InputError("--max-batch-tokens must be 0 (auto) or >= 2");
         // Ctrl-C / SIGTERM: stop at the next layer boundary with nothing half-written (exit 130).

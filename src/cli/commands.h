@@ -23,6 +23,7 @@ void add_bench_command(CLI::App& root, std::vector<Command>& out);
 void add_report_command(CLI::App& root, std::vector<Command>& out);
 void add_encode_command(CLI::App& root, std::vector<Command>& out);  // cmd_encode.cpp
 void add_decode_command(CLI::App& root, std::vector<Command>& out);  // cmd_encode.cpp
+void add_merge_command(CLI::App& root, std::vector<Command>& out);
 
 // $DSV41_PATH, else ~/models/DeepSeek-V4.1-Flash (DESIGN.md section 2).
 std::string default_model_dir();

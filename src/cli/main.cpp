@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
     cli::add_report_command(app, cmds);
     cli::add_encode_command(app, cmds);
     cli::add_decode_command(app, cmds);
+    cli::add_merge_command(app, cmds);
 
     try {
         app.parse(argc, argv);

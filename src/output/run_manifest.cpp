@@ -57,7 +57,11 @@ std::string run_manifest_to_json(const RunManifest& m) {
         layers[std::to_string(L)] = {{"dtype", hl.dtype}, {"row_shape", hl.row_shape}};
     j["hidden"] = {{"dir", m.hidden.dir.empty() ? json(nullptr) : json(m.hidden.dir)}, {"layers", layers}};
     j["backend"] = m.backend;
-    j["shard"] = m.shard ? json{{"index", m.shard->index}, {"count", m.shard->count}} : json(nullptr);
+    j["shard"] = m.shard ? json{{"index", m.shard->index},
+                                {"count", m.shard->count},
+                                {"first_record", m.shard->first_record},
+                                {"records", m.shard->records < 0 ? json(nullptr) : json(m.shard->records)}}
+                         : json(nullptr);
     return j.dump(1) + "\n";
 }
 
@@ -119,6 +123,12 @@ RunManifest parse_run_manifest(const std::string& text, const std::string& path)
             RunManifest::Shard s;
             s.index = j.at("shard").at("index").get<int>();
             s.count = j.at("shard").at("count").get<int>();
+            const json& sh = j.at("shard");
+            if (sh.contains("first_record")) s.first_record = sh.at("first_record").get<int64_t>();
+            if (sh.contains("records") && !sh.at("records").is_null()) s.records = sh.at("records").get<int64_t>();
+            if (s.first_record < 0 || s.records < -1)
+                throw InputError(strfmt("%s: shard records %lld + %lld are not a valid range", path.c_str(),
+                                        (long long)s.first_record, (long long)s.records));
             if (s.count < 1 || s.index < 0 || s.index > s.count)
                 throw InputError(
                     strfmt("%s: shard %d of %d is not a valid shard", path.c_str(), s.index, s.count));

@@ -411,6 +411,14 @@ OutputCheck check_outputs(const ScoreOptions& opt, const RunManifest& now, const
         ResumeCursor cursor(&st.records);
         InputRecord rec;
         std::set<std::string> seen;  // a repeated id is a bad line (as in the score loop)
+        // --shard: the output's records start at the shard's first input record (earlier records are
+        // read for their ids only, as in the score loop).
+        for (int64_t i = 0; now.shard && i < now.shard->first_record; ++i) {
+            try {
+                if (r.next(rec)) seen.insert(rec.id_json);
+            } catch (const InputError&) {
+            }
+        }
         for (int64_t pos = 0; pos < static_cast<int64_t>(st.records.size()); ++pos) {
             std::string bad_id;
             bool bad = false, got = true;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
@@ -22,6 +23,7 @@
 #include "ds4r/log.h"
 #include "ds4r/output.h"
 #include "ds4r/progress.h"
+#include "ds4r/shard.h"
 #include "replay/pass_state.h"
 #include "replay/resume.h"
 
@@ -172,6 +174,8 @@ public:
           manifest_(std::move(manifest)),
           cursor_(&check.records) {}
 
+    // --shard: only the plan's records are scored (earlier ones are read for their ids only).
+    void restrict_to(const ShardPlan& plan) { shard_ = plan; }
     // Opens the output, the hidden files and writes the sidecar: the first step that changes a file.
     void open_outputs();
     void run(PassRunner& runner, WeightSource& weights, Progress& progress, ScoreSummary& sum);
@@ -201,6 +205,8 @@ private:
     std::unordered_map<std::string, int64_t> seen_;  // id -> line (duplicate detection)
     int64_t next_pos_ = 0;                           // next input record position
     bool eof_ = false;
+    std::optional<ShardPlan> shard_;  // --shard: next_pos_ counts from its first record
+    int64_t input_record_ = 0;        // records read from the input (all shards')
     bool pass_file_ = false;  // <output>.pass exists (saved by an earlier run, continued by this one)
 };
 
@@ -253,6 +259,10 @@ void ScoreJob::open_outputs() {
 Pass ScoreJob::collect_pass(int64_t pass_tokens, int64_t last_pos, Progress& progress, ScoreSummary& sum) {
     Pass pass;
     while (!eof_ && (last_pos >= 0 ? next_pos_ <= last_pos : pass.tokens < pass_tokens)) {
+        if (shard_ && input_record_ >= shard_->end_record()) {  // the rest is later shards'
+            eof_ = true;
+            break;
+        }
         PassItem it;
         std::string bad_id;
         const uint64_t b0 = reader_.bytes_consumed();
@@ -273,6 +283,10 @@ Pass ScoreJob::collect_pass(int64_t pass_tokens, int64_t last_pos, Progress& pro
             it.rec.line = reader_.line();
             it.rec.id_json = bad_id.empty() ? std::to_string(reader_.line()) : bad_id;
             it.rec.tokens.clear();
+        }
+        if (shard_ && input_record_++ < shard_->first_record) {  // an earlier shard's record
+            progress.skip_input(reader_.bytes_consumed() - b0);
+            continue;
         }
         it.pos = next_pos_++;
         const uint64_t line_bytes = reader_.bytes_consumed() - b0;
@@ -468,6 +482,12 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     InputReader reader(opt.input, cfg.vocab_size, max_len);
     if (!opt.skip_bad && opt.input != "-") validate_whole_input(opt.input, cfg.vocab_size, max_len);
     RunManifest manifest = make_run_manifest(opt, cfg, ckpt.dir(), max_len, fingerprint_input(opt.input));
+    std::optional<ShardPlan> shard;  // --shard: this run scores records [first, end) of the input
+    if (opt.shard.enabled()) {
+        shard = plan_shard(opt.input, cfg.vocab_size, max_len, opt.shard);
+        log_info(describe_shard_plan(*shard));
+        manifest.shard = shard_manifest_entry(*shard);
+    }
     const OutputCheck check = check_outputs(opt, manifest, cfg, max_len);
 
     auto engram = load_engram_resources(ckpt, opt.io);
@@ -477,6 +497,7 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     manifest.backend = be->name();
 
     ScoreJob job(opt, cfg, reader, check, manifest);
+    if (shard) job.restrict_to(*shard);
     job.open_outputs();
 
     ReplayOptions ro;
