@@ -14,4 +14,8 @@ bool profiling_enabled();
 // The default of --model: $DSV41_PATH when set and not empty, else $HOME/models/DeepSeek-V4.1-Flash.
 std::string default_model_dir();
 
+// A scheduler's variable (`score --shard auto`: SLURM_ARRAY_TASK_*, JOB_COMPLETION_INDEX), nullptr
+// when unset: the way job arrays pass a task its index.
+const char* scheduler_env(const char* name);
+
 }  // namespace ds4r

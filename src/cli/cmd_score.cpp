@@ -8,6 +8,7 @@
 #include "ds4r/log.h"
 #include "ds4r/progress.h"
 #include "ds4r/score.h"
+#include "ds4r/settings.h"
 
 namespace ds4r::cli {
 
@@ -95,7 +96,7 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
         }
         opt->capture_layers = parse_layers(*layers);
         opt->shard =
-            parse_shard_spec(*shard, *shard_count, [](const char* name) { return std::getenv(name); });
+            parse_shard_spec(*shard, *shard_count, scheduler_env);
         opt->hidden_mode = *mode == "copies" ? HiddenMode::Copies : HiddenMode::Mean;
         if (opt->chunk_rows == 1) throw InputError("--max-batch-tokens must be 0 (auto) or >= 2");
         // Ctrl-C / SIGTERM: stop at the next layer boundary with nothing half-written (exit 130).

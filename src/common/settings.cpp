@@ -19,4 +19,6 @@ std::string default_model_dir() {
     return std::string(home ? home : ".") + "/models/DeepSeek-V4.1-Flash";
 }
 
+const char* scheduler_env(const char* name) { return std::getenv(name); }
+
 }  // namespace ds4r
