@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA test suite on a GPU machine, in one call: build (sm_90 unless DS4R_ARCHS is set), CUDA op tests,
 # golden tests on the GPU, selftest, and compute-sanitizer memcheck/racecheck on the kernel tests.
-# Logs go to $OUT (or ./gpu-out). Usage: scripts/gpu_suite.sh [quick|full]
+# Logs go to $OUT (or ./gpu-out). Usage: scripts/gpu_suite.sh [quick|full|gpu]
+# (gpu: everything of full but the CPU unit and golden suites, which are CI's job).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-out}"
@@ -31,15 +32,17 @@ run() {  # name, command...
 run cuda_tests ./tests/ds4r_cuda_tests
 run selftest ./ds4replay selftest --backend cuda
 if [ "$MODE" != quick ]; then
-  run unit_tests ./tests/ds4r_unit_tests
-  run golden_tests ./tests/ds4r_golden_tests
+  if [ "$MODE" != gpu ]; then
+    run unit_tests ./tests/ds4r_unit_tests
+    run golden_tests ./tests/ds4r_golden_tests
+  fi
   # kill -9 / SIGINT / SIGTERM and --resume with the CUDA backend (the unit suite runs them on the CPU)
   DS4R_RESUME_BACKEND=cuda run resume_cuda ./tests/ds4r_unit_tests --gtest_filter='Resume*'
   export DS4R_SANITIZER_RUN=1
   FILTER='Cuda*:-CudaGolden*'
   SAN_TIMEOUT="${DS4R_SANITIZER_TIMEOUT:-240}"
   run memcheck timeout "$SAN_TIMEOUT" compute-sanitizer --tool memcheck --error-exitcode 9 ./tests/ds4r_cuda_tests --gtest_filter="$FILTER"
-  if [ "$MODE" = full ]; then
+  if [ "$MODE" = full ] || [ "$MODE" = gpu ]; then
     run racecheck timeout "$SAN_TIMEOUT" compute-sanitizer --tool racecheck --error-exitcode 9 ./tests/ds4r_cuda_tests --gtest_filter="$FILTER"
   fi
 fi
