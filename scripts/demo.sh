@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The main job on an embedded default: builds ds4replay, makes a tiny random checkpoint in the real
-# layout, scores a few sequences (CUDA when a GPU is present, else the CPU backend) and prints a summary.
+# The main job on an embedded default: builds the ds4replay binary (not the tests: scripts/test.sh builds
+# those), makes a tiny random checkpoint in the real layout, scores a few sequences (CUDA when a GPU is
+# present, else the CPU backend) and prints a summary.
 # Usage: scripts/demo.sh [OUT_DIR]   (default: /tmp/ds4replay-demo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --target ds4replay
 BIN="${DS4R_BUILD_DIR:-build}/ds4replay"
 OUT="${1:-/tmp/ds4replay-demo}"
 rm -rf "$OUT/model"
