@@ -88,6 +88,11 @@ public:
     std::vector<SequenceScores> run(const std::vector<std::vector<int32_t>>& seqs, HiddenSink* sink,
                                     const std::function<void(const LayerTiming&)>& on_layer = {});
     static constexpr int64_t kMinChunkRows = 8;
+    // Progress within a layer: called after each chunk of a block (layer) or of the head (kHeadLayer)
+    // with the pass rows done so far and the pass's total. On an asynchronous backend "done" means
+    // issued; the host runs at most the state ring's depth of chunks ahead.
+    using ChunkCallback = std::function<void(int layer, int64_t rows_done, int64_t rows_total)>;
+    void set_on_chunk(ChunkCallback f) { on_chunk_ = std::move(f); }
     int64_t chunk_rows() const { return opt_.max_batch_tokens; }  // the current chunk size
     int out_of_memory_retries() const { return oom_retries_; }
 
@@ -165,6 +170,7 @@ private:
     std::vector<int64_t> hashes_;   // I64 [total_rows, n_engram_layers, cols]
     std::vector<Chunk> chunks_;
     int oom_retries_ = 0;
+    ChunkCallback on_chunk_;
     std::unique_ptr<CopyQueue> up_q_, down_q_;  // the state ring's host -> backend / backend -> host copies
     std::future<std::vector<uint16_t>> engram_rows_;  // the gather in flight
     int engram_rows_layer_ = -1;                      // its Engram layer index (-1: none)

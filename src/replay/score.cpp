@@ -19,6 +19,7 @@
 #include "ds4r/log.h"
 #include "ds4r/output.h"
 #include "ds4r/progress.h"
+#include "ds4r/zero_weights.h"
 
 namespace ds4r {
 
@@ -193,9 +194,12 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     const double t_start = now_s();
     if (opt.resume && opt.output == "-")
         throw InputError("--resume needs --output FILE (it cannot continue stdout)");
-    if (opt.top_k < 1 || opt.top_k > 1024) throw InputError("--top-k must be in [1, 1024]");
+    if (opt.top_k < 0 || opt.top_k > 1024) throw InputError("--top-k must be in [0, 1024]");
     if (!opt.capture_layers.empty() && opt.hidden_dir.empty())
         throw InputError("--capture-layers needs --hidden-dir DIR");
+    if (opt.capture_layers.empty() && !opt.hidden_dir.empty())
+        throw InputError(
+            "--hidden-dir needs --capture-layers L,... (the layers whose hidden states to save)");
     if (opt.input != "-" && opt.output != "-" && same_file(opt.input, opt.output))
         throw InputError(opt.output + ": the output file is the input file");
     Checkpoint ckpt = Checkpoint::open(opt.model_dir);
@@ -205,9 +209,22 @@ ScoreSummary run_score(const ScoreOptions& opt) {
             throw InputError(
                 strfmt("--capture-layers: layer %d outside [0, %lld]", L, (long long)cfg.n_layers));
     if (opt.top_k > cfg.vocab_size) throw InputError("--top-k is larger than the vocabulary");
+    if (checkpoint_has_zero_weights(ckpt)) {
+        if (!opt.allow_zero_weights)
+            throw CheckpointError(
+                opt.model_dir +
+                ": the weights are holes that read as zeros (make-tiny --headers-only), not "
+                "a model to score; --allow-zero-weights scores it anyway");
+        log_warn("scoring a checkpoint whose weights read as zeros (--allow-zero-weights)");
+    }
     const int64_t max_len = opt.max_seq_len > 0
                                 ? opt.max_seq_len
                                 : (cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 65536);
+    if (cfg.max_position_embeddings > 0 && max_len > cfg.max_position_embeddings)
+        log_warn(
+            strfmt("--max-seq-len %lld is beyond the model's max_position_embeddings (%lld): positions "
+                   "past it are outside the context the model was built for",
+                   (long long)max_len, (long long)cfg.max_position_embeddings));
 
     // Input and output problems surface before the (slow) backend and table setup.
     InputReader reader(opt.input, cfg.vocab_size, max_len);
@@ -246,7 +263,7 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     log_info("backend: " + be->name());
 
     ReplayOptions ro;
-    ro.top_k = opt.top_k;
+    ro.top_k = std::max(opt.top_k, 1);  // --top-k 0: computed as 1, not written
     ro.capture_layers = opt.capture_layers;
     ro.hidden_mode = opt.hidden_mode;
     ro.max_batch_tokens =
@@ -269,6 +286,8 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     PassRunner runner(*be, ckpt, *weights, engram.get(), ro);
     Progress progress(opt.progress, static_cast<int>(cfg.n_layers));
     progress.set_input_size(reader.size_bytes());
+    runner.set_on_chunk(
+        [&](int layer, int64_t done, int64_t total) { progress.chunk_done(layer, done, total); });
 
     ScoreSummary sum;
     sum.backend = be->name();
@@ -353,7 +372,8 @@ ScoreSummary run_score(const ScoreOptions& opt) {
                 const int s = seq_of_item[i];
                 std::vector<HiddenRef> refs = hidden ? hidden->refs_for(s) : std::vector<HiddenRef>{};
                 out.append(format_record(items[i].rec.id_json, scores[static_cast<size_t>(s)], opt.top_k,
-                                         refs, items[i].rec.extra_json));
+                                         refs, items[i].rec.extra_json,
+                                         opt.echo_tokens ? &items[i].rec.tokens : nullptr));
                 ++sum.sequences;
                 sum.tokens += static_cast<int64_t>(items[i].rec.tokens.size());
             }
