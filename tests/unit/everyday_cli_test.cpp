@@ -218,22 +218,25 @@ TEST(EverydayCli, SingularCountsInMessages) {
     EXPECT_NE(log.find("pass 1 done: 1 sequence, 3 tokens"), std::string::npos) << log;
 }
 
+// `ds4replay <args>` with stdout on /dev/full; its stderr into *log (run_command adds 2>&1 outside).
+int run_to_full_stdout(const std::string& args, std::string* log) {
+    return test::run_command("{ " + shell_quote(test::binary_path()) + " " + args + " > /dev/full; }", log);
+}
+
 TEST(EverydayCli, FullStdoutFailsWithTheReason) {
     if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
     const std::string dir = test::temp_dir("everyday-full");
     write_text(dir + "/in.jsonl", kInput);
     std::string log;
-    EXPECT_EQ(test::run_ds4replay("score " + model_arg() + " --progress none --input " +
-                                      shell_quote(dir + "/in.jsonl") + " --output - > /dev/full",
-                                  &log),
+    EXPECT_EQ(run_to_full_stdout("score " + model_arg() + " --progress none --input " +
+                                     shell_quote(dir + "/in.jsonl") + " --output -",
+                                 &log),
               1)
         << log;
     EXPECT_NE(log.find("writing results to stdout failed: No space left on device"), std::string::npos)
         << log;
     // Commands printing reports on stdout fail too, with the reason.
-    EXPECT_EQ(test::run_ds4replay(
-                  "inspect --json --model " + shell_quote(test::tiny_model_dir()) + " > /dev/full", &log),
-              1)
+    EXPECT_EQ(run_to_full_stdout("inspect --json --model " + shell_quote(test::tiny_model_dir()), &log), 1)
         << log;
     EXPECT_NE(log.find("writing to stdout failed: No space left on device"), std::string::npos) << log;
 }

@@ -284,8 +284,8 @@ void interrupt_once(int sig) {
     const auto lines = split_lines(slurp(w.out), &tail);
     EXPECT_TRUE(tail.empty()) << "a clean stop leaves no partial line";
     EXPECT_LT(lines.size(), ref.lines.size());
-    const std::string msg =
-        "ds4replay: interrupted: " + std::to_string(lines.size()) + " sequences saved; rerun with --resume";
+    const std::string msg = "ds4replay: interrupted: " + std::to_string(lines.size()) +
+                            (lines.size() == 1 ? " sequence" : " sequences") + " saved; rerun with --resume";
     EXPECT_NE(err.find(msg), std::string::npos) << "expected '" << msg << "' in:\n" << err;
     check_crash_state(c, w, ref, "after the signal");
     // Rolled back: each hidden file holds exactly the rows the saved records reference.
