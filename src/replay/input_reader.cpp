@@ -242,8 +242,8 @@ bool InputReader::next(InputRecord& rec, std::string* bad_line_id) {
     if (toks->empty()) fail("empty token sequence");
     if (static_cast<int64_t>(toks->size()) > max_len_)
         fail(
-            strfmt("sequence of %zu tokens is longer than the maximum %lld (--max-seq-len; default the "
-                   "model's max_position_embeddings): split it, or raise --max-seq-len",
+            strfmt("sequence of %zu tokens is longer than the maximum %lld (--max-seq-len): split it, or "
+                   "raise --max-seq-len (default: the model's max_position_embeddings)",
                    toks->size(), (long long)max_len_));
     rec.tokens.reserve(toks->size());
     for (size_t i = 0; i < toks->size(); ++i) {
