@@ -1,5 +1,5 @@
 // Device helpers shared by every kernel family: exact conversions (twins of include/ds4r/numeric.h),
-// and the elementwise function forms of docs/MODEL.md 8.2. CUDA headers only.
+// and the elementwise function forms of MODEL.md 8.2. CUDA headers only.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -69,7 +69,7 @@ __device__ __forceinline__ float e2m1_to_f32(uint32_t code) {
     const float v = mag[code & 7u];
     return (code & 8u) ? -v : v;
 }
-// Round to e2m1, ties to the even code, sign kept (docs/MODEL.md 5.2). Input clamped to [-6, 6] by callers.
+// Round to e2m1, ties to the even code, sign kept (MODEL.md 5.2). Input clamped to [-6, 6] by callers.
 __device__ __forceinline__ uint32_t f32_to_e2m1(float f) {
     const uint32_t sign = signbit(f) ? 8u : 0u;
     const float a = fabsf(f);
@@ -93,7 +93,7 @@ __device__ __forceinline__ uint32_t f32_to_e2m1(float f) {
     return sign | c;
 }
 
-// Elementwise forms of DeepSeek's reference on CUDA torch (docs/MODEL.md 8.2). expf/log1pf/sqrtf are the
+// Elementwise forms of DeepSeek's reference on CUDA torch (MODEL.md 8.2). expf/log1pf/sqrtf are the
 // IEEE-accurate library functions (no fast-math); rsqrt is the hardware approximation torch uses.
 __device__ __forceinline__ float ref_sigmoid(float x) {
     return 1.0f / (1.0f + expf(-x));

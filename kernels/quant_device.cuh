@@ -1,4 +1,4 @@
-// Device building blocks of the activation quantizers (docs/MODEL.md 5.1, 5.2): twins of the CPU's
+// Device building blocks of the activation quantizers (MODEL.md 5.1, 5.2): twins of the CPU's
 // src/backend/cpu/cpu_ref.h (fp8_quant_block, fp4_block_scale, fp4_quant_block), operation for
 // operation, so results are bit identical. Used by kernels/quant.cu and the MoE SwiGLU kernel.
 // Device code only; CUDA headers and common.cuh only.
@@ -24,7 +24,7 @@ __device__ __forceinline__ float nan_max(float a, float b) {
     return fmaxf(a, b);
 }
 
-// 2^ceil(log2(amax * max_inv)) by the kernels' bit trick (docs/MODEL.md 5.1): biased exponent of the fp32
+// 2^ceil(log2(amax * max_inv)) by the kernels' bit trick (MODEL.md 5.1): biased exponent of the fp32
 // product, +1 when its mantissa is non-zero. A NaN product yields the bit pattern 0x80000000 (the
 // exponent overflows into the sign), exactly as the CPU twin computes it.
 __device__ __forceinline__ float ceil_pow2_scale(float amax, float max_inv) {
@@ -49,7 +49,7 @@ __device__ __forceinline__ uint8_t fp8_code(float x, float s) {
     return f32_to_e4m3(v);
 }
 
-// fp4 scale from the raw amax (docs/MODEL.md 5.2, 8.2). e4m3_16 = false: E8M0 branch (floor 6 * 2^-126,
+// fp4 scale from the raw amax (MODEL.md 5.2, 8.2). e4m3_16 = false: E8M0 branch (floor 6 * 2^-126,
 // power of two rounded up); true: E4M3 branch (floor 6 * 2^-9, e4m3(amax / 6) with a true division).
 __device__ __forceinline__ float fp4_block_scale(float amax, bool e4m3_16) {
     if (!e4m3_16) {

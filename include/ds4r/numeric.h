@@ -1,5 +1,5 @@
 // Exact host conversions between fp32 and the narrow formats of the checkpoint and of DeepSeek's
-// activation quantization (docs/MODEL.md 3.2, 5.1, 5.2). All roundings are IEEE round-to-nearest-even.
+// activation quantization (MODEL.md 3.2, 5.1, 5.2). All roundings are IEEE round-to-nearest-even.
 // kernels/ has device twins of these (kernels/numeric.cuh); tests check that both agree.
 #pragma once
 
@@ -116,7 +116,7 @@ inline float e2m1_to_f32(uint8_t code) {
     float v = kMag[code & 7u];
     return (code & 8u) ? -v : v;
 }
-// Round to the nearest e2m1 value, ties to the even code (docs/MODEL.md 5.2); keeps the sign (-0 too).
+// Round to the nearest e2m1 value, ties to the even code (MODEL.md 5.2); keeps the sign (-0 too).
 // Input is expected in [-6, 6] (callers clamp); larger magnitudes saturate to 6.
 inline uint8_t f32_to_e2m1(float f) {
     uint8_t sign = std::signbit(f) ? 8 : 0;

@@ -1,4 +1,4 @@
-// The layer-major pass runner (docs/DESIGN.md section 3, replay/): a pass is a set of sequences whose
+// The layer-major pass runner (DESIGN.md section 3, replay/): a pass is a set of sequences whose
 // state fits in host memory; every layer is applied to every sequence of the pass before the next
 // layer is acquired from the WeightSource. Per-sequence state (4-copy residual stream, next
 // pre-mix) lives in host memory between layers and streams through the backend in chunks of at
@@ -35,7 +35,7 @@ struct ReplayOptions {
 // backend's free memory; 64 .. 8192.
 int64_t default_chunk_rows(const ModelConfig& cfg, size_t free_bytes);
 
-// Engram hashing state and table readers for the whole run (docs/MODEL.md 4.2, 4.8).
+// Engram hashing state and table readers for the whole run (MODEL.md 4.2, 4.8).
 struct EngramResources {
     EngramTokenMap map;
     EngramLayout layout;
@@ -56,7 +56,7 @@ struct SequenceScores {
     std::vector<double> topk_logprobs;  // [n, k]
 };
 
-// Receives captured hidden states (docs/DESIGN.md "Hidden states"), per layer and sequence, in
+// Receives captured hidden states (DESIGN.md "Hidden states"), per layer and sequence, in
 // sequence order. Mean mode: fp16 bits [rows, D]; copies mode: bf16 bits [rows, hc, D];
 // layer n_layers: fp16 bits [rows, D].
 class HiddenSink {
@@ -129,7 +129,7 @@ private:
         ChunkRows rows;
     };
     void plan_chunks();
-    // Gathers Engram rows of Engram layer #ei for every row of the pass, in the background (docs/MODEL.md
+    // Gathers Engram rows of Engram layer #ei for every row of the pass, in the background (MODEL.md
     // 4.8 step 1): BF16 [total_rows, cols * ehd]. Started one Engram layer ahead.
     void start_engram_gather(int ei);
     void upload_chunk(const Chunk& ch, const Tensor& X, const Tensor& P);  // synchronous (Engram)

@@ -31,7 +31,7 @@ struct ScoreOptions {
     bool resume = false;
     bool skip_bad = false;
     // Before scoring, check that the Engram hash multipliers derived from numpy's
-    // default_rng(10007 * layer) equal the released model's published values (docs/MODEL.md 4.2).
+    // default_rng(10007 * layer) equal the released model's published values (MODEL.md 4.2).
     bool seed_check = false;
     std::string progress = "auto";  // auto | bar | plain | none
 };

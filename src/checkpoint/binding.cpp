@@ -1,4 +1,4 @@
-// Tensor binding: names, dtypes and shapes of docs/MODEL.md 3.3 / 3.4, derived from the config.
+// Tensor binding: names, dtypes and shapes of MODEL.md 3.3 / 3.4, derived from the config.
 #include "ds4r/binding.h"
 
 namespace ds4r {
@@ -51,7 +51,7 @@ std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& c, const LayerRole
     add("hc_ffn_base", DType::F32, {mix});
     add("hc_attn_scale", DType::F32, {3});
     add("hc_ffn_scale", DType::F32, {3});
-    // Attention (docs/MODEL.md 4.6).
+    // Attention (MODEL.md 4.6).
     add("attn.attn_sink", DType::F32, {H});
     fp8("attn.wq_a", c.q_lora_rank, D);
     add("attn.q_norm.weight", DType::BF16, {c.q_lora_rank});
@@ -63,7 +63,7 @@ std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& c, const LayerRole
     fp8("attn.wo_b", D, c.o_groups * c.o_lora_rank);
     if (role.kv_source) {
         add("attn.compressor.wkv.weight", DType::BF16, {hd, D});
-        // Gated pooling only at ratio 2 (docs/MODEL.md 4.6.1).
+        // Gated pooling only at ratio 2 (MODEL.md 4.6.1).
         if (role.ratio == 2) add("attn.compressor.wgate.weight", DType::BF16, {hd, D});
         add("attn.compressor.norm.weight", DType::BF16, {hd});
     }
@@ -75,7 +75,7 @@ std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& c, const LayerRole
         fp8("attn.indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank);
         add("attn.indexer.weights_proj.weight", DType::BF16, {c.index_n_heads, D});
     }
-    // MoE (docs/MODEL.md 4.7).
+    // MoE (MODEL.md 4.7).
     const int64_t E = c.n_routed_experts, I = c.moe_inter_dim;
     add("ffn.gate.weight", DType::BF16, {E, D});
     add("ffn.gate.bias", DType::F32, {E});
@@ -89,7 +89,7 @@ std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& c, const LayerRole
         fp4(b + ".w2", D, I);
         fp4(b + ".w3", I, D);
     }
-    // Engram (docs/MODEL.md 4.8): projections stream with the layer, the table is gathered.
+    // Engram (MODEL.md 4.8): projections stream with the layer, the table is gathered.
     const int ei = c.engram_index(L);
     if (ei >= 0) {
         const int64_t cols = c.engram_hash_cols(), ehd = c.engram_head_dim;

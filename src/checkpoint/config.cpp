@@ -1,4 +1,4 @@
-// config.json parsing, both forms (docs/MODEL.md 2.1 and 2.2), and layer-role derivation (docs/MODEL.md 2.4).
+// config.json parsing, both forms (MODEL.md 2.1 and 2.2), and layer-role derivation (MODEL.md 2.4).
 #include "ds4r/config.h"
 
 #include <algorithm>

@@ -21,7 +21,7 @@ void add_selftest_command(CLI::App& root, std::vector<Command>& out);
 void add_compare_command(CLI::App& root, std::vector<Command>& out);
 void add_bench_command(CLI::App& root, std::vector<Command>& out);
 
-// $DSV41_PATH, else ~/models/DeepSeek-V4.1-Flash (docs/DESIGN.md section 2).
+// $DSV41_PATH, else ~/models/DeepSeek-V4.1-Flash (DESIGN.md section 2).
 std::string default_model_dir();
 
 }  // namespace ds4r::cli

@@ -1,4 +1,4 @@
-// Host-side gather of Engram table rows (docs/MODEL.md 4.8 step 1). A table is far larger than any
+// Host-side gather of Engram table rows (MODEL.md 4.8 step 1). A table is far larger than any
 // device (layer 1: 384,006,168 rows x 256 fp8 = 98 GB), and a forward reads only s x 24 rows of
 // it, so the shard is mapped read-only with random-access advice and the few rows are
 // dequantized on the host: bf16( e4m3(row[d]) * 2^(scale[d / 32] - 127) ), the product in fp32
@@ -23,7 +23,7 @@
 namespace ds4r {
 
 namespace {
-constexpr int64_t kScaleBlock = 32;  // one e8m0 scale per 32 elements of a row (docs/MODEL.md 3.4)
+constexpr int64_t kScaleBlock = 32;  // one e8m0 scale per 32 elements of a row (MODEL.md 3.4)
 }
 
 struct EngramTable::Impl {

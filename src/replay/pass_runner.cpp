@@ -111,7 +111,7 @@ void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs) {
     stream_ = be_.alloc_host(static_cast<size_t>(total_rows_ * hc * D) * 2);
     premix_ = be_.alloc_host(static_cast<size_t>(total_rows_ * hc) * 4);
 
-    // Embedding rows (docs/MODEL.md 4.3), read from the shard on the host: a gather, never streamed.
+    // Embedding rows (MODEL.md 4.3), read from the shard on the host: a gather, never streamed.
     const TensorLocation& emb = ckpt_.at("embed.weight");
     FileHandle f(ckpt_.shards().at(static_cast<size_t>(emb.shard)).path, O_RDONLY, 0, true);
     std::vector<uint16_t> row(static_cast<size_t>(D));
@@ -128,7 +128,7 @@ void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs) {
             ++r;
         }
 
-    // Engram hash ids of every row (docs/MODEL.md 4.2), computed once per pass.
+    // Engram hash ids of every row (MODEL.md 4.2), computed once per pass.
     hashes_.clear();
     if (engram_) {
         const int64_t ne = static_cast<int64_t>(cfg_.engram_layer_ids.size()), cols = cfg_.engram_hash_cols();
@@ -450,7 +450,7 @@ std::vector<SequenceScores> PassRunner::finish(const GlobalWeights& g, HiddenSin
             auto& s = out[static_cast<size_t>(sg.seq)];
             for (int64_t t = sg.t0; t < sg.t1; ++t) {
                 const size_t r = static_cast<size_t>(sg.row + t - sg.t0);
-                // log-probabilities in double from the fp32 logits (docs/DESIGN.md section 2)
+                // log-probabilities in double from the fp32 logits (DESIGN.md section 2)
                 if (t + 1 < s.n) {
                     s.logprob[static_cast<size_t>(t)] = static_cast<double>(tl[r]) - lse[r];
                     s.rank[static_cast<size_t>(t)] = rk[r];
@@ -485,7 +485,7 @@ std::vector<SequenceScores> PassRunner::run(const std::vector<std::vector<int32_
         try {
             return run_pass(seqs, sink, on_layer);
         } catch (const OutOfMemoryError& e) {
-            // docs/DESIGN.md section 6: shrink the chunks and go on, never return wrong data. Nothing of
+            // DESIGN.md section 6: shrink the chunks and go on, never return wrong data. Nothing of
             // the pass has left the runner (its captured rows are dropped by the sink).
             if (opt_.max_batch_tokens <= kMinChunkRows) throw;
             const int64_t rows = std::max<int64_t>(kMinChunkRows, opt_.max_batch_tokens / 2);

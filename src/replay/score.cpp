@@ -1,4 +1,4 @@
-// The score job: input -> passes -> durable results (docs/DESIGN.md sections 2, 5, 6).
+// The score job: input -> passes -> durable results (DESIGN.md sections 2, 5, 6).
 #include "ds4r/score.h"
 
 #include <fcntl.h>
@@ -147,7 +147,7 @@ void validate_whole_input(const std::string& path, int64_t vocab, int64_t max_le
 
 }  // namespace
 
-// --seed-check: the Engram multipliers come from numpy.random.default_rng(10007 * layer) (docs/MODEL.md
+// --seed-check: the Engram multipliers come from numpy.random.default_rng(10007 * layer) (MODEL.md
 // 4.2); for the released model they must equal its published values.
 static void check_engram_seeds(const ModelConfig& cfg) {
     if (cfg.engram_layer_ids.empty()) {
@@ -168,7 +168,7 @@ static void check_engram_seeds(const ModelConfig& cfg) {
         } else if (got != want) {
             throw RuntimeError(
                 strfmt("seed check: layer %d Engram multipliers [%s] differ from the released model's "
-                       "published values (docs/MODEL.md 4.2)",
+                       "published values (MODEL.md 4.2)",
                        L, vals.c_str()));
         } else {
             log_info(
@@ -268,7 +268,7 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     ro.hidden_mode = opt.hidden_mode;
     ro.max_batch_tokens =
         opt.max_batch_tokens > 0 ? opt.max_batch_tokens : default_chunk_rows(cfg, be->free_memory());
-    // Pass size: host state ~ hc*D*2 + hashes per token (<= 64 KB, docs/DESIGN.md 5), half of MemAvailable.
+    // Pass size: host state ~ hc*D*2 + hashes per token (<= 64 KB, DESIGN.md 5), half of MemAvailable.
     const int64_t host_per_token =
         cfg.hc_mult * cfg.dim * 2 + cfg.hc_mult * 4 +
         static_cast<int64_t>(cfg.engram_layer_ids.size()) * cfg.engram_hash_cols() * 8 + 64;

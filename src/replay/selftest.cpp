@@ -29,7 +29,7 @@ struct Report {
     }
 };
 
-// Known answers of DeepSeek's activation quantizers (docs/MODEL.md 5.1, 5.2), worked out by hand.
+// Known answers of DeepSeek's activation quantizers (MODEL.md 5.1, 5.2), worked out by hand.
 void check_quantization(Backend& be, Report& r) {
     // One row of 32: the block max 448 gives scale 2^0; 1e-30 everywhere else -> code 0.
     std::vector<uint16_t> x(64, f32_to_bf16(1e-30f));

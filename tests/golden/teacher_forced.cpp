@@ -108,7 +108,7 @@ TeacherForcedReport run_teacher_forced(const std::string& backend) {
                     NpyArray ik = dump(sn + "_L" + std::to_string(role.index_keys_from) + "_index_k.npy");
                     put_rows(be, ctx.index_k, info.row0, ik.data.data(), T);
                     info.cmp_rows = T;
-                    // Candidate mask [s, T] positions -> block bitmask (docs/MODEL.md 4.6.2 step 6).
+                    // Candidate mask [s, T] positions -> block bitmask (MODEL.md 4.6.2 step 6).
                     NpyArray cm =
                         dump(sn + "_L" + std::to_string(cfg.candidate_source_layer) + "_candidates.npy");
                     const int64_t bs = cfg.candidate_block_size, nb = (T + bs - 1) / bs,
@@ -235,7 +235,7 @@ void check_teacher_forced_report(const TeacherForcedReport& rep, const std::stri
     ASSERT_FALSE(rep.layers.empty());
     int route_same = 0, route_tot = 0, topk_eq = 0, topk_tot = 0, checked = 0, over = 0;
     // ULP-level differences that cannot be removed (the CPU's exactly rounded rsqrt vs the GPU's
-    // rsqrtf approximation, docs/MODEL.md 8.2; reduction orders of the reference's cuBLAS GEMMs and of the
+    // rsqrtf approximation, MODEL.md 8.2; reduction orders of the reference's cuBLAS GEMMs and of the
     // tensor-core MMAs) occasionally flip an fp8 activation-quant scale inside the MoE, which moves
     // one token's output by a few percent: tiny-a seq 5 layer 3 on the CPU (adding 1 ulp to the
     // ffn_norm rsqrt of token 1 reproduces the reference's MoE output bit for bit), seq 6 layer 3 on

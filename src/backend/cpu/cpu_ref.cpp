@@ -46,7 +46,7 @@ float block_amax_bf16(const uint16_t* x, int64_t n) {
 }
 
 float fp8_quant_block(const uint16_t* x, int64_t n, uint8_t* q, uint8_t* scale_byte) {
-    // docs/MODEL.md 5.1: amax floored at 1e-4, scale rounded UP to a power of two, clamp +-448, RNE.
+    // MODEL.md 5.1: amax floored at 1e-4, scale rounded UP to a power of two, clamp +-448, RNE.
     float amax = block_amax_bf16(x, n);
     if (!(amax >= kFp8AmaxFloor) && !std::isnan(amax)) amax = kFp8AmaxFloor;
     const float s = ceil_pow2_scale(amax, kFp8MaxInv);
@@ -62,13 +62,13 @@ float fp8_quant_block(const uint16_t* x, int64_t n, uint8_t* q, uint8_t* scale_b
 
 float fp4_block_scale(float amax, Fp4Scale kind, uint8_t* scale_byte) {
     if (kind == Fp4Scale::E8M0_32) {
-        // docs/MODEL.md 5.2 E8M0 branch: floor 6 * 2^-126, power of two rounded up.
+        // MODEL.md 5.2 E8M0 branch: floor 6 * 2^-126, power of two rounded up.
         if (!(amax >= kFp4E8m0AmaxFloor) && !std::isnan(amax)) amax = kFp4E8m0AmaxFloor;
         const float s = ceil_pow2_scale(amax, kFp4MaxInv);
         if (scale_byte) *scale_byte = e8m0_of_pow2(s);
         return s;
     }
-    // docs/MODEL.md 5.2 / 8.2 E4M3 branch: floor 6 * 2^-9 (an all-zero block still gets 2^-9), then
+    // MODEL.md 5.2 / 8.2 E4M3 branch: floor 6 * 2^-9 (an all-zero block still gets 2^-9), then
     // s = e4m3(amax / 6) with a TRUE fp32 division, RNE, saturating at 448. (The golden quant data
     // distinguishes this from amax * fp32(1/6): see cpu_quant_test.)
     if (!(amax >= kFp4E4m3AmaxFloor) && !std::isnan(amax)) amax = kFp4E4m3AmaxFloor;

@@ -21,7 +21,7 @@ void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, i
 
 namespace {
 
-// Default GPU memory budget: the product targets a 24 GB card (docs/DESIGN.md 5): <= 22 GB whatever the
+// Default GPU memory budget: the product targets a 24 GB card (DESIGN.md 5): <= 22 GB whatever the
 // GPU. DS4R_GPU_MEMORY_GB overrides (benchmarks on bigger GPUs keep the default on purpose).
 size_t default_budget() {
     if (const char* e = std::getenv("DS4R_GPU_MEMORY_GB")) {
@@ -279,7 +279,7 @@ cublasHandle_t CudaBackend::cublas() {
     if (!cublas_) {
         DS4R_CUBLAS_CHECK(cublasCreate(&cublas_));
         DS4R_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
-        // No TF32 anywhere (docs/DESIGN.md 4).
+        // No TF32 anywhere (DESIGN.md 4).
         DS4R_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
     }
     return cublas_;

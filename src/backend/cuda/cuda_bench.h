@@ -1,4 +1,4 @@
-// GEMM micro-benchmarks for `ds4replay bench` (docs/DESIGN.md 8: fp8/fp4 dequant-GEMM vs cuBLAS bf16 on
+// GEMM micro-benchmarks for `ds4replay bench` (DESIGN.md 8: fp8/fp4 dequant-GEMM vs cuBLAS bf16 on
 // pre-dequantized weights of the same shape). Each builds random operands of the given shape on the
 // device, runs 2 warm-up calls, then times `iters` calls with CUDA events; the result is
 // 2 * M * N * K * iters / elapsed, in TFLOP/s. Not tests: they assert nothing.
