@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian packages) and builds ds4replay into ./build.
-# Sourced by scripts/demo.sh and scripts/test.sh; usable alone: scripts/setup.sh [extra cmake args]
+# Called by scripts/demo.sh (binary only) and scripts/test.sh (everything); usable alone:
+#   scripts/setup.sh [--target NAME]... [extra cmake args]
+# --target builds only the named CMake targets (repeatable; e.g. --target ds4replay); without it, all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+targets=()
+cmake_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --target) targets+=("$2"); shift 2 ;;
+    --target=*) targets+=("${1#--target=}"); shift ;;
+    *) cmake_args+=("$1"); shift ;;
+  esac
+done
 
 PKGS=(cmake g++ make libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libgtest-dev libutf8proc-dev libpcre2-dev zlib1g-dev liburing-dev)
 # The Python package tests (tests/python: pytest, numpy).
@@ -25,5 +37,10 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 BUILD_DIR="${DS4R_BUILD_DIR:-build}"
 JOBS="${DS4R_JOBS:-$(nproc)}"
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
-cmake --build "$BUILD_DIR" -j "$JOBS"
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo ${cmake_args[@]+"${cmake_args[@]}"} >/dev/null
+if [ ${#targets[@]} -gt 0 ]; then
+  echo "setup: building ${targets[*]} in $BUILD_DIR" >&2
+  cmake --build "$BUILD_DIR" -j "$JOBS" --target "${targets[@]}"
+else
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+fi

@@ -37,8 +37,8 @@
 // Output: a text report (totals, the |d logprob| line, top-1 / rank agreement, KL, one line per
 // sequence unless per_sequence is false) or, with json, one object: sequences, positions,
 // median_abs_dlogprob, mean_abs_dlogprob, p95_abs_dlogprob, max_abs_dlogprob, top1_agreement,
-// rank_agreement (null when undefined), kl_positions, kl_mean, kl_median, kl_max, a, b, missing_in_b,
-// missing_in_a, ambiguous_topk_entries, per_sequence: [{"id": ..., the same statistics}].
+// rank_agreement, kl_positions, kl_mean, kl_median, kl_max (each null when undefined: no positions), a, b,
+// missing_in_b, missing_in_a, ambiguous_topk_entries, per_sequence: [{"id": ..., the same statistics}].
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,10 @@
 // make-tiny (DESIGN.md section 2): a random checkpoint in exactly the released layout (MODEL.md 2.1,
 // 3.1-3.4) — config.json in the Hugging Face form, model.safetensors.index.json, shards
-// model-000NN-of-000MM.safetensors (shard 1: embed; one shard per layer; then head + norm; then one
-// shard per Engram table), a byte-level BPE tokenizer.json — with tensor names, dtypes and shapes
-// taken from the binding (all_tensor_specs), fp8 / fp4 weights quantized as DeepSeek's are.
+// model-000NN-of-000MM.safetensors (tiny: shard 1 embed, one shard per layer, head + norm, one shard
+// per Engram table; full-width: the release's grouping, docs/MODEL.md 3.1: vision, embed, one per
+// layer, head + norm, 3 MTP, the Engram tables; 48 shards at 40 layers), a byte-level BPE tokenizer.json —
+// with tensor names, dtypes and shapes taken from the binding (all_tensor_specs), fp8 / fp4 weights quantized
+// as DeepSeek's are.
 //
 // Presets:
 //   tiny        the dimensions and layer roles of the golden tiny-a (vocab 512, dim 256, 6 layers).

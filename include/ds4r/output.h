@@ -24,9 +24,12 @@ struct HiddenRef {
 };
 
 // One output line (without the trailing newline). `id_json` is the id as JSON text; `extra_json`
-// the carried-through input fields as a JSON object text ("{}" when none).
+// the carried-through input fields as a JSON object text ("{}" when none). `top_k` alternatives are
+// written per position (at most those in `s`); top_k 0 omits the topk_ids / topk_logprobs fields
+// (docs/FORMATS.md). `tokens`, when given, is echoed as "tokens" after "n_tokens".
 std::string format_record(const std::string& id_json, const SequenceScores& s, int top_k,
-                          const std::vector<HiddenRef>& hidden, const std::string& extra_json);
+                          const std::vector<HiddenRef>& hidden, const std::string& extra_json,
+                          const std::vector<int32_t>* tokens = nullptr);
 // A record for an input line that could not be scored (--skip-bad).
 std::string format_error_record(const std::string& id_json, int64_t line, const std::string& message);
 

@@ -6,8 +6,11 @@
 // `none` is silent; `auto` picks bar when the stream is a terminal, else plain. Plain lines:
 //   pass P layer L/N: T tokens, R tok/s, read G GB/s, wait W s, compute C s, pass ETA E, run X% ETA F
 //   pass P head: ...same fields...
-//   pass P done: S sequences, T tokens in D s (R tok/s); run: T2 tokens in D2 s (R2 tok/s), X% of input, ETA
-//   F
+//   pass P done: S sequence(s), T tokens in D s (R tok/s); run: T2 tokens in D2 s (R2 tok/s),
+//     X% of input, ETA F
+// Within a layer that runs longer than kChunkLinesAfterS (a long sequence on a slow backend), the
+// chunks done so far, at most one line per kChunkLinesAfterS (bar: per second):
+//   pass P layer L/N: R/T tokens of the layer done (X%) in S s, layer ETA E
 // P counts passes from 1, L the layers from 1 (N = n_layers). R: pass tokens x fraction of the pass
 // done / pass time. G: weight bytes read during the pass / pass time (WeightSource::stats). Pass ETA:
 // pass time x (layers left / layers done), the head counting as a layer. Run X% and ETA: the total
@@ -44,11 +47,16 @@ public:
     // Weight bytes read by the WeightSource so far (for GB/s); call before begin_pass and layer_done.
     void set_bytes_read(uint64_t bytes) { bytes_read_ = bytes; }
     void layer_done(const LayerTiming& t);
+    // A chunk of `layer` (kHeadLayer: the head) finished: rows_done of the pass's rows_total rows
+    // (tokens) have been through it (PassRunner::set_on_chunk).
+    void chunk_done(int layer, int64_t rows_done, int64_t rows_total);
     void end_pass();
+    static constexpr double kChunkLinesAfterS = 3.0;
 
     // The text of the update layer_done / end_pass print (without "\r" or newline).
     std::string layer_line(const LayerTiming& t) const;
     std::string pass_done_line() const;
+    std::string chunk_line(int layer, int64_t rows_done, int64_t rows_total) const;
 
 private:
     void emit(const std::string& line, bool final_line);
@@ -65,6 +73,8 @@ private:
     int64_t input_size_ = -1;
     int64_t tokens_done_total_ = 0;
     double pass_t0_ = 0, run_t0_ = 0, pass_end_t_ = 0;
+    double layer_t0_ = 0;     // when the current layer started (the previous layer line)
+    double last_emit_t_ = 0;  // when the last line was printed
     int layers_done_ = 0;
     uint64_t bytes_read_ = 0, bytes_at_pass_start_ = 0;
     size_t last_len_ = 0;

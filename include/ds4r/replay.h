@@ -93,6 +93,11 @@ public:
                                     const std::function<void(const LayerTiming&)>& on_layer = {},
                                     const Continuation* from = nullptr);
     static constexpr int64_t kMinChunkRows = 8;
+    // Progress within a layer: called after each chunk of a block (layer) or of the head (kHeadLayer)
+    // with the pass rows done so far and the pass's total. On an asynchronous backend "done" means
+    // issued; the host runs at most the state ring's depth of chunks ahead.
+    using ChunkCallback = std::function<void(int layer, int64_t rows_done, int64_t rows_total)>;
+    void set_on_chunk(ChunkCallback f) { on_chunk_ = std::move(f); }
     int64_t chunk_rows() const { return opt_.chunk_rows; }  // the current chunk size
     int out_of_memory_retries() const { return oom_retries_; }
     // The Engram gathers of every pass so far (rows, requests, busy time, the stall at Engram layers).
@@ -182,6 +187,7 @@ private:
     std::vector<Chunk> chunks_;
     int oom_retries_ = 0;
     int next_layer_ = 0;                        // first layer not yet applied to the host state
+    ChunkCallback on_chunk_;
     std::unique_ptr<CopyQueue> up_q_, down_q_;  // the state ring's host -> backend / backend -> host copies
     // The pass's Engram gathers (io/): every table's rows, started by begin() (MODEL.md 4.8 step 1).
     std::unique_ptr<EngramPassGather> engram_gather_;

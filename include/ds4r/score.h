@@ -18,7 +18,11 @@ struct ScoreOptions {
     std::string model_dir;
     std::string input = "-";
     std::string output = "-";
-    int top_k = 8;
+    int top_k = 8;            // 0: no alternatives (no topk_ids / topk_logprobs fields)
+    bool echo_tokens = true;  // records carry the input token ids ("tokens"); --no-tokens drops them
+    // A checkpoint whose shards are marked as holes (make-tiny --headers-only) reads as all-zero
+    // weights: refused unless this is set.
+    bool allow_zero_weights = false;
     std::vector<int> capture_layers;
     std::string hidden_dir;
     HiddenMode hidden_mode = HiddenMode::Mean;

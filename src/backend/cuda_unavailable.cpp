@@ -5,7 +5,10 @@
 namespace ds4r {
 
 std::unique_ptr<Backend> make_cuda_backend(int, std::string* why, double) {
-    if (why) *why = "this ds4replay was built without CUDA (no nvcc at configure time)";
+    if (why)
+        *why =
+            "this ds4replay was built without the CUDA backend (-DDS4R_CUDA=OFF, or no nvcc at configure "
+            "time)";
     return nullptr;
 }
 

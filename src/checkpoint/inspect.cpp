@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ds4r/safetensors.h"
+#include "ds4r/zero_weights.h"
 
 namespace ds4r {
 
@@ -139,6 +140,9 @@ std::string inspect_text(const Checkpoint& ck) {
     o += strfmt("  total:            %s in %zu tensors, %zu shard%s (%s)\n", format_bytes(b.total).c_str(),
                 ck.tensors().size(), ck.shards().size(), ck.shards().size() == 1 ? "" : "s",
                 ck.index_file().c_str());
+    if (checkpoint_has_zero_weights(ck))
+        o += "  weights:          ZEROS (make-tiny --headers-only: shards are headers plus holes); score "
+             "refuses it without --allow-zero-weights\n";
     o += "checkpoint OK\n";
     return o;
 }
@@ -221,6 +225,7 @@ std::string inspect_json(const Checkpoint& ck) {
     for (const auto& s : ck.shards())
         shards.push_back({{"file", s.file_name}, {"size", s.file_size}, {"tensors", s.n_tensors}});
     j["shards"] = std::move(shards);
+    j["zero_weights"] = checkpoint_has_zero_weights(ck);
     j["unknown_tensors"] = ck.unknown_tensor_names();
     // Names come from files: replace invalid UTF-8 rather than throw while printing.
     return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";

@@ -20,6 +20,7 @@
 #include "ds4r/error.h"
 #include "ds4r/file_util.h"
 #include "ds4r/tokenizer.h"
+#include "ds4r/zero_weights.h"
 
 namespace ds4r {
 
@@ -323,7 +324,16 @@ MakeTinyPlan plan_make_tiny(TinyPreset preset, int layers, int64_t engram_rows) 
 
     const int L = static_cast<int>(p.cfg.n_layers);
     const int n_tables = static_cast<int>(p.cfg.engram_layer_ids.size());
-    const int total = 1 + L + 1 + n_tables;
+    // full-width follows the release's shard grouping (docs/MODEL.md 3.1): 1 vision + aligner,
+    // 2 embed, one shard per layer (layer L in shard L + 3), head + norm, mtp.0..2, then the Engram
+    // tables (48 shards at 40 layers). The vision and MTP tensors are not generated (a prefill never
+    // reads them): their shards hold one small placeholder tensor each, so that every shard of the
+    // set is listed in the index. tiny keeps the golden tiny-a's grouping (no vision / MTP shards).
+    const bool release_grouping = preset == TinyPreset::FullWidth;
+    const int lead = release_grouping ? 2 : 1;  // shards before layer 0's
+    const int n_mtp = release_grouping ? 3 : 0;
+    const int head_shard = lead + L, first_table = lead + L + 1 + n_mtp;
+    const int total = first_table + n_tables;
     auto shard_name = [&](int k) {
         char b[64];
         std::snprintf(b, sizeof b, "model-%05d-of-%05d.safetensors", k, total);
@@ -332,20 +342,35 @@ MakeTinyPlan plan_make_tiny(TinyPreset preset, int layers, int64_t engram_rows) 
     p.shards.resize(static_cast<size_t>(total));
     for (int k = 0; k < total; ++k) p.shards[static_cast<size_t>(k)].file = shard_name(k + 1);
     for (int k = 0; k < n_tables; ++k) {
-        p.shards[static_cast<size_t>(L + 2 + k)].sparse = preset == TinyPreset::FullWidth && engram_rows <= 0;
-        p.shards[static_cast<size_t>(L + 2 + k)].random_table = engram_rows > 0;
+        p.shards[static_cast<size_t>(first_table + k)].sparse = preset == TinyPreset::FullWidth && engram_rows <= 0;
+        p.shards[static_cast<size_t>(first_table + k)].random_table = engram_rows > 0;
+    }
+    std::vector<size_t> shard_of_spec(p.specs.size());
+    for (size_t i = 0; i < p.specs.size(); ++i) {
+        const TensorSpec& s = p.specs[i];
+        if (s.name == "embed.weight")
+            shard_of_spec[i] = static_cast<size_t>(lead - 1);
+        else if (s.layer < 0)
+            shard_of_spec[i] = static_cast<size_t>(head_shard);  // head + final norm
+        else if (s.use == TensorUse::EngramTable)
+            shard_of_spec[i] = static_cast<size_t>(first_table + p.cfg.engram_index(s.layer));
+        else
+            shard_of_spec[i] = static_cast<size_t>(lead + s.layer);
+    }
+    if (release_grouping) {
+        // Placeholders (unused by the prefill, like the release's tensors of these shards): appended
+        // last so that the generated tensors' bytes do not depend on them.
+        auto placeholder = [&](const std::string& name, int shard) {
+            p.specs.push_back({name, DType::BF16, {p.cfg.dim}, -1, TensorUse::Global, /*optional=*/true});
+            shard_of_spec.push_back(static_cast<size_t>(shard));
+        };
+        placeholder("vision.make_tiny_placeholder", 0);
+        for (int m = 0; m < n_mtp; ++m)
+            placeholder("mtp." + std::to_string(m) + ".make_tiny_placeholder", head_shard + 1 + m);
     }
     for (size_t i = 0; i < p.specs.size(); ++i) {
         const TensorSpec& s = p.specs[i];
-        size_t k;
-        if (s.name == "embed.weight")
-            k = 0;
-        else if (s.layer < 0)
-            k = static_cast<size_t>(L + 1);  // head + final norm
-        else if (s.use == TensorUse::EngramTable)
-            k = static_cast<size_t>(L + 2 + p.cfg.engram_index(s.layer));
-        else
-            k = static_cast<size_t>(1 + s.layer);
+        const size_t k = shard_of_spec[i];
         const uint64_t bytes = dtype_size(s.dtype) * static_cast<uint64_t>(shape_numel(s.shape));
         p.shards[k].tensors.push_back(i);
         p.shards[k].tensor_bytes += bytes;
@@ -611,7 +636,11 @@ MakeTinyResult make_tiny(const std::string& out_dir, const MakeTinyOptions& opts
         std::vector<SafetensorsEntry> entries;
         for (size_t i : sh.tensors)
             entries.push_back({plan.specs[i].name, plan.specs[i].dtype, plan.specs[i].shape});
-        SafetensorsWriter writer(path, plan_safetensors(std::move(entries)));
+        // --headers-only marks every shard: readers (Checkpoint::zero_weights, score) can tell that the
+        // weights are holes.
+        std::map<std::string, std::string> metadata{{"format", "pt"}};
+        if (opts.headers_only) metadata[kZeroWeightsMetadataKey] = "make-tiny --headers-only";
+        SafetensorsWriter writer(path, plan_safetensors(std::move(entries), metadata));
         const SafetensorsLayout& lay = writer.layout();
         AsyncWrites writes;
         ShardWriteState st{&writer, &writes, &pool, &scratch, buffers, &next_buffer, &bytes_done, report};

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/global_flags.h"
 #include "ds4r/error.h"
 #include "ds4r/make_tiny.h"
 
@@ -101,8 +102,10 @@ void add_make_tiny_command(CLI::App& root, std::vector<Command>& out) {
         o.headers_only = a->headers_only;
         o.engram_rows = a->engram_rows;
         auto printer = std::make_shared<ProgressPrinter>();
-        o.progress = [printer](const MakeTinyProgress& p) { (*printer)(p); };
+        const bool quiet = global_flags().quiet;
+        if (!quiet) o.progress = [printer](const MakeTinyProgress& p) { (*printer)(p); };
         MakeTinyResult r = make_tiny(a->out_dir, o);
+        if (quiet) return 0;
         printer->finish();
         std::fprintf(stderr, "%s", r.readme.c_str());
         std::fprintf(stderr, "make-tiny: wrote %zu files (%.3f GB apparent) to %s in %.1f s\n",

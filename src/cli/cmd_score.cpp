@@ -1,11 +1,15 @@
 // `ds4replay score`: CLI11 glue for run_score (src/replay/score.cpp).
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "cli/io_flags.h"
+#include "cli/global_flags.h"
 #include "ds4r/log.h"
+#include "ds4r/plural.h"
 #include "ds4r/progress.h"
 #include "ds4r/score.h"
 #include "ds4r/settings.h"
@@ -46,7 +50,12 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
     app->add_option("--model", opt->model_dir, "Model directory (HF checkpoint)")->capture_default_str();
     app->add_option("--input", opt->input, "Input JSONL, '-' for stdin")->capture_default_str();
     app->add_option("--output", opt->output, "Output JSONL, '-' for stdout")->capture_default_str();
-    app->add_option("--top-k", opt->top_k, "Alternatives per position")->capture_default_str();
+    app->add_option("--top-k", opt->top_k, "Alternatives per position (0: none, no topk_* fields)")
+        ->capture_default_str();
+    auto no_tokens = std::make_shared<bool>(false);
+    app->add_flag("--no-tokens", *no_tokens, "Leave the input token ids (\"tokens\") out of the records");
+    app->add_flag("--allow-zero-weights", opt->allow_zero_weights,
+                  "Score a checkpoint whose weights read as zeros (make-tiny --headers-only)");
     app->add_option("--capture-layers", *layers,
                     "Comma-separated layers whose input residual stream is saved (N = final)");
     app->add_option("--hidden-dir", opt->hidden_dir, "Directory for hidden-state .npy files");
@@ -87,13 +96,18 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
     auto apply_io = add_io_flags(app, &opt->io);
     Command c;
     c.app = app;
-    c.run = [opt, layers, mode, positional, shard, shard_count, apply_io]() -> int {
+    c.run = [opt, layers, mode, positional, shard, shard_count, apply_io, no_tokens]() -> int {
         apply_io();
+        opt->echo_tokens = !*no_tokens;
         if (!positional->empty()) {
             if (opt->input != "-" && opt->input != *positional)
                 throw InputError("give the input either as a positional argument or with --input, not both");
             opt->input = *positional;
         }
+        if (global_flags().quiet) opt->progress = "none";
+        // Typed at a terminal: say what the silence is waiting for.
+        if (opt->input == "-" && ::isatty(STDIN_FILENO))
+            std::fprintf(stderr, "ds4replay: reading token sequences from stdin (Ctrl-D to end)\n");
         opt->capture_layers = parse_layers(*layers);
         opt->shard =
             parse_shard_spec(*shard, *shard_count, scheduler_env);
@@ -106,22 +120,21 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
             s = run_score(*opt);
         } catch (const Interrupted& e) {
             if (e.pass_saved.empty())
-                std::fprintf(stderr, "ds4replay: interrupted: %lld sequences saved; rerun with --resume\n",
-                             (long long)e.sequences_saved);
+                std::fprintf(stderr, "ds4replay: interrupted: %s saved; rerun with --resume\n",
+                             plural(e.sequences_saved, "sequence").c_str());
             else
                 std::fprintf(
                     stderr,
-                    "ds4replay: interrupted: %lld sequences saved, and the %s; --resume continues from "
-                    "there\n",
-                    (long long)e.sequences_saved, e.pass_saved.c_str());
+                    "ds4replay: interrupted: %s saved, and the %s; --resume continues from there\n",
+                    plural(e.sequences_saved, "sequence").c_str(), e.pass_saved.c_str());
             return 130;
         }
-        log_info(
-            strfmt("scored %lld sequences (%lld tokens) in %lld passes on %s in %.2fs (%.0f tokens/s)%s%s",
-                   (long long)s.sequences, (long long)s.tokens, (long long)s.passes, s.backend.c_str(),
-                   s.seconds, s.seconds > 0 ? s.tokens / s.seconds : 0.0,
-                   s.resumed ? strfmt(", %lld already done", (long long)s.resumed).c_str() : "",
-                   s.bad_lines ? strfmt(", %lld bad lines", (long long)s.bad_lines).c_str() : ""));
+        log_info(strfmt("scored %s (%s) in %s on %s in %.2fs (%.0f tokens/s)%s%s",
+                        plural(s.sequences, "sequence").c_str(), plural(s.tokens, "token").c_str(),
+                        plural(s.passes, "pass", "passes").c_str(), s.backend.c_str(), s.seconds,
+                        s.seconds > 0 ? s.tokens / s.seconds : 0.0,
+                        s.resumed ? strfmt(", %lld already done", (long long)s.resumed).c_str() : "",
+                        s.bad_lines ? (", " + plural(s.bad_lines, "bad line")).c_str() : ""));
         return 0;
     };
     out.push_back(c);

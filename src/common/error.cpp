@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include "ds4r/plural.h"
+
 namespace ds4r {
 
 Error::Error(ErrorKind kind, std::string message, const char* src_file, int src_line)
@@ -27,6 +29,10 @@ std::string strfmt(const char* fmt, ...) {
     }
     va_end(ap2);
     return out;
+}
+
+std::string plural(int64_t n, const std::string& one, const std::string& many) {
+    return std::to_string(n) + " " + (n == 1 ? one : many.empty() ? one + "s" : many);
 }
 
 std::string errno_text(int err) {

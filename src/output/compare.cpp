@@ -11,6 +11,7 @@
 
 #include "ds4r/error.h"
 #include "ds4r/file_util.h"
+#include "ds4r/plural.h"
 #include "ds4r/tokenizer.h"
 
 namespace ds4r {
@@ -173,7 +174,7 @@ std::vector<Seq> read_file(const std::string& path, TokenMapper& mapper) {
 }
 
 double quant(std::vector<double> v, double q) {
-    if (v.empty()) return 0;
+    if (v.empty()) return NAN;
     std::sort(v.begin(), v.end());
     const double pos = q * (v.size() - 1);
     const size_t lo = static_cast<size_t>(std::floor(pos)), hi = std::min(lo + 1, v.size() - 1);
@@ -210,18 +211,19 @@ struct Acc {
         CompareStats s;
         s.sequences = seqs;
         s.positions = static_cast<int64_t>(d.size());
+        // Statistics over no positions are undefined (NaN: "n/a" in text, null in JSON), not 0.
         s.median_abs = quant(d, 0.5);
         s.p95_abs = quant(d, 0.95);
-        s.max_abs = d.empty() ? 0 : *std::max_element(d.begin(), d.end());
+        s.max_abs = d.empty() ? NAN : *std::max_element(d.begin(), d.end());
         for (double x : d) s.mean_abs += x;
-        if (!d.empty()) s.mean_abs /= static_cast<double>(d.size());
+        s.mean_abs = d.empty() ? NAN : s.mean_abs / static_cast<double>(d.size());
         s.top1_agreement = top1_n ? static_cast<double>(top1_eq) / top1_n : NAN;
         s.rank_agreement = rank_n ? static_cast<double>(rank_eq) / rank_n : NAN;
         s.kl_positions = static_cast<int64_t>(kl.size());
         s.kl_median = quant(kl, 0.5);
-        s.kl_max = kl.empty() ? 0 : *std::max_element(kl.begin(), kl.end());
+        s.kl_max = kl.empty() ? NAN : *std::max_element(kl.begin(), kl.end());
         for (double x : kl) s.kl_mean += x;
-        if (!kl.empty()) s.kl_mean /= static_cast<double>(kl.size());
+        s.kl_mean = kl.empty() ? NAN : s.kl_mean / static_cast<double>(kl.size());
         return s;
     }
     void add(const Pos& a, const Pos& b) {
@@ -246,20 +248,25 @@ json stats_json(const CompareStats& s) {
     auto num = [](double x) { return std::isnan(x) ? json(nullptr) : json(x); };
     return json{{"sequences", s.sequences},
                 {"positions", s.positions},
-                {"median_abs_dlogprob", s.median_abs},
-                {"mean_abs_dlogprob", s.mean_abs},
-                {"p95_abs_dlogprob", s.p95_abs},
-                {"max_abs_dlogprob", s.max_abs},
+                {"median_abs_dlogprob", num(s.median_abs)},
+                {"mean_abs_dlogprob", num(s.mean_abs)},
+                {"p95_abs_dlogprob", num(s.p95_abs)},
+                {"max_abs_dlogprob", num(s.max_abs)},
                 {"top1_agreement", num(s.top1_agreement)},
                 {"rank_agreement", num(s.rank_agreement)},
                 {"kl_positions", s.kl_positions},
-                {"kl_mean", s.kl_mean},
-                {"kl_median", s.kl_median},
-                {"kl_max", s.kl_max}};
+                {"kl_mean", num(s.kl_mean)},
+                {"kl_median", num(s.kl_median)},
+                {"kl_max", num(s.kl_max)}};
 }
 
 std::string pct(double x) {
-    return std::isnan(x) ? std::string("-") : strfmt("%.1f%%", 100 * x);
+    return std::isnan(x) ? std::string("n/a") : strfmt("%.1f%%", 100 * x);
+}
+
+// printf-formats x, or "n/a" when it is undefined (no positions to compare).
+std::string num_or_na(const char* fmt, double x) {
+    return std::isnan(x) ? std::string("n/a") : strfmt(fmt, x);
 }
 
 }  // namespace
@@ -320,9 +327,11 @@ int run_compare(const CompareOptions& opt, std::FILE* out) {
                 j["id"] = json::parse(sa.id);
                 per.push_back(j);
             } else {
-                text += strfmt("  %-24s %6lld pos  |d| median %.4f mean %.4f max %.4f  top-1 %s  KL %.4g\n",
-                               sa.id.substr(0, 24).c_str(), (long long)s.positions, s.median_abs, s.mean_abs,
-                               s.max_abs, pct(s.top1_agreement).c_str(), s.kl_mean);
+                text += strfmt("  %-24s %6lld pos  |d| median %s mean %s max %s  top-1 %s  KL %s\n",
+                               sa.id.substr(0, 24).c_str(), (long long)s.positions,
+                               num_or_na("%.4f", s.median_abs).c_str(), num_or_na("%.4f", s.mean_abs).c_str(),
+                               num_or_na("%.4f", s.max_abs).c_str(), pct(s.top1_agreement).c_str(),
+                               num_or_na("%.4g", s.kl_mean).c_str());
             }
         }
     }
@@ -338,22 +347,21 @@ int run_compare(const CompareOptions& opt, std::FILE* out) {
         if (opt.per_sequence) j["per_sequence"] = per;
         std::fprintf(out, "%s\n", j.dump().c_str());
     } else {
-        std::fprintf(
-            out, "compare %s vs %s: %lld sequences, %lld positions%s%s\n", opt.file_a.c_str(),
-            opt.file_b.c_str(), (long long)s.sequences, (long long)s.positions,
-            missing ? strfmt(" (%lld ids of A not in B)", (long long)missing).c_str() : "",
-            missing_in_a ? strfmt(" (%lld ids of B not in A)", (long long)missing_in_a).c_str() : "");
+        std::fprintf(out, "compare %s vs %s: %s, %s%s%s\n", opt.file_a.c_str(), opt.file_b.c_str(),
+                     plural(s.sequences, "sequence").c_str(), plural(s.positions, "position").c_str(),
+                     missing ? (" (" + plural(missing, "id") + " of A not in B)").c_str() : "",
+                     missing_in_a ? (" (" + plural(missing_in_a, "id") + " of B not in A)").c_str() : "");
         if (mapper.ambiguous())
-            std::fprintf(
-                out,
-                "  %lld API top-k entries had a text shared by several token ids (left out of top-1 / KL)\n",
-                (long long)mapper.ambiguous());
-        std::fprintf(out, "  |d logprob|  median %.4f  mean %.4f  p95 %.4f  max %.4f\n", s.median_abs,
-                     s.mean_abs, s.p95_abs, s.max_abs);
+            std::fprintf(out, "  %s had a text shared by several token ids (left out of top-1 / KL)\n",
+                         plural(mapper.ambiguous(), "API top-k entry", "API top-k entries").c_str());
+        std::fprintf(out, "  |d logprob|  median %s  mean %s  p95 %s  max %s\n",
+                     num_or_na("%.4f", s.median_abs).c_str(), num_or_na("%.4f", s.mean_abs).c_str(),
+                     num_or_na("%.4f", s.p95_abs).c_str(), num_or_na("%.4f", s.max_abs).c_str());
         std::fprintf(out, "  top-1 agreement %s  rank agreement %s\n", pct(s.top1_agreement).c_str(),
                      pct(s.rank_agreement).c_str());
-        std::fprintf(out, "  KL(A||B) over shared top-k (%lld positions): mean %.4g median %.4g max %.4g\n",
-                     (long long)s.kl_positions, s.kl_mean, s.kl_median, s.kl_max);
+        std::fprintf(out, "  KL(A||B) over shared top-k (%s): mean %s median %s max %s\n",
+                     plural(s.kl_positions, "position").c_str(), num_or_na("%.4g", s.kl_mean).c_str(),
+                     num_or_na("%.4g", s.kl_median).c_str(), num_or_na("%.4g", s.kl_max).c_str());
         if (opt.per_sequence) std::fprintf(out, "per sequence:\n%s", text.c_str());
     }
     return 0;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -90,28 +91,43 @@ void append_extra(std::string& out, const std::string& extra_json) {
 }  // namespace
 
 std::string format_record(const std::string& id_json, const SequenceScores& s, int top_k,
-                          const std::vector<HiddenRef>& hidden, const std::string& extra_json) {
-    const size_t n1 = static_cast<size_t>(s.n - 1), K = static_cast<size_t>(top_k);
-    std::string out = "{\"id\": " + id_json + ", \"n_tokens\": " + std::to_string(s.n) + ", \"logprob\": ";
+                          const std::vector<HiddenRef>& hidden, const std::string& extra_json,
+                          const std::vector<int32_t>* tokens) {
+    const size_t n1 = static_cast<size_t>(s.n - 1);
+    // Alternatives stored per position in `s` (the stride) and written (top_k, at most that many).
+    const size_t stride = s.n > 0 ? s.topk_ids.size() / static_cast<size_t>(s.n) : 0;
+    const size_t K = std::min(static_cast<size_t>(std::max(top_k, 0)), stride);
+    std::string out = "{\"id\": " + id_json + ", \"n_tokens\": " + std::to_string(s.n);
+    if (tokens) {
+        out += ", \"tokens\": ";
+        append_array(out, tokens->data(), tokens->size(), fmt_int);
+    }
+    out += ", \"logprob\": ";
     append_array(out, s.logprob.data(), n1, format_double);
     out += ", \"rank\": ";
     append_array(out, s.rank.data(), n1, fmt_int);
     out += ", \"entropy\": ";
     append_array(out, s.entropy.data(), n1, format_double);
-    out += ", \"topk_ids\": [";
-    for (size_t t = 0; t < n1; ++t) {
-        if (t) out += ", ";
-        append_array(out, s.topk_ids.data() + t * K, K, fmt_int);
+    if (K > 0) {
+        out += ", \"topk_ids\": [";
+        for (size_t t = 0; t < n1; ++t) {
+            if (t) out += ", ";
+            append_array(out, s.topk_ids.data() + t * stride, K, fmt_int);
+        }
+        out += "], \"topk_logprobs\": [";
+        for (size_t t = 0; t < n1; ++t) {
+            if (t) out += ", ";
+            append_array(out, s.topk_logprobs.data() + t * stride, K, format_double);
+        }
+        out += "]";
     }
-    out += "], \"topk_logprobs\": [";
-    for (size_t t = 0; t < n1; ++t) {
-        if (t) out += ", ";
-        append_array(out, s.topk_logprobs.data() + t * K, K, format_double);
+    out += ", \"final\": {\"entropy\": " + format_double(s.entropy[n1]);
+    if (K > 0) {
+        out += ", \"topk_ids\": ";
+        append_array(out, s.topk_ids.data() + n1 * stride, K, fmt_int);
+        out += ", \"topk_logprobs\": ";
+        append_array(out, s.topk_logprobs.data() + n1 * stride, K, format_double);
     }
-    out += "], \"final\": {\"entropy\": " + format_double(s.entropy[n1]) + ", \"topk_ids\": ";
-    append_array(out, s.topk_ids.data() + n1 * K, K, fmt_int);
-    out += ", \"topk_logprobs\": ";
-    append_array(out, s.topk_logprobs.data() + n1 * K, K, format_double);
     double sum = 0.0;
     for (size_t t = 0; t < n1; ++t) sum += s.logprob[t];
     out += "}, \"sum_logprob\": " + format_double(sum);
@@ -158,7 +174,7 @@ void ResultWriter::commit() {
     if (stdout_) {
         if (std::fwrite(pending_.data(), 1, pending_.size(), stdout) != pending_.size() ||
             std::fflush(stdout) != 0)
-            throw RuntimeError("writing results to stdout failed");
+            throw RuntimeError("writing results to stdout failed: " + errno_text(errno));
     } else {
         fh_.write_all(pending_.data(), pending_.size());
         if (regular_) fh_.fsync_or_throw();

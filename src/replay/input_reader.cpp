@@ -241,8 +241,10 @@ bool InputReader::next(InputRecord& rec, std::string* bad_line_id) {
     if (bad_line_id) *bad_line_id = rec.id_json;
     if (toks->empty()) fail("empty token sequence");
     if (static_cast<int64_t>(toks->size()) > max_len_)
-        fail(strfmt("sequence of %zu tokens is longer than the maximum %lld (--max-seq-len)", toks->size(),
-                    (long long)max_len_));
+        fail(
+            strfmt("sequence of %zu tokens is longer than the maximum %lld (--max-seq-len): split it, or "
+                   "raise --max-seq-len (default: the model's max_position_embeddings)",
+                   toks->size(), (long long)max_len_));
     rec.tokens.reserve(toks->size());
     for (size_t i = 0; i < toks->size(); ++i) {
         const json& t = (*toks)[i];

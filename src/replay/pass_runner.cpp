@@ -321,6 +321,7 @@ void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {
             be_.download(host_taps->route_w.data() + ch.r0 * k, taps.route_w, 0,
                          static_cast<size_t>(M * k) * 4);
         }
+        if (on_chunk_) on_chunk_(w.layer, ch.r1, total_rows_);
     }
     ring_drain(ring);  // the host state is complete before anything reads it
     be_.synchronize();
@@ -422,6 +423,7 @@ std::vector<SequenceScores> PassRunner::finish(const GlobalWeights& g, HiddenSin
                 }
             }
         }
+        if (on_chunk_) on_chunk_(kHeadLayer, ch.r1, total_rows_);
     }
     if (cap_final) {
         // L = n_layers: the collapsed final hidden state before the final norm, stored fp16.

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "ds4r/error.h"
+#include "ds4r/plural.h"
 
 namespace ds4r {
 
@@ -52,6 +53,7 @@ void Progress::begin_pass(int64_t sequences, int64_t tokens, uint64_t input_byte
     tokens_ = tokens;
     pass_input_bytes_ = input_bytes;
     pass_t0_ = clock_();
+    layer_t0_ = pass_t0_;
     layers_done_ = 0;
     bytes_at_pass_start_ = bytes_read_;
 }
@@ -95,17 +97,37 @@ std::string Progress::pass_done_line() const {
     const double el = pass_end_t_ - pass_t0_, tot = pass_end_t_ - run_t0_;
     const double rf = run_fraction(0);
     return strfmt(
-        "pass %d done: %lld sequences, %lld tokens in %.2fs (%.0f tok/s); run: %lld tokens in %.1fs (%.0f "
+        "pass %d done: %s, %lld tokens in %.2fs (%.0f tok/s); run: %lld tokens in %.1fs (%.0f "
         "tok/s), "
         "%s of input, ETA %s",
-        pass_, (long long)seqs_, (long long)tokens_, el, el > 0 ? tokens_ / el : 0.0,
+        pass_, plural(seqs_, "sequence").c_str(), (long long)tokens_, el, el > 0 ? tokens_ / el : 0.0,
         (long long)tokens_done_total_, tot, tot > 0 ? tokens_done_total_ / tot : 0.0,
         rf < 0 ? "?" : strfmt("%.0f%%", 100 * rf).c_str(), format_eta(run_eta(0)).c_str());
+}
+
+std::string Progress::chunk_line(int layer, int64_t rows_done, int64_t rows_total) const {
+    const std::string what = layer < 0 ? std::string("head") : strfmt("layer %d/%d", layer + 1, n_layers_);
+    const double el = clock_() - layer_t0_;
+    const double pct = rows_total > 0 ? 100.0 * static_cast<double>(rows_done) / rows_total : 100.0;
+    const double left = rows_done > 0 ? el * static_cast<double>(rows_total - rows_done) / rows_done : -1;
+    return strfmt("pass %d %s: %lld/%lld tokens of the layer done (%.0f%%) in %.1fs, layer ETA %s", pass_,
+                  what.c_str(), (long long)rows_done, (long long)rows_total, pct, el,
+                  format_eta(left).c_str());
+}
+
+void Progress::chunk_done(int layer, int64_t rows_done, int64_t rows_total) {
+    if (mode_ == Mode::None || rows_done >= rows_total) return;  // the layer line follows
+    const double now = clock_();
+    // Only layers slow enough that the user would otherwise wait without a word.
+    if (now - layer_t0_ < kChunkLinesAfterS) return;
+    if (now - last_emit_t_ < (mode_ == Mode::Bar ? 1.0 : kChunkLinesAfterS)) return;
+    emit(chunk_line(layer, rows_done, rows_total), false);
 }
 
 void Progress::layer_done(const LayerTiming& t) {
     // from the layer, not a count: a pass run again after running out of memory starts over
     layers_done_ = t.layer < 0 ? n_layers_ + 1 : t.layer + 1;
+    layer_t0_ = clock_();
     if (mode_ == Mode::None) return;
     emit(layer_line(t), false);
 }
@@ -120,6 +142,7 @@ void Progress::end_pass() {
 }
 
 void Progress::emit(const std::string& line, bool final_line) {
+    last_emit_t_ = clock_();
     if (mode_ == Mode::Bar) {
         std::string pad = line.size() < last_len_ ? std::string(last_len_ - line.size(), ' ') : "";
         std::fprintf(out_, "\r%s%s%s", line.c_str(), pad.c_str(), final_line ? "\n" : "");

@@ -62,6 +62,7 @@ RunManifest make_run_manifest(const ScoreOptions& opt, const ModelConfig& cfg, c
     m.set_option("hidden_mode", std::string(opt.hidden_mode == HiddenMode::Copies ? "copies" : "mean"));
     m.set_option("max_seq_len", max_seq_len);
     m.set_option("skip_bad", opt.skip_bad);
+    m.set_option("echo_tokens", opt.echo_tokens);  // records carry "tokens" unless --no-tokens
     const std::string index = path_join(model_dir, "model.safetensors.index.json");
     m.model.fingerprint =
         model_fingerprint(path_join(model_dir, "config.json"), file_exists(index) ? index : "");

@@ -26,6 +26,7 @@
 #include "ds4r/shard.h"
 #include "replay/pass_state.h"
 #include "replay/resume.h"
+#include "ds4r/zero_weights.h"
 
 namespace ds4r {
 
@@ -104,22 +105,38 @@ void check_options(const ScoreOptions& opt) {
     if (opt.resume && opt.output == "-")
         throw InputError("--resume needs --output FILE (it cannot continue stdout)");
     if (opt.overwrite && opt.resume) throw InputError("--resume and --overwrite exclude each other");
-    if (opt.top_k < 1 || opt.top_k > 1024) throw InputError("--top-k must be in [1, 1024]");
+    if (opt.top_k < 0 || opt.top_k > 1024) throw InputError("--top-k must be in [0, 1024]");
     if (!opt.capture_layers.empty() && opt.hidden_dir.empty())
         throw InputError("--capture-layers needs --hidden-dir DIR");
+    if (opt.capture_layers.empty() && !opt.hidden_dir.empty())
+        throw InputError("--hidden-dir needs --capture-layers L,... (the layers whose hidden states to save)");
     if (opt.input != "-" && opt.output != "-" && same_file(opt.input, opt.output))
         throw InputError(opt.output + ": the output file is the input file");
 }
 
 // The options checked against the model; returns the longest accepted sequence.
-int64_t check_options_against_model(const ScoreOptions& opt, const ModelConfig& cfg) {
+int64_t check_options_against_model(const ScoreOptions& opt, const Checkpoint& ckpt) {
+    const ModelConfig& cfg = ckpt.config();
     for (int L : opt.capture_layers)
         if (L < 0 || L > cfg.n_layers)
             throw InputError(
                 strfmt("--capture-layers: layer %d outside [0, %lld]", L, (long long)cfg.n_layers));
     if (opt.top_k > cfg.vocab_size) throw InputError("--top-k is larger than the vocabulary");
-    return opt.max_seq_len > 0 ? opt.max_seq_len
-                               : (cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 65536);
+    if (checkpoint_has_zero_weights(ckpt)) {
+        if (!opt.allow_zero_weights)
+            throw CheckpointError(opt.model_dir +
+                                  ": the weights are holes that read as zeros (make-tiny --headers-only), not "
+                                  "a model to score; --allow-zero-weights scores it anyway");
+        log_warn("scoring a checkpoint whose weights read as zeros (--allow-zero-weights)");
+    }
+    const int64_t max_len = opt.max_seq_len > 0
+                                ? opt.max_seq_len
+                                : (cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 65536);
+    if (cfg.max_position_embeddings > 0 && max_len > cfg.max_position_embeddings)
+        log_warn(strfmt("--max-seq-len %lld is beyond the model's max_position_embeddings (%lld): positions "
+                        "past it are outside the context the model was built for",
+                        (long long)max_len, (long long)cfg.max_position_embeddings));
+    return max_len;
 }
 
 // Pass size: host state ~ hc*D*2 + hashes per token (<= 64 KB, DESIGN.md 5), half of MemAvailable.
@@ -345,7 +362,7 @@ void ScoreJob::commit_pass(const Pass& pass, const std::vector<SequenceScores>& 
         const int s = pass.seq_of_item[i];
         std::vector<HiddenRef> refs = hidden_ ? hidden_->refs_for(s) : std::vector<HiddenRef>{};
         std::string record = format_record(it.rec.id_json, scores[static_cast<size_t>(s)], opt_.top_k, refs,
-                                           it.rec.extra_json);
+                                           it.rec.extra_json, opt_.echo_tokens ? &it.rec.tokens : nullptr);
         if (it.replaces >= 0)
             replaced[it.replaces] = std::move(record);
         else
@@ -475,7 +492,7 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     check_options(opt);
     Checkpoint ckpt = Checkpoint::open(opt.model_dir);
     const ModelConfig& cfg = ckpt.config();
-    const int64_t max_len = check_options_against_model(opt, cfg);
+    const int64_t max_len = check_options_against_model(opt, ckpt);
 
     // Input and output problems surface before the (slow) backend and table setup, and before any
     // file is changed.
@@ -501,7 +518,7 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     job.open_outputs();
 
     ReplayOptions ro;
-    ro.top_k = opt.top_k;
+    ro.top_k = std::max(opt.top_k, 1);  // --top-k 0: computed as 1, not written
     ro.capture_layers = opt.capture_layers;
     ro.hidden_mode = opt.hidden_mode;
     ro.chunk_rows = resolve_chunk_rows(opt.chunk_rows, cfg, be->free_memory());
@@ -510,6 +527,8 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     PassRunner runner(*be, ckpt, *weights, engram.get(), ro);
     Progress progress(opt.progress, static_cast<int>(cfg.n_layers));
     progress.set_input_size(reader.size_bytes());
+    runner.set_on_chunk(
+        [&](int layer, int64_t done, int64_t total) { progress.chunk_done(layer, done, total); });
 
     ScoreSummary sum;
     sum.backend = be->name();

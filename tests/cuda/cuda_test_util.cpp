@@ -39,6 +39,20 @@ Backend* cuda() {
 const std::string& cuda_why() {
     return bk().why;
 }
+const std::string& cuda_skip_message() {
+#ifdef DS4R_HAVE_CUDA
+    static const std::string m = [] {
+        // "no GPU found[: detail]" from make_cuda_backend -> "no GPU found: CUDA tests skipped (detail)"
+        const std::string head = "no GPU found";
+        std::string w = cuda_why();
+        if (w.rfind(head, 0) == 0) w = w.substr(w.rfind(head + ": ", 0) == 0 ? head.size() + 2 : head.size());
+        return "no GPU found: CUDA tests skipped" + (w.empty() ? std::string() : " (" + w + ")");
+    }();
+#else
+    static const std::string m = "built without CUDA: CUDA tests skipped (" + cuda_why() + ")";
+#endif
+    return m;
+}
 
 namespace {
 // fn(impl) on the backend's implementation type.

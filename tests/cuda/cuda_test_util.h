@@ -32,11 +32,12 @@ void act_quant_fp8(Backend& be, const Tensor& x, const Tensor& q, const Tensor& 
 void linear_fp4(Backend& be, const Tensor& x, const Fp4Linear& w, const Tensor& y);
 void window_indices(Backend& be, const Tensor& qpos, int64_t window, const Tensor& idx);
 
-#define DS4R_REQUIRE_CUDA()                                                          \
-    do {                                                                             \
-        if (!::ds4r::test::cuda())                                                   \
-            GTEST_SKIP() << "CUDA backend unavailable (" << ::ds4r::test::cuda_why() \
-                         << "): CUDA op tests run on the GPU machine only";          \
+// Skip message: "no GPU found: CUDA tests skipped (why)". CTest reports these tests as skipped
+// (tests/CMakeLists.txt) and scripts/test.sh prints the reason under its summary.
+const std::string& cuda_skip_message();
+#define DS4R_REQUIRE_CUDA()                                                           \
+    do {                                                                              \
+        if (!::ds4r::test::cuda()) GTEST_SKIP() << ::ds4r::test::cuda_skip_message(); \
     } while (0)
 
 // The same tensor on the CPU and on the GPU.

@@ -152,7 +152,7 @@ TEST(Compare, MissingIdsErrorRecordsAndTextReport) {
     test::write_text(dir + "/b.jsonl", jsonl(b));
     std::string out;
     ASSERT_EQ(test::run_ds4replay("compare " + dir + "/a.jsonl " + dir + "/b.jsonl", &out), 0) << out;
-    EXPECT_NE(out.find(": 2 sequences, 5 positions (1 ids of A not in B) (2 ids of B not in A)"),
+    EXPECT_NE(out.find(": 2 sequences, 5 positions (1 id of A not in B) (2 ids of B not in A)"),
               std::string::npos)
         << out;
     EXPECT_NE(out.find("|d logprob|  median 0.2500  mean 0.4000  p95 0.9000  max 1.0000"), std::string::npos)

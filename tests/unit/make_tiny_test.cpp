@@ -308,13 +308,35 @@ TEST(MakeTinyPlan, FullWidthBytesMatchModelMd) {
     EXPECT_EQ(count[1], 2340);
     EXPECT_EQ(count[14], 2348);
     EXPECT_NEAR(backbone / 1e9, 295.66, 0.005);
-    // Engram tables: ~101.4 GB each (rows x 256 fp8 + rows x 8 e8m0), sparse, in their own shards.
-    EXPECT_EQ(p.shards.size(), 1u + 40 + 1 + 2);
-    EXPECT_TRUE(p.shards[42].sparse && p.shards[43].sparse);
-    EXPECT_EQ(p.shards[42].tensor_bytes, 384006168ull * 264);
+    // The release's grouping (MODEL.md 3.1): 1 vision, 2 embed, layer L in L + 3, 43 head + norm,
+    // 44-46 MTP, 47 / 48 the Engram tables: ~101.4 GB each (rows x 256 fp8 + rows x 8 e8m0), sparse.
+    ASSERT_EQ(p.shards.size(), 48u);
+    auto names_of = [&](size_t k) {
+        std::vector<std::string> v;
+        for (size_t i : p.shards[k].tensors) v.push_back(p.specs[i].name);
+        return v;
+    };
+    EXPECT_EQ(names_of(0), std::vector<std::string>{"vision.make_tiny_placeholder"});
+    EXPECT_EQ(names_of(1), std::vector<std::string>{"embed.weight"});
+    EXPECT_EQ(p.shards[1].tensor_bytes, 129280ull * 5120 * 2);
+    for (int L : {0, 1, 20, 39})
+        for (size_t i : p.shards[static_cast<size_t>(L + 2)].tensors)
+            if (p.specs[i].use != TensorUse::EngramTable) EXPECT_EQ(p.specs[i].layer, L) << p.specs[i].name;
+    EXPECT_EQ(p.layer_bytes(7), p.shards[9].tensor_bytes);  // layer 7 in model-00010
+    auto sorted = [](std::vector<std::string> v) {
+        std::sort(v.begin(), v.end());
+        return v;
+    };
+    EXPECT_EQ(sorted(names_of(42)), (std::vector<std::string>{"head.weight", "norm.weight"}));
+    for (size_t m = 0; m < 3; ++m)
+        EXPECT_EQ(names_of(43 + m),
+                  std::vector<std::string>{"mtp." + std::to_string(m) + ".make_tiny_placeholder"});
+    EXPECT_TRUE(p.shards[46].sparse && p.shards[47].sparse);
+    EXPECT_FALSE(p.shards[45].sparse);
+    EXPECT_EQ(p.shards[46].tensor_bytes, 384006168ull * 264);
     EXPECT_EQ(p.sparse_bytes, (384006168ull + 384016682ull) * 264);
-    EXPECT_EQ(p.shards[0].tensor_bytes, 129280ull * 5120 * 2);
-    EXPECT_EQ(p.shards[0].file, "model-00001-of-00044.safetensors");
+    EXPECT_EQ(p.shards[0].file, "model-00001-of-00048.safetensors");
+    EXPECT_EQ(p.shards[47].file, "model-00048-of-00048.safetensors");
 }
 
 TEST(MakeTinyPlan, FullWidthDefaultFourLayers) {
@@ -332,9 +354,9 @@ TEST(MakeTinyPlan, FullWidthDefaultFourLayers) {
     EXPECT_EQ(p.cfg.engram_layer_ids, (std::vector<int>{1}));
     EXPECT_EQ(p.cfg.engram_num_embeddings, (std::vector<int64_t>{384006168}));
     EXPECT_EQ(p.cfg.candidate_source_layer, -1);
-    EXPECT_EQ(p.shards.size(), 7u);
-    EXPECT_TRUE(p.shards[6].sparse);
-    EXPECT_FALSE(p.shards[5].sparse);
+    EXPECT_EQ(p.shards.size(), 2u + 4 + 1 + 3 + 1);  // the release's grouping with 4 layers, 1 table
+    EXPECT_TRUE(p.shards[10].sparse);
+    EXPECT_FALSE(p.shards[9].sparse);
     // config.json round trip: what readers parse is the plan's config.
     const ModelConfig back = parse_model_config(p.config_json, "config.json");
     EXPECT_EQ(back.engram_compressed_vocab_size, p.cfg.engram_compressed_vocab_size);
@@ -756,8 +778,8 @@ bool holes_supported(const std::string& dir) {
     return ok;
 }
 
-// The released scale (40 full-width layers, ~500 GB in 44 shards) as headers plus holes: make-tiny
-// writes it and inspect validates every header, offset and binding of it (DESIGN.md section 6).
+// The released scale (40 full-width layers, ~500 GB in the release's 48 shards) as headers plus holes:
+// make-tiny writes it and inspect validates every header, offset and binding of it (DESIGN.md section 6).
 TEST(MakeTinyCli, HeadersOnlyCheckpointOfTheReleasedScaleInspects) {
     const std::string base = test::temp_dir("make-tiny-headers");
     if (!holes_supported(base)) GTEST_SKIP() << base << ": this filesystem does not keep sparse files";
@@ -779,6 +801,8 @@ TEST(MakeTinyCli, HeadersOnlyCheckpointOfTheReleasedScaleInspects) {
     rc = test::run_command(test::binary_path() + " inspect --model " + dir, &out);
     ASSERT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("40 layers"), std::string::npos) << out;
-    EXPECT_NE(out.find("93418 tensors, 44 shards"), std::string::npos) << out;
+    EXPECT_NE(out.find("93422 tensors, 48 shards"), std::string::npos) << out;
+    EXPECT_TRUE(std::filesystem::exists(dir + "/model-00048-of-00048.safetensors"));
+    EXPECT_NE(out.find("weights:          ZEROS"), std::string::npos) << out;  // marked in the headers
     EXPECT_NE(out.find("checkpoint OK"), std::string::npos) << out;
 }

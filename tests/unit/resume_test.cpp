@@ -285,7 +285,8 @@ void interrupt_once(int sig) {
     const auto lines = split_lines(slurp(w.out), &tail);
     EXPECT_TRUE(tail.empty()) << "a clean stop leaves no partial line";
     EXPECT_LT(lines.size(), ref.lines.size());
-    const std::string msg = "ds4replay: interrupted: " + std::to_string(lines.size()) + " sequences saved";
+    const std::string msg = "ds4replay: interrupted: " + std::to_string(lines.size()) +
+                            (lines.size() == 1 ? " sequence" : " sequences") + " saved";
     EXPECT_NE(err.find(msg), std::string::npos) << "expected '" << msg << "' in:\n" << err;
     const bool pass_saved = err.find("; --resume continues from there") != std::string::npos;
     EXPECT_EQ(pass_saved, std::filesystem::exists(w.out + ".pass")) << err;

@@ -1,6 +1,9 @@
 // CudaBackend core: device selection, memory, copies, the copy queue.
 #include "backend/cuda/cuda_backend.h"
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <deque>
 
 #include "ds4r/log.h"
@@ -284,9 +287,17 @@ std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, double 
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess || n == 0) {
         cudaGetLastError();
-        if (why)
-            *why = err != cudaSuccess ? strfmt("no CUDA device (%s)", cudaGetErrorString(err))
-                                      : "no CUDA device";
+        if (why) {
+            // Without a loaded NVIDIA driver the runtime answers "driver version is insufficient",
+            // which reads like an old driver: say what it means here.
+            const bool driver_loaded = ::access("/proc/driver/nvidia/version", F_OK) == 0;
+            if (err == cudaSuccess || err == cudaErrorNoDevice)
+                *why = "no GPU found";
+            else if (err == cudaErrorInsufficientDriver && !driver_loaded)
+                *why = "no GPU found: no NVIDIA driver is loaded";
+            else
+                *why = strfmt("no usable GPU: %s", cudaGetErrorString(err));
+        }
         return nullptr;
     }
     if (device < 0 || device >= n) {
