@@ -1,4 +1,4 @@
-// Attention kernels (MODEL.md 4.6 b-d, 5.4, 6.4). See attention.cuh for the contracts.
+// Attention kernels (docs/MODEL.md 4.6 b-d, 5.4, 6.4). See attention.cuh for the contracts.
 #include "attention.cuh"
 #include "attn_device.cuh"
 #include "common.cuh"
@@ -35,7 +35,7 @@ __global__ void attn_indices_kernel(const int32_t* __restrict__ qpos, int64_t m,
 // row; the CTAs of one row are launched next to each other, so the repeats mostly hit L2).
 //
 // Per 64-slot tile (slots t0..t0+63, slots past n_idx count as -1; all-empty tiles are skipped, which
-// is numerically inert, MODEL.md 6.4):
+// is numerically inert, docs/MODEL.md 6.4):
 //   1. slot -> row pointer (null = empty); cp.async gather of the 64 rows into k_s (zeros if empty).
 //   2. S[16 heads, 64 slots]: warp w computes slots 8w..8w+7 over all hd (one m16n8 tile, hd/16 MMAs
 //      chained in k order), then S *= scale in fp32; empty slots -inf.
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kSaThreads, 1)
         *reinterpret_cast<uint4*>(&q_s[hr * KS + col * 8]) = v;
     }
     if (tid < kSaHeads) {
-        m_s[tid] = -1e30f;  // finite seed: an all-empty row ends with zeros, not NaN (MODEL.md 5.4)
+        m_s[tid] = -1e30f;  // finite seed: an all-empty row ends with zeros, not NaN (docs/MODEL.md 5.4)
         sum_s[tid] = 0.0f;
     }
     float acc[NTW][4];

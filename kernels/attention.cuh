@@ -1,4 +1,4 @@
-// Launch wrappers of the attention kernels (MODEL.md 4.6 b-d, 5.4, 6.4): window / full index rows
+// Launch wrappers of the attention kernels (docs/MODEL.md 4.6 b-d, 5.4, 6.4): window / full index rows
 // and the sparse attention of one sequence. Raw device pointers; every output row depends only on
 // its own query row and index row (batch invariant, deterministic).
 #pragma once
@@ -22,7 +22,7 @@ size_t sparse_attn_smem_bytes(int64_t hd);
 // o BF16 [m, H, hd] from q BF16 [m, H, hd], win_kv BF16 [s, hd], cmp_kv BF16 [T, hd] (T may be 0,
 // pointer then unused), sink F32 [H], idx I32 [m, n_idx] (j < s: win_kv[j]; s <= j < s + T:
 // cmp_kv[j - s]; anything else, -1 included, is an empty slot) with the reference kernel's
-// algorithm (MODEL.md 5.4): 64-slot tiles, S = (q . K) * scale with fp32 accumulation, running max
+// algorithm (docs/MODEL.md 5.4): 64-slot tiles, S = (q . K) * scale with fp32 accumulation, running max
 // seeded -1e30, p = exp(S - M_new), bf16(p) into the PV product, unscaled sink logit added to the
 // denominator last, o = bf16(acc / sum). q, win_kv, cmp_kv, o 16-byte aligned. Returns the error of
 // the shared-memory attribute call or of the launch.

@@ -65,7 +65,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(uint16_t lo, uint16_t hi) {
     return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
 }
 
-// ------------------------------------------------------------------ order keys (MODEL.md 8.1)
+// ------------------------------------------------------------------ order keys (docs/MODEL.md 8.1)
 // CUDA torch.topk's radix keys: larger key = larger value, NaN largest, -0 < +0 (distinct).
 __device__ __forceinline__ uint32_t bf16_topk_key(uint16_t x) {
     if ((x & 0x7fffu) > 0x7f80u) return 0xffffu;

@@ -1,5 +1,5 @@
 // Device helpers shared by every kernel family: the exact conversions (include/ds4r/numeric.h, shared
-// with the host) and the elementwise function forms of MODEL.md 8.2. CUDA headers only.
+// with the host) and the elementwise function forms of docs/MODEL.md 8.2. CUDA headers only.
 //
 // Launcher convention (every kernels/*.cuh): a launch_* function takes raw device pointers, sizes and a
 // stream, launches asynchronously and returns cudaGetLastError() (cudaSuccess for an empty launch);
@@ -29,7 +29,7 @@ __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
 // emits it), split before its final multiply: expf(a) = e * s with e = ex2.approx.ftz(r), s = 2^j.
 // Why: the reference computes torch.sigmoid / F.silu as 1 / (1 + exp(-x)) in code nvcc compiles with
 // FMA contraction, which fuses that final multiply with the "+ 1" into fma(e, s, 1). This build uses
-// --fmad=false (no implicit contraction), so the fusion is written out (MODEL.md 8.2).
+// --fmad=false (no implicit contraction), so the fusion is written out (docs/MODEL.md 8.2).
 __device__ __forceinline__ void ref_expf_split(float a, float* e, float* s) {
     const float t = __saturatef(__fmaf_rn(a, __uint_as_float(0x3BBB989Du), 0.5f));  // log2(e) / 252
     const float j = __fmaf_rd(t, 252.0f, __uint_as_float(0x4B400001u));             // 2^23 + 2^22 + 1
@@ -48,7 +48,7 @@ __device__ __forceinline__ float ref_one_plus_expf(float a) {
     return __fmaf_rn(e, s, 1.0f);
 }
 
-// Elementwise forms of DeepSeek's reference on CUDA torch (MODEL.md 8.2). expf/log1pf/sqrtf are the
+// Elementwise forms of DeepSeek's reference on CUDA torch (docs/MODEL.md 8.2). expf/log1pf/sqrtf are the
 // IEEE-accurate library functions (no fast-math); rsqrt is the hardware approximation torch uses.
 __device__ __forceinline__ float ref_sigmoid(float x) {
     return 1.0f / ref_one_plus_expf(-x);

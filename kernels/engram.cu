@@ -1,4 +1,4 @@
-// Engram update (MODEL.md 4.8), compressor ratio-2 pooling (4.6.1) and the bf16 scalar multiply.
+// Engram update (docs/MODEL.md 4.8), compressor ratio-2 pooling (4.6.1) and the bf16 scalar multiply.
 // Separately rounded reference ops are explicit __f*_rn intrinsics (no FMA contraction).
 #include "common.cuh"
 #include "engram.cuh"

@@ -1,4 +1,4 @@
-// Launch wrappers: Engram gate and update (MODEL.md 4.8 steps 2-5), the compressor's ratio-2 pooling
+// Launch wrappers: Engram gate and update (docs/MODEL.md 4.8 steps 2-5), the compressor's ratio-2 pooling
 // (4.6.1) and the bf16 scalar multiply (4.6.2 step 3). Raw device pointers, sizes, stream. Callers
 // (src/backend/cuda/cuda_ops_misc.cpp) validate shapes and check the returned error.
 #pragma once

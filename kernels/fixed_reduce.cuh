@@ -1,4 +1,4 @@
-// Fixed-order block reductions for the norm / mHC / Engram kernels (batch invariance, DESIGN.md 4):
+// Fixed-order block reductions for the norm / mHC / Engram kernels (batch invariance, docs/DESIGN.md 4):
 // the order depends only on the block size, never on the number of rows or on the other rows.
 // Each thread first accumulates its own strided slice sequentially; then a warp butterfly (xor 16,
 // 8, 4, 2, 1: every lane ends with the same bits, fp32 addition being commutative); then the warp

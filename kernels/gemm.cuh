@@ -31,7 +31,7 @@ cudaError_t launch_gemm_simt(const void* x, bool x_f32, int64_t lda, int64_t x_g
                              int64_t y_goff, int64_t M, int64_t N, int64_t K, int64_t groups,
                              cudaStream_t stream);
 
-// Block-scaled GEMMs (MODEL.md 5.3), out bf16 y [M, N] (pitch ldc):
+// Block-scaled GEMMs (docs/MODEL.md 5.3), out bf16 y [M, N] (pitch ldc):
 // q e4m3 [M, K] activation codes (pitch K) in Fp8CodeOrder::GemmFragment with sa e8m0 [M, K / 32]
 // (launch_act_quant_fp8 with GemmNanMarker scale bytes, quant.cuh);
 // fp8: w e4m3 [N, K] with sw e8m0 [ceil(N / 32), K / 32]; fp4: w packed e2m1 [N, K / 2] with sw e8m0

@@ -1,4 +1,4 @@
-// CUDA-core fp32 GEMM (FFMA): y = f32(x) . f32(w)^T for fp32 operands (no TF32 anywhere, DESIGN.md 4)
+// CUDA-core fp32 GEMM (FFMA): y = f32(x) . f32(w)^T for fp32 operands (no TF32 anywhere, docs/DESIGN.md 4)
 // and for any shape / alignment the tensor-core path does not take. Block tile 128 x 128 x 8, 256
 // threads, 8 x 8 outputs per thread; every output accumulates K in ascending order with fmaf, so the
 // result depends on nothing but the operands (batch invariant, deterministic).

@@ -8,7 +8,7 @@
 // B and its accumulator only). The sequences are those of tests/cuda/testkit/gemm_oracle.cu, bit for bit:
 // - bf16 x bf16: acc = mma(A[., 16s .. 16s+15], B[., 16s ..], acc) for s = 0 .. 2 * ceil(K / 32) - 1
 //   in order (operands beyond K are zero), acc from +0; out bf16 (one RNE rounding) or f32.
-// - block-scaled (MODEL.md 5.3): per 32-wide K block kb a fresh partial P = mma(h1, mma(h0, +0)) on
+// - block-scaled (docs/MODEL.md 5.3): per 32-wide K block kb a fresh partial P = mma(h1, mma(h0, +0)) on
 //   the exact fp16 values of the e4m3 / e2m1 codes (h0, h1 the block's two k16 halves), then
 //   acc = RN(acc + RN(RN(P * sa[m, kb]) * sw[n, kb])) in K order (the CPU twin's expression).
 //   Fast form: acc = fma(P, sa * sw, acc), the SAME number when the scale exponents lie in a window:
@@ -191,7 +191,7 @@ __device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t w, uint32_t& lo, uint
     hi = e4m3x2_to_f16x2(w, 0x3424u);
 #endif
 }
-// One byte of two e2m1 codes (even element in the low nibble, MODEL.md 3.2) -> fp16x2 (low half =
+// One byte of two e2m1 codes (even element in the low nibble, docs/MODEL.md 3.2) -> fp16x2 (low half =
 // even element). Nibble s|eem: placing eem at fp16 bits 11..9 and s at bit 15 gives exactly the
 // e2m1 value * 2^-14 (e = 0, m = 1 is the fp16 subnormal 2^-15); the fp16 multiply by 2^14 restores
 // it exactly. byte * 0x00200200 puts the low nibble at bits 12..9 and the high one at 28..25; adding

@@ -1,4 +1,4 @@
-// Hyper-connection kernels (MODEL.md 4.5, 5.5, 8.2): the mixes (fp32 projection + Sinkhorn split),
+// Hyper-connection kernels (docs/MODEL.md 4.5, 5.5, 8.2): the mixes (fp32 projection + Sinkhorn split),
 // the pre-collapse and the post-expansion. Separately rounded reference ops are written as explicit
 // __f*_rn intrinsics so nvcc's FMA contraction cannot merge them.
 #include "common.cuh"
@@ -24,7 +24,7 @@ __host__ __device__ constexpr int mix_vals() {  // [tok][mix] dots, then [tok] s
     return mix_tokens<A>() * (kHcMix + 1);
 }
 
-// hc_split_sinkhorn for one token (MODEL.md 5.5), the exact operation order of the CPU backend's
+// hc_split_sinkhorn for one token (docs/MODEL.md 5.5), the exact operation order of the CPU backend's
 // cpuref::hc_split_sinkhorn: sums sequential from 0, true divisions, expf, separate roundings.
 __device__ void sinkhorn_split_one(const float* m, const float* __restrict__ scale,
                                    const float* __restrict__ base, float hc_eps, int iters, float* pre,

@@ -1,4 +1,4 @@
-// Launch wrappers: hyper-connection (mHC) ops (MODEL.md 4.5, 5.5, 8.2). Raw device pointers, sizes,
+// Launch wrappers: hyper-connection (mHC) ops (docs/MODEL.md 4.5, 5.5, 8.2). Raw device pointers, sizes,
 // stream. Callers (src/backend/cuda/cuda_ops_misc.cpp) validate shapes and check the returned error.
 #pragma once
 
@@ -24,7 +24,7 @@ constexpr HcMixAccum kHcMixAccumDefault = HcMixAccum::Compensated;
 
 // Per token r: z = fp32(X[r]) (hc * D values), ssq = sum z^2, dot_m = sum_c z_c * fn[m, c]
 // (accumulated as `accum` says, fixed order, rounded once to fp32), r = rsqrtf(ssq * inv_n + norm_eps),
-// mixes = dot * r, then hc_split_sinkhorn (MODEL.md 5.5) -> pre, post, comb.
+// mixes = dot * r, then hc_split_sinkhorn (docs/MODEL.md 5.5) -> pre, post, comb.
 // X: BF16 bits [M, hc, D]; fn: F32 [mix, hc * D]; scale: F32 [3]; base: F32 [mix];
 // pre, post: F32 [M, hc]; comb: F32 [M, hc, hc]; inv_n = fp32(1) / fp32(hc * D).
 cudaError_t launch_hc_mixes(const uint16_t* X, const float* fn, const float* scale, const float* base,

@@ -1,4 +1,4 @@
-// Output-head kernels (MODEL.md 4.9, DESIGN.md 2). See head.cuh for the contracts.
+// Output-head kernels (docs/MODEL.md 4.9, docs/DESIGN.md 2). See head.cuh for the contracts.
 #include "attn_device.cuh"
 #include "common.cuh"
 #include "head.cuh"

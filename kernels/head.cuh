@@ -1,4 +1,4 @@
-// Launch wrappers of the output-head kernels (MODEL.md 4.9, DESIGN.md 2): fp32 logits of a chunk of
+// Launch wrappers of the output-head kernels (docs/MODEL.md 4.9, docs/DESIGN.md 2): fp32 logits of a chunk of
 // rows, then per-row statistics over the full vocabulary. The caller walks the rows in chunks of at
 // most kHeadChunkRows so [M, V] is never materialized. Every row's results depend on that row only.
 #pragma once

@@ -1,4 +1,4 @@
-// Indexer kernels (MODEL.md 4.6.2 steps 4-7, 8.1, 8.2). See indexer.cuh for the contracts.
+// Indexer kernels (docs/MODEL.md 4.6.2 steps 4-7, 8.1, 8.2). See indexer.cuh for the contracts.
 #include "attn_device.cuh"
 #include "common.cuh"
 #include "indexer.cuh"
@@ -16,7 +16,7 @@ using namespace ds4r::kern::attn;
 // S[32 heads, 64 keys] = q_row[32, ihd] . K^T on the tensor cores (bf16 in, fp32 accumulate, the
 // q fragments held in registers for the CTA's lifetime). The weighted values bf16(relu(bf16(S)) * w)
 // go to a per-warp staging array; then lane c sums key c's heads in ascending order in fp32
-// (MODEL.md 8.2) and rounds once. Nothing depends on m or on the other rows of the CTA.
+// (docs/MODEL.md 8.2) and rounds once. Nothing depends on m or on the other rows of the CTA.
 constexpr int kIsWarps = 4;
 constexpr int kIsThreads = kIsWarps * 32;
 constexpr int kIsTile = 64;

@@ -1,4 +1,4 @@
-// Launch wrappers of the indexer kernels (MODEL.md 4.6.2 steps 4-7, 8.1, 8.2): index scores, the
+// Launch wrappers of the indexer kernels (docs/MODEL.md 4.6.2 steps 4-7, 8.1, 8.2): index scores, the
 // candidate-block mask, applying it, and the top-K_c selection. Raw device pointers, one sequence's
 // rows per call; every output row depends only on its own inputs (batch invariant, deterministic).
 #pragma once

@@ -6,7 +6,7 @@
 // by torch's CPU evaluation of torch.polar (std::cos / std::sin of the fp32 angle = glibc cosf /
 // sinf), not by libdevice: a host emulation of libdevice's __nv_sinf/__nv_cosf misses 6-13% of the
 // golden entries, correctly rounded values miss 54 of 4112, glibc reproduces all 4112 (see
-// cuda_rope_test and the cuda-misc report). MODEL.md 8.3 asks for CUDA's functions; the data
+// cuda_rope_test and the cuda-misc report). docs/MODEL.md 8.3 asks for CUDA's functions; the data
 // disagree, and the data win.
 //
 // The algorithm (originally ARM's optimized-routines, in glibc since 2.28 and unchanged through

@@ -1,4 +1,4 @@
-// MoE kernels other than the GEMMs (MODEL.md 4.7): router top-k, routing plan, SwiGLU + act quant,
+// MoE kernels other than the GEMMs (docs/MODEL.md 4.7): router top-k, routing plan, SwiGLU + act quant,
 // combine. Every reduction has a fixed order; the routing plan is a counting sort whose positions
 // follow ascending token rows (no atomics), so results are deterministic and batch invariant.
 #include "moe.cuh"
@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
     if (k > 1) {
         if (lane == 0) {
             float sum;
-            if (k == 6) {  // CUDA torch.sum's order for 6 values (MODEL.md 8.2)
+            if (k == 6) {  // CUDA torch.sum's order for 6 values (docs/MODEL.md 8.2)
                 const float w0 = score[sel[0]], w1 = score[sel[1]], w2 = score[sel[2]];
                 const float w3 = score[sel[3]], w4 = score[sel[4]], w5 = score[sel[5]];
                 sum = __fadd_rn(__fadd_rn(__fadd_rn(w0, w4), w2), __fadd_rn(__fadd_rn(w1, w5), w3));

@@ -1,4 +1,4 @@
-// Launch wrappers of the MoE kernels (MODEL.md 4.7) other than the GEMMs: router top-k, the routing
+// Launch wrappers of the MoE kernels (docs/MODEL.md 4.7) other than the GEMMs: router top-k, the routing
 // plan (pairs grouped by expert, deterministic counting sort), the SwiGLU + activation quant of the
 // expert hidden rows, and the combine. Plain declarations: included by g++-compiled backend code.
 //
@@ -11,7 +11,7 @@
 
 namespace ds4r::kern {
 
-// Router (MODEL.md 4.7, 8.1, 8.2): logits f32 [M, E] (already x . gate^T); bias f32 [E].
+// Router (docs/MODEL.md 4.7, 8.1, 8.2): logits f32 [M, E] (already x . gate^T); bias f32 [E].
 // score = sqrt(softplus(logit * inv_temp)); top-k of score + bias under CUDA torch.topk's rule, in
 // descending order (ties: ascending expert id); w = score[idx] / (sum + 1e-20) * route_scale with the
 // CUDA sum order ((w0 + w4) + w2) + ((w1 + w5) + w3) for k == 6 (sequential otherwise).
@@ -32,7 +32,7 @@ cudaError_t launch_moe_routing(const int32_t* idx, const float* w, int64_t M, in
                                int32_t* tile_expert, int32_t* tile_start, int64_t max_tiles,
                                int32_t* pair_row, float* pair_w, int32_t* slot_pos, cudaStream_t stream);
 
-// SwiGLU of the expert hidden rows + act quant for the down projection (MODEL.md 4.7, 5.1):
+// SwiGLU of the expert hidden rows + act quant for the down projection (docs/MODEL.md 4.7, 5.1):
 // g, u bf16 [P, I]; a = silu(min(g, limit)) * clamp(u, -limit, limit) in fp32, then a = weight[p] * a
 // when weight (f32 [P]) is non-null; bf16(a) quantized per 32 -> q e4m3 [P, I], s e8m0 [P, I / 32], the
 // block-scaled GEMM's A operand (quant.cuh: GemmNanMarker scale bytes, Fp8CodeOrder::GemmFragment
@@ -40,7 +40,7 @@ cudaError_t launch_moe_routing(const int32_t* idx, const float* w, int64_t M, in
 cudaError_t launch_swiglu_quant(const uint16_t* g, const uint16_t* u, const float* weight, float limit,
                                 int64_t P, int64_t I, uint8_t* q, uint8_t* s, cudaStream_t stream);
 
-// Combine (MODEL.md 4.7): y bf16 [M, D] with y[r] = bf16(((0 + e_a) + e_b) ... + shared[r]) in fp32,
+// Combine (docs/MODEL.md 4.7): y bf16 [M, D] with y[r] = bf16(((0 + e_a) + e_b) ... + shared[r]) in fp32,
 // the routed terms out_e bf16 [M * k, D] at pair positions slot_pos [M, k], added in ascending
 // expert id (idx i32 [M, k]); shared bf16 [M, D]. k <= 32.
 cudaError_t launch_moe_combine(const uint16_t* out_e, const int32_t* idx, const int32_t* slot_pos, int k,

@@ -1,4 +1,4 @@
-// RMSNorm and RoPE kernels (MODEL.md 4.0, 8.2, 8.3). Every fp32 operation that the reference rounds
+// RMSNorm and RoPE kernels (docs/MODEL.md 4.0, 8.2, 8.3). Every fp32 operation that the reference rounds
 // separately is written as an explicit __f*_rn intrinsic so nvcc's FMA contraction cannot merge it.
 #include "common.cuh"
 #include "fixed_reduce.cuh"

@@ -1,4 +1,4 @@
-// Launch wrappers: RMSNorm and RoPE (MODEL.md 4.0, 8.2, 8.3). Raw device pointers, sizes, stream.
+// Launch wrappers: RMSNorm and RoPE (docs/MODEL.md 4.0, 8.2, 8.3). Raw device pointers, sizes, stream.
 // Callers (src/backend/cuda/cuda_ops_misc.cpp) validate shapes and check the returned error.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Activation-quantization kernels (MODEL.md 5.1, 5.2). Each thread owns 8 consecutive elements; a
+// Activation-quantization kernels (docs/MODEL.md 5.1, 5.2). Each thread owns 8 consecutive elements; a
 // quantization block of 32 (16) elements is 4 (2) consecutive lanes that share the amax by shuffles.
 // Every arithmetic step is the CPU twin's (cpu_ref.h), with explicit IEEE intrinsics, so the outputs
 // are bit identical (NaN payloads aside: the GPU's NaNs are canonical).

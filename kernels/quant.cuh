@@ -1,4 +1,4 @@
-// Launch wrappers of the activation-quantization kernels (MODEL.md 5.1, 5.2), bit exact with the CPU
+// Launch wrappers of the activation-quantization kernels (docs/MODEL.md 5.1, 5.2), bit exact with the CPU
 // backend (src/backend/cpu/cpu_ref.h; scalar steps shared in include/ds4r/numeric.h). Plain declarations:
 // included by g++-compiled backend code.
 #pragma once
@@ -10,7 +10,7 @@ namespace ds4r::kern {
 
 // How act_quant_fp8 writes the scale byte of a block whose amax is NaN or +inf.
 enum class Fp8ScaleBytes : int {
-    // Bit exact with the CPU's act_quant (MODEL.md 5.1 bit trick): a NaN amax gives byte 0x00, +inf
+    // Bit exact with the CPU's act_quant (docs/MODEL.md 5.1 bit trick): a NaN amax gives byte 0x00, +inf
     // gives 0xFF. Used by the act_quant_fp8 op.
     Reference = 0,
     // GEMM operand: such a block gets 0xFF (NaN), so the block-scaled GEMM turns the row's output
@@ -21,7 +21,7 @@ enum class Fp8ScaleBytes : int {
 
 // Where act_quant_fp8 puts each code inside its row. The codes themselves never change.
 enum class Fp8CodeOrder : int {
-    // q[r, k] is the code of x[r, k] (the act_quant op, MODEL.md 5.1).
+    // q[r, k] is the code of x[r, k] (the act_quant op, docs/MODEL.md 5.1).
     Canonical = 0,
     // The block-scaled GEMMs' A operand (kernels/gemm_tile.cuh): inside each 16-element half of a
     // 32-block, byte p holds element k = (0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15)[p],
@@ -40,7 +40,7 @@ cudaError_t launch_act_quant_fp8_inplace(uint16_t* x, int64_t rows, int64_t K, c
 cudaError_t launch_fp4_quant_inplace(uint16_t* x, int64_t rows, int64_t K, bool block16_e4m3,
                                      cudaStream_t stream);
 
-// Exact dequantization of fp8 weights to bf16 (convert.py's wo_a, MODEL.md 3.6): w e4m3 [rows, cols]
+// Exact dequantization of fp8 weights to bf16 (convert.py's wo_a, docs/MODEL.md 3.6): w e4m3 [rows, cols]
 // with e8m0 scales s [ceil(rows / 32), ceil(cols / 32)] -> out bf16 [rows, cols] = bf16(fp32(w) * 2^(e-127)).
 cudaError_t launch_dequant_fp8_bf16(const uint8_t* w, const uint8_t* s, int64_t rows, int64_t cols,
                                     uint16_t* out, cudaStream_t stream);

@@ -1,4 +1,4 @@
-// Device building blocks of the activation quantizers (MODEL.md 5.1, 5.2): vector loads / stores and
+// Device building blocks of the activation quantizers (docs/MODEL.md 5.1, 5.2): vector loads / stores and
 // the warp-level amax around the scalar steps of include/ds4r/numeric.h, which the CPU backend's
 // fp8_quant_block / fp4_quant_block (cpu_ref.h) use too, so results are bit identical. Used by
 // kernels/quant.cu and the MoE SwiGLU kernel. Device code only; CUDA headers and common.cuh only.
@@ -18,7 +18,7 @@ __device__ __forceinline__ float nan_max(float a, float b) {
 // The scalar steps (fp8_block_scale, fp8_code, fp4_e8m0_block_scale, fp4_e4m3_block_scale_code,
 // fp4_code, e8m0_of_pow2) are include/ds4r/numeric.h's, shared with the CPU backend.
 
-// fp4 scale from the raw amax (MODEL.md 5.2, 8.2): e4m3_16 = false: E8M0 branch, true: E4M3 branch
+// fp4 scale from the raw amax (docs/MODEL.md 5.2, 8.2): e4m3_16 = false: E8M0 branch, true: E4M3 branch
 // (the scale is the e4m3 value of its code).
 __device__ __forceinline__ float fp4_block_scale(float amax, bool e4m3_16) {
     return e4m3_16 ? e4m3_to_f32(fp4_e4m3_block_scale_code(amax)) : fp4_e8m0_block_scale(amax);

@@ -1,4 +1,4 @@
-// The RoPE table kernel (MODEL.md 4.0, 8.3), parameterized by its (cos, sin) function: the product
+// The RoPE table kernel (docs/MODEL.md 4.0, 8.3), parameterized by its (cos, sin) function: the product
 // (kernels/norm_rope.cu) uses the glibc port; the CUDA test kit instantiates it with CUDA's libdevice
 // cosf / sinf to measure how far those are from the golden tables. Device code only.
 #pragma once

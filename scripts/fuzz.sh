@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzz the parsers with libFuzzer (DESIGN.md section 6). Not part of CI.
+# Fuzz the parsers with libFuzzer (docs/DESIGN.md section 6). Not part of CI.
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
 #

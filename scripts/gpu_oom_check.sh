@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Out-of-memory recovery on a GPU machine, end to end (DESIGN.md section 6): scores the same input on a
+# Out-of-memory recovery on a GPU machine, end to end (docs/DESIGN.md section 6): scores the same input on a
 # full-width synthetic checkpoint twice with the CUDA backend, once with a GPU budget too small for the
 # forced chunk size (the pass runner must halve its chunks and run the pass again) and once with small
 # chunks and the normal budget; the two outputs must be the same bytes.

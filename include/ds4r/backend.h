@@ -1,11 +1,11 @@
 // The Backend interface: the ops the V4.1 forward (src/model/) and the output head call, and nothing
 // else (ops that only tests use are members of the implementations, not of this interface).
 // Two implementations: backend/cpu (the executable specification: plain loops, fp32/fp64 where
-// the reference is fp32) and backend/cuda (the product). Every op's contract cites MODEL.md; shapes
+// the reference is fp32) and backend/cuda (the product). Every op's contract cites docs/MODEL.md; shapes
 // in comments use M = rows (tokens) of the chunk, m = rows of one sequence's part of a chunk,
 // s = the sequence length, T = its compressed length s / ratio.
 //
-// Batch invariance (DESIGN.md section 4) is part of every contract: the value of an output row may
+// Batch invariance (docs/DESIGN.md section 4) is part of every contract: the value of an output row may
 // depend only on the inputs of that row (and, for per-sequence ops, on that sequence), never on M,
 // on the other rows, or on how the caller split the work.
 #pragma once
@@ -19,7 +19,7 @@
 
 namespace ds4r {
 
-// fp4 activation quantization variants (MODEL.md 5.2).
+// fp4 activation quantization variants (docs/MODEL.md 5.2).
 enum class Fp4Scale : uint8_t {
     E8M0_32,  // power-of-two scales per 32 (indexer q and k)
     E4M3_16,  // e4m3 scales per 16 (compressed KV latent)
@@ -45,7 +45,7 @@ struct MoeWeights {
 struct MoeParams {
     int topk = 6;               // experts per token
     float route_scale = 1.5f;   // routed_scaling_factor
-    float swiglu_limit = 10.f;  // clamp of the SwiGLU (MODEL.md 4.7)
+    float swiglu_limit = 10.f;  // clamp of the SwiGLU (docs/MODEL.md 4.7)
     float gate_temp = 1.f;
 };
 
@@ -117,14 +117,14 @@ public:
     virtual std::vector<std::pair<std::string, double>> profile_totals();
     virtual void profile_reset();
 
-    // ---------------------------------------------------------------- quantization (MODEL.md 5.1, 5.2)
+    // ---------------------------------------------------------------- quantization (docs/MODEL.md 5.1, 5.2)
     // x BF16 [M, K] in place: x <- bf16(e4m3(x / s) * s), s the per-32 scale of act_quant (amax floor
     // 1e-4, ue8m0 scale rounded up, clamp +-448, RNE saturating). Bit exact (window KV).
     virtual void act_quant_fp8_inplace(const Tensor& x) = 0;
     // x BF16 [M, K] in place: fp4 e2m1 round trip with the given scale kind. Bit exact.
     virtual void fp4_quant_inplace(const Tensor& x, Fp4Scale kind) = 0;
 
-    // ---------------------------------------------------------------- linears (MODEL.md 4.0, 5.3)
+    // ---------------------------------------------------------------- linears (docs/MODEL.md 4.0, 5.3)
     // y BF16 [M, N] = act_quant(x BF16 [M, K]) @ W^T with per-32 K-block partial sums in fp32,
     // scaled and added in K order, rounded to bf16 once.
     virtual void linear_fp8(const Tensor& x, const Fp8Linear& w, const Tensor& y) = 0;
@@ -132,7 +132,7 @@ public:
     virtual void linear_bf16(const Tensor& x, const Tensor& w, const Tensor& y) = 0;
     // y F32 [M, N] = f32(x) @ f32(W)^T; x BF16 or F32 [M, K], W BF16 or F32 [N, K]. No TF32.
     virtual void linear_f32(const Tensor& x, const Tensor& w, const Tensor& y) = 0;
-    // The grouped low-rank output wo_a (MODEL.md 4.6 f): o BF16 [M, G * Kg] (group g = columns
+    // The grouped low-rank output wo_a (docs/MODEL.md 4.6 f): o BF16 [M, G * Kg] (group g = columns
     // g*Kg..), W = fp8 [G * R, Kg] dequantized exactly to bf16 -> y BF16 [M, G * R] with
     // y[:, g*R + r] = sum_d o[:, g*Kg + d] * W[g*R + r, d] (fp32 accumulation, bf16 out).
     virtual void linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t groups, const Tensor& y) = 0;
@@ -140,7 +140,7 @@ public:
     // ---------------------------------------------------------------- norms, RoPE
     // y = bf16(w * (x * rsqrt(mean(x^2) + eps))) per row; x, y BF16 [M, N] (may alias); w BF16 [N].
     virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) = 0;
-    // RoPE table F32 [n_pos, rd/2, 2] (cos, sin) per MODEL.md 4.0 / 8.3; yarn_orig == 0: plain.
+    // RoPE table F32 [n_pos, rd/2, 2] (cos, sin) per docs/MODEL.md 4.0 / 8.3; yarn_orig == 0: plain.
     virtual void rope_table(double base, double factor, int64_t yarn_orig, double beta_fast, double beta_slow,
                             int64_t rd, const Tensor& table) = 0;
     // In place on x BF16 [M, heads * width]: rotates the last `rd` of each head's `width` dims,
@@ -148,7 +148,7 @@ public:
     virtual void rope_inplace(const Tensor& x, int64_t heads, int64_t width, int64_t rd, const Tensor& pos,
                               const Tensor& table, bool inverse) = 0;
 
-    // ---------------------------------------------------------------- mHC (MODEL.md 4.5, 5.5)
+    // ---------------------------------------------------------------- mHC (docs/MODEL.md 4.5, 5.5)
     // X BF16 [M, hc, D]; fn F32 [mix, hc * D]; scale F32 [3]; base F32 [mix]
     // -> pre F32 [M, hc], post F32 [M, hc], comb F32 [M, hc, hc] (comb[j][k]: row j, column k).
     virtual void hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale, const Tensor& base,
@@ -161,12 +161,12 @@ public:
     virtual void hc_post(const Tensor& x, const Tensor& R, const Tensor& post, const Tensor& comb,
                          const Tensor& out) = 0;
 
-    // ---------------------------------------------------------------- compressor (MODEL.md 4.6.1)
+    // ---------------------------------------------------------------- compressor (docs/MODEL.md 4.6.1)
     // Ratio-2 gated pooling of one sequence: kv, sc F32 [2n (+1), hd] -> out BF16 [n, hd],
     // out_j = bf16(sum_i kv[2j+i] * softmax_i(sc[2j], sc[2j+1])) per channel. No norm here.
     virtual void compress_pool2(const Tensor& kv, const Tensor& sc, const Tensor& out) = 0;
 
-    // ---------------------------------------------------------------- indexer (MODEL.md 4.6.2)
+    // ---------------------------------------------------------------- indexer (docs/MODEL.md 4.6.2)
     // One sequence's query rows: q BF16 [m, nh, ihd] (fp4-QDQ'd, roped); k BF16 [T, ihd];
     // w BF16 [m, nh] (already * 1/64); qpos I32 [m] -> score BF16 [m, T]:
     // S = bf16(q_h . k_j); score = bf16(sum_h fp32(bf16(relu(S) * w_h))) summed sequentially in
@@ -186,12 +186,12 @@ public:
     virtual void index_topk(const Tensor& score, const Tensor& qpos, int ratio, int64_t offset,
                             const Tensor& idx) = 0;
 
-    // ---------------------------------------------------------------- attention (MODEL.md 4.6, 5.4)
+    // ---------------------------------------------------------------- attention (docs/MODEL.md 4.6, 5.4)
     // The full attention index rows of one sequence: idx I32 [m, W + Kc] = [window columns ; topk].
     // Window column c of row r: max(p - window + 1, 0) + c, or -1 where that exceeds p = qpos[r]
     // (W = min(s, window)); topk I32 [m, Kc], already offset by +s (may have Kc = 0).
     virtual void attn_indices(const Tensor& qpos, int64_t window, const Tensor& topk, const Tensor& idx) = 0;
-    // x BF16 in place: x <- bf16(fp32(x) * factor) (indexer weights * 1/64, MODEL.md 4.6.2 step 3).
+    // x BF16 in place: x <- bf16(fp32(x) * factor) (indexer weights * 1/64, docs/MODEL.md 4.6.2 step 3).
     virtual void mul_scalar_bf16(const Tensor& x, float factor) = 0;
     // One sequence: q BF16 [m, H, hd]; win_kv BF16 [s, hd]; cmp_kv BF16 [T, hd] (T may be 0);
     // sink F32 [H]; idx I32 [m, n_idx]: j < s -> win_kv[j], j >= s -> cmp_kv[j - s], -1 empty
@@ -199,7 +199,7 @@ public:
     virtual void sparse_attn(const Tensor& q, const Tensor& win_kv, const Tensor& cmp_kv, const Tensor& sink,
                              const Tensor& idx, float scale, const Tensor& o) = 0;
 
-    // ---------------------------------------------------------------- MoE (MODEL.md 4.7)
+    // ---------------------------------------------------------------- MoE (docs/MODEL.md 4.7)
     // x BF16 [M, D] (ffn-normed) -> y BF16 [M, D]: router, routed experts (weight applied before
     // w2, contributions summed in fp32 in expert-id order) + shared expert.
     // Optional outputs (may be empty tensors): route_idx I32 [M, k] and route_w F32 [M, k] in the
@@ -207,13 +207,13 @@ public:
     virtual void moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y,
                      const Tensor& route_idx, const Tensor& route_w) = 0;
 
-    // ---------------------------------------------------------------- Engram (MODEL.md 4.8)
+    // ---------------------------------------------------------------- Engram (docs/MODEL.md 4.8)
     // X BF16 [M, hc, D] updated in place: kv BF16 [M, (hc + 1) * D] = wkv(e) (keys of copy k at
     // columns k*D.., value = the last D); qw, kw BF16 [hc, D].
     virtual void engram_update(const Tensor& X, const Tensor& kv, const Tensor& qw, const Tensor& kw,
                                float eps) = 0;
 
-    // ---------------------------------------------------------------- head (MODEL.md 4.9)
+    // ---------------------------------------------------------------- head (docs/MODEL.md 4.9)
     // x BF16 [M, D] (after the final norm); head BF16 [V, D] used as fp32; targets I32 [M]
     // (-1 = none) -> per-row statistics over the full vocabulary (see HeadStatsOut).
     virtual void head_stats(const Tensor& x, const Tensor& head, const Tensor& targets, int k,
@@ -236,7 +236,7 @@ std::unique_ptr<Backend> make_cpu_backend();
 
 // CUDA backend, or nullptr with *why set when CUDA is not compiled in / no usable GPU is present.
 // gpu_memory_gb: the device memory budget in GB (--gpu-memory-gb); <= 0: the default, 22 GB
-// whatever the GPU (the product targets a 24 GB card, DESIGN.md 5).
+// whatever the GPU (the product targets a 24 GB card, docs/DESIGN.md 5).
 std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, double gpu_memory_gb = 0);
 
 // --backend: "cpu"; "cuda" (throws RuntimeError without a usable GPU, the message says why); "auto":

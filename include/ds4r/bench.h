@@ -1,4 +1,4 @@
-// `ds4replay bench` (DESIGN.md section 8, issue "performance"): streaming and kernel benchmarks on a
+// `ds4replay bench` (docs/DESIGN.md section 8, issue "performance"): streaming and kernel benchmarks on a
 // checkpoint with the real shapes (make-tiny --preset full-width). Benchmarks print a table and write
 // CSV; they assert nothing.
 //

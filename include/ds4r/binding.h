@@ -1,4 +1,4 @@
-// The tensor binding for the V4.1 prefill (MODEL.md section 3): every tensor the forward needs,
+// The tensor binding for the V4.1 prefill (docs/MODEL.md section 3): every tensor the forward needs,
 // with its exact dtype and shape derived from the config and the layer's role. This list is the one
 // place tensor names are spelled; the validator, `inspect`, `make-tiny`, the byte plan of the
 // prefetcher and the model's weight structs all walk it.
@@ -21,7 +21,7 @@ enum class TensorUse : uint8_t {
 // The weight-struct field (include/ds4r/model.h LayerWeights / GlobalWeights) a tensor binds to, so that
 // bind_layer_weights walks this list instead of spelling the names again. A linear's weight and
 // scale share a field (TensorSpec::scale tells which); routed experts carry their id.
-// Grouped in the order of MODEL.md 3.4.
+// Grouped in the order of docs/MODEL.md 3.4.
 // clang-format off
 enum class WeightField : uint8_t {
     None,  // not bound to a weight struct (optional tensors, the Engram table, the embedding)
@@ -57,7 +57,7 @@ inline constexpr const char* kHeadTensorName = "head.weight";
 std::vector<TensorSpec> global_tensor_specs(const ModelConfig& cfg);
 
 // Every tensor block `role.layer` reads, including the Engram table + scale of an Engram layer
-// (use EngramTable) and the optional unused ones (optional = true). Order: the order of MODEL.md
+// (use EngramTable) and the optional unused ones (optional = true). Order: the order of docs/MODEL.md
 // 3.4 (attention, indexer/compressor, mHC, MoE gate, shared expert, routed experts by id, Engram).
 std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& cfg, const LayerRole& role);
 
@@ -65,7 +65,7 @@ std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& cfg, const LayerRo
 std::vector<TensorSpec> all_tensor_specs(const ModelConfig& cfg, const std::vector<LayerRole>& roles);
 
 // True for checkpoint names the prefill never uses even though the release ships them:
-// mtp.*, vision.*, aligner.*, image_* and *.bias_vl (MODEL.md 3.5).
+// mtp.*, vision.*, aligner.*, image_* and *.bias_vl (docs/MODEL.md 3.5).
 bool is_unused_in_prefill(const std::string& name);
 
 // "layers.<L>.<suffix>"

@@ -1,4 +1,4 @@
-// The original Hugging Face checkpoint directory (DESIGN.md sections 2 and 6, MODEL.md section 3):
+// The original Hugging Face checkpoint directory (docs/DESIGN.md sections 2 and 6, docs/MODEL.md section 3):
 // config.json, model.safetensors.index.json, the shards it names, tokenizer.json. Checkpoint::open
 // reads only the config, the index and the shard headers (a few MB for the real ~510 GB model),
 // validates everything the prefill relies on, and answers where every tensor's bytes are.
@@ -65,7 +65,7 @@ std::vector<ByteRun> merge_byte_runs(std::vector<const TensorLocation*> tensors,
 
 class Checkpoint {
 public:
-    // Parses and validates everything before any compute (DESIGN.md 6): config + layer roles,
+    // Parses and validates everything before any compute (docs/DESIGN.md 6): config + layer roles,
     // tokenizer.json present, the index (or a single model.safetensors), every shard present with a
     // sane header and long enough, index and headers agreeing both ways, no unreferenced shard of the
     // set, every required tensor of the binding present with exactly its dtype and shape. Throws

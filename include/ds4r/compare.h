@@ -1,4 +1,4 @@
-// `ds4replay compare A.jsonl B.jsonl`: fidelity statistics between two result files (DESIGN.md 2).
+// `ds4replay compare A.jsonl B.jsonl`: fidelity statistics between two result files (docs/DESIGN.md 2).
 //
 // Input: two JSONL files, one JSON object per line (blank lines skipped; a line that is not JSON or
 // has no "id" is an InputError naming the file and line). Each record of A is paired with the first

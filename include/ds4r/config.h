@@ -1,7 +1,7 @@
-// The model configuration (MODEL.md section 2) and the per-layer roles derived from it.
+// The model configuration (docs/MODEL.md section 2) and the per-layer roles derived from it.
 // config.json comes in two forms: the released Hugging Face one (`text_config` +
-// `quantization_config`, MODEL.md 2.1) and the flat `inference/config.json` one using ModelArgs
-// field names (MODEL.md 2.2). Both parse into the same ModelConfig (flat names).
+// `quantization_config`, docs/MODEL.md 2.1) and the flat `inference/config.json` one using ModelArgs
+// field names (docs/MODEL.md 2.2). Both parse into the same ModelConfig (flat names).
 #pragma once
 
 #include <cstdint>
@@ -32,10 +32,10 @@ struct ModelConfig {
     std::string score_func;           // "sqrtsoftplus"
     double route_scale = 1.0;         // 1.5
     double swiglu_limit = 0.0;        // 10.0
-    double gate_temp = 1.0;           // ModelArgs default, not in the file (MODEL.md 2.2)
+    double gate_temp = 1.0;           // ModelArgs default, not in the file (docs/MODEL.md 2.2)
     bool norm_topk_prob = true;
     // --- norms / rope ---
-    double norm_eps = 1e-20;         // eps of EVERY RMSNorm (MODEL.md 4.0)
+    double norm_eps = 1e-20;         // eps of EVERY RMSNorm (docs/MODEL.md 4.0)
     double rope_theta = 10000.0;     // base of ratio-0 layers
     double compress_rope_theta = 0;  // base of ratio>0 layers (YaRN on)
     int64_t original_seq_len = 0;    // YaRN original_max_position_embeddings
@@ -89,7 +89,7 @@ struct ModelConfig {
 ModelConfig parse_model_config(std::string_view json_text, const std::string& path);
 ModelConfig load_model_config(const std::string& path);
 
-// What one backbone layer does (MODEL.md 2.4 table, 5.6).
+// What one backbone layer does (docs/MODEL.md 2.4 table, 5.6).
 struct LayerRole {
     int layer = 0;
     int ratio = 0;                  // compress ratio: 0 window only, 1, or 2
@@ -107,7 +107,7 @@ struct LayerRole {
     std::string describe() const;
 };
 
-// One role per backbone layer 0..n_layers-1, for every pattern DeepSeek's reference runs (MODEL.md
+// One role per backbone layer 0..n_layers-1, for every pattern DeepSeek's reference runs (docs/MODEL.md
 // 5.6: each shared slot a layer reads was written earlier by a layer of the same ratio). Throws
 // CheckpointError (naming `path`) otherwise (a ratio>0 layer before any KV source, a key-less index
 // source before any key owner, a slot of another ratio, ...).

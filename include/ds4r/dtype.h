@@ -21,7 +21,7 @@ enum class DType : uint8_t {
     I32,
     I64,
     BOOL,
-    F8_E4M3,  // OCP float8 e4m3fn: bias 7, max 448, no inf, NaN = S.1111.111 (MODEL.md 3.2)
+    F8_E4M3,  // OCP float8 e4m3fn: bias 7, max 448, no inf, NaN = S.1111.111 (docs/MODEL.md 3.2)
     F8_E5M2,
     F8_E8M0,  // unsigned power-of-two scale 2^(e-127); 0xFF = NaN
 };

@@ -1,6 +1,6 @@
-// Engram hashing (MODEL.md 4.2): the compressed token map, the prime layout, the hash multipliers
+// Engram hashing (docs/MODEL.md 4.2): the compressed token map, the prime layout, the hash multipliers
 // and the per-position hash ids. Everything here is exact integer arithmetic and is checked against the
-// golden data. Reading the table rows (MODEL.md 4.8 step 1) is io/'s: ds4r/engram_io.h.
+// golden data. Reading the table rows (docs/MODEL.md 4.8 step 1) is io/'s: ds4r/engram_io.h.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +19,7 @@ struct EngramTokenMap {
     int64_t num_keys = 0;        // distinct normalized keys (must equal engram_compressed_vocab_size)
     int32_t pad_compressed = 0;  // map[engram_pad_id]
 };
-// Builds the map with the normalizer chain of MODEL.md 4.2 (NFKC, NFD, StripAccents, Lowercase,
+// Builds the map with the normalizer chain of docs/MODEL.md 4.2 (NFKC, NFD, StripAccents, Lowercase,
 // whitespace runs -> ' ', '^ $' -> U+E000, Strip, U+E000 -> ' '; U+FFFD tokens keep their raw
 // token string; empty normalized keys keep the un-normalized text; ids in order of first
 // appearance). Throws CheckpointError naming `tokenizer_path` when num_keys differs from
@@ -29,7 +29,7 @@ EngramTokenMap build_engram_token_map(const Tokenizer& tok, const ModelConfig& c
 // The normalized key of one decoded text (exposed for tests).
 std::string engram_normalize(const std::string& text);
 
-// Prime layout of every Engram layer (MODEL.md 4.2 "Layout").
+// Prime layout of every Engram layer (docs/MODEL.md 4.2 "Layout").
 struct EngramLayout {
     // primes[layer_idx][ngram_group][head]; ngram_group g covers n-grams of size g + 2.
     std::vector<std::vector<std::vector<int64_t>>> primes;
@@ -46,9 +46,9 @@ EngramLayout build_engram_layout(const ModelConfig& cfg, const std::string& conf
 // Lemire bounded integers as numpy implements them).
 std::vector<int64_t> engram_multipliers(int64_t layer, int64_t compressed_vocab, int64_t max_ngram);
 
-// The released model's multipliers as published (MODEL.md 4.2: layers 1 and 14 with compressed vocab
+// The released model's multipliers as published (docs/MODEL.md 4.2: layers 1 and 14 with compressed vocab
 // 99,092 and n-grams up to 4), or an empty vector for any other (layer, vocab, n-gram) combination.
-// MODEL.md advises hard-coding them because numpy does not promise its stream stays the same; ds4replay
+// docs/MODEL.md advises hard-coding them because numpy does not promise its stream stays the same; ds4replay
 // computes them and `score --seed-check` verifies the two agree.
 std::vector<int64_t> released_engram_multipliers(int64_t layer, int64_t compressed_vocab, int64_t max_ngram);
 // numpy.random.default_rng(seed).integers(0, high, size=count, dtype=np.int64) for high >= 1, as

@@ -1,4 +1,4 @@
-// Engram I/O (DESIGN.md section 3, io/; MODEL.md 4.8 step 1): the table readers and the gather of a
+// Engram I/O (docs/DESIGN.md section 3, io/; docs/MODEL.md 4.8 step 1): the table readers and the gather of a
 // pass's rows. A released table is far larger than memory (layer 1: 384,006,168 rows x 256 e4m3 = 98 GB,
 // plus a separate e8m0 scale tensor of rows x 8 bytes), and a pass reads only s x 24 rows of it, at
 // hashed (random) positions. So the rows are gathered, never streamed:
@@ -13,7 +13,7 @@
 //    allows (`--engram-scales`), which halves the random reads;
 //  - what is kept per pass is the rows as stored (e4m3 + e8m0: 264 bytes per distinct lookup of the
 //    released tables, ~6.3 KB per token per table), dequantized to bf16 chunk by chunk when its layer
-//    runs: host memory stays within DESIGN.md's 64 KB per token.
+//    runs: host memory stays within docs/DESIGN.md's 64 KB per token.
 // Values are those of the reference: bf16(e4m3(row[d]) * 2^(scale[d / 32] - 127)), the product in fp32.
 // Every engine copies the same stored bytes, so results do not depend on it (tested byte for byte).
 #pragma once
@@ -77,7 +77,7 @@ struct EngramTableOptions {
     bool refuse_uring_for_test = false;  // behave as if io_uring_queue_init failed with EPERM
 };
 
-// One Engram table in its shard: e4m3 rows [rows, head_dim] with one e8m0 scale per 32 (MODEL.md 3.4,
+// One Engram table in its shard: e4m3 rows [rows, head_dim] with one e8m0 scale per 32 (docs/MODEL.md 3.4,
 // 4.8). Constructor errors (missing file, extents past its end, bad shape) are CheckpointErrors naming
 // the shard. Thread safety: read_rows / gather_bf16 may run on several threads at once.
 class EngramTable {
@@ -107,7 +107,7 @@ private:
     int64_t rows_, head_dim_;
 };
 
-// Engram hashing state and table readers for the whole run (MODEL.md 4.2, 4.8).
+// Engram hashing state and table readers for the whole run (docs/MODEL.md 4.2, 4.8).
 struct EngramResources {
     EngramTokenMap map;
     EngramLayout layout;
@@ -153,7 +153,7 @@ private:
     std::thread thread_;
 };
 
-// Embedding rows (MODEL.md 4.3) read from the shard on the host: a gather, never streamed.
+// Embedding rows (docs/MODEL.md 4.3) read from the shard on the host: a gather, never streamed.
 class TokenEmbeddingReader {
 public:
     explicit TokenEmbeddingReader(const Checkpoint& ckpt);  // opens the shard of `embed.weight`

@@ -1,4 +1,4 @@
-// Host error policy (DESIGN.md section 2 and 6): every failure is an exception that carries the
+// Host error policy (docs/DESIGN.md section 2 and 6): every failure is an exception that carries the
 // source location and a message naming the file / line / tensor and what was expected. `main`
 // maps the kind to the process exit code. Nothing in a parser aborts.
 #pragma once
@@ -9,7 +9,7 @@
 
 namespace ds4r {
 
-// Exit codes of the command line tool (DESIGN.md section 2).
+// Exit codes of the command line tool (docs/DESIGN.md section 2).
 enum class ErrorKind : int {
     Runtime = 1,     // runtime failure (I/O error, CUDA error, out of memory, ...)
     Usage = 2,       // bad command line or bad input file (tokens.jsonl)
@@ -51,7 +51,7 @@ public:
 };
 
 // The backend ran out of memory (an allocation failed or the GPU budget is spent). The pass runner
-// shrinks its chunks and runs the pass again (DESIGN.md section 6); elsewhere it stops the run (exit 1).
+// shrinks its chunks and runs the pass again (docs/DESIGN.md section 6); elsewhere it stops the run (exit 1).
 class OutOfMemoryError : public RuntimeError {
 public:
     OutOfMemoryError(std::string message, const char* f = nullptr, int l = 0)

@@ -1,4 +1,4 @@
-// tokens.jsonl reader (DESIGN.md section 2 "Input"): one JSON value per line, {"id": ..., "tokens":
+// tokens.jsonl reader (docs/DESIGN.md section 2 "Input"): one JSON value per line, {"id": ..., "tokens":
 // [...]} (alias "input_ids"), or a bare [int, ...] array whose id is its line number. Extra fields
 // are carried through. Every rejection is an InputError naming the line and what was expected.
 //

@@ -1,4 +1,4 @@
-// `ds4replay inspect` (DESIGN.md section 2): validates a checkpoint and reports its configuration,
+// `ds4replay inspect` (docs/DESIGN.md section 2): validates a checkpoint and reports its configuration,
 // its layer roles and its bytes (streamed per layer, globals, Engram tables, unused), as text for
 // people or as one JSON object for scripts.
 #pragma once

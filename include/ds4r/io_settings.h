@@ -1,4 +1,4 @@
-// I/O settings of a run (`score` and `bench` flags; DESIGN.md 8b: settings a user needs are flags, not
+// I/O settings of a run (`score` and `bench` flags; docs/DESIGN.md 8b: settings a user needs are flags, not
 // environment variables). One struct, filled by the CLI, handed to the weight source and the Engram gather.
 #pragma once
 
@@ -11,7 +11,7 @@ namespace ds4r {
 
 struct PrefetchOptions;
 
-// How the Engram rows of a pass are read (MODEL.md 4.8 step 1; include/ds4r/engram_io.h).
+// How the Engram rows of a pass are read (docs/MODEL.md 4.8 step 1; include/ds4r/engram_io.h).
 enum class EngramIoMode {
     Auto,   // io_uring where the kernel allows it (tested at run time), else the pread pool
     Uring,  // io_uring with O_DIRECT, `engram_queue_depth` requests in flight (falls back to pread if

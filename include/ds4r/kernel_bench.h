@@ -1,4 +1,4 @@
-// GEMM micro-benchmarks and memory probes of a backend for `ds4replay bench` (DESIGN.md 8: fp8/fp4
+// GEMM micro-benchmarks and memory probes of a backend for `ds4replay bench` (docs/DESIGN.md 8: fp8/fp4
 // dequant-GEMM vs cuBLAS bf16 on pre-dequantized weights of the same shape). Implemented by the CUDA
 // backend (src/backend/cuda/cuda_bench.cpp); replay/bench.cpp sees only this interface. Each GEMM
 // benchmark builds random operands of the given shape on the device, runs 2 warm-up calls, then

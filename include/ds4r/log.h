@@ -1,4 +1,4 @@
-// Logging to stderr (stdout carries results only, DESIGN.md section 2). Thin wrapper over spdlog so
+// Logging to stderr (stdout carries results only, docs/DESIGN.md section 2). Thin wrapper over spdlog so
 // that spdlog/fmt stay inside src/common/log.cpp.
 #pragma once
 

@@ -1,5 +1,5 @@
-// make-tiny (DESIGN.md section 2): a random checkpoint in exactly the released layout (MODEL.md 2.1,
-// 3.1-3.4) — config.json in the Hugging Face form, model.safetensors.index.json, shards
+// make-tiny (docs/DESIGN.md section 2): a random checkpoint in exactly the released layout
+// (docs/MODEL.md 2.1, 3.1-3.4) — config.json in the Hugging Face form, model.safetensors.index.json, shards
 // model-000NN-of-000MM.safetensors (tiny: shard 1 embed, one shard per layer, head + norm, one shard
 // per Engram table; full-width: the release's grouping, docs/MODEL.md 3.1: vision, embed, one per
 // layer, head + norm, 3 MTP, the Engram tables; 48 shards at 40 layers), a byte-level BPE tokenizer.json —
@@ -50,9 +50,9 @@ ModelConfig make_tiny_base_config(TinyPreset preset, int layers);
 // Throws InputError when vocab_size < 264.
 std::string make_tiny_tokenizer_json(int64_t vocab_size);
 
-// config.json text in the released Hugging Face form (MODEL.md 2.1): top-level architectures /
+// config.json text in the released Hugging Face form (docs/MODEL.md 2.1): top-level architectures /
 // model_type / dtype / transformers_version / bos / eos / pad ids, quantization_config, and a
-// text_config with every key of MODEL.md 2.1 (num_nextn_predict_layers 0: no MTP tensors are written).
+// text_config with every key of docs/MODEL.md 2.1 (num_nextn_predict_layers 0: no MTP tensors are written).
 std::string make_tiny_config_json(const ModelConfig& cfg);
 
 struct TinyShard {

@@ -1,4 +1,4 @@
-// The V4.1 block, written once against the Backend interface (MODEL.md section 4).
+// The V4.1 block, written once against the Backend interface (docs/MODEL.md section 4).
 //
 // A pass pushes many sequences through one layer at a time. Rows of the pass are (sequence,
 // position) pairs; they are processed in chunks of at most --max-batch-tokens rows, in pass order:
@@ -8,9 +8,9 @@
 // kv_chunk then main_chunk run for one chunk before the next: attention at position t reads only
 // data of positions <= t of its own sequence (causal), all produced by this or an earlier chunk.
 // Per-sequence data that attention reads (window KV of this layer, the cross-layer shared slots of
-// MODEL.md 5.6) lives in backend "arenas" for the whole pass.
+// docs/MODEL.md 5.6) lives in backend "arenas" for the whole pass.
 // Every row's result depends only on that row's sequence: never on the chunking or on the other
-// sequences of the pass (batch invariance, DESIGN.md section 4).
+// sequences of the pass (batch invariance, docs/DESIGN.md section 4).
 #pragma once
 
 #include <functional>
@@ -36,7 +36,7 @@ struct LayerWeights {
     Fp8Linear wq_b;                      // [H*hd, q_lora]
     Fp8Linear wkv;                       // [hd, D]
     Tensor kv_norm;                      // BF16 [hd]
-    Fp8Linear wo_a;                      // [G*o_lora, H*hd/G], used as exact bf16 (MODEL.md 3.6)
+    Fp8Linear wo_a;                      // [G*o_lora, H*hd/G], used as exact bf16 (docs/MODEL.md 3.6)
     Fp8Linear wo_b;                      // [D, G*o_lora]
     // Compressor (KV sources only).
     Tensor cmp_wkv;    // BF16 [hd, D] (fp32 math at ratio 2, bf16 at ratio 1)
@@ -67,7 +67,7 @@ GlobalWeights bind_global_weights(const TensorLookup& get);
 struct SeqInfo {
     int64_t len = 0;   // s
     int64_t row0 = 0;  // its first row in the pass-wide arenas
-    // Shared slots (MODEL.md 5.6), set by the latest source layers:
+    // Shared slots (docs/MODEL.md 5.6), set by the latest source layers:
     int64_t cmp_rows = 0;    // T: rows of compressed KV / index keys (s / ratio of the latest KV source)
     int64_t topk_width = 0;  // K_c of the latest index source (0: window only)
     int64_t cand_words = 0;  // 32-bit words per row of the candidate block mask (0: none yet)
@@ -120,7 +120,7 @@ struct LayerTaps {
     Tensor route_w;    // F32 [M, k]
 };
 
-// Engram (MODEL.md 4.8): X BF16 [M, hc, D] updated in place; e BF16 [M, cols*ehd] = gathered rows.
+// Engram (docs/MODEL.md 4.8): X BF16 [M, hc, D] updated in place; e BF16 [M, cols*ehd] = gathered rows.
 void engram_chunk(PassContext& ctx, const LayerWeights& w, const Tensor& X, const Tensor& e);
 // The attention input of a chunk (4.5 steps 3-4): x BF16 [M, D] = attn_norm(hc_pre(X, P)) with
 // X BF16 [M, hc, D], P F32 [M, hc]; computed once, read by kv_chunk and main_chunk.

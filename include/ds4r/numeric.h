@@ -1,5 +1,5 @@
 // Exact conversions between fp32 and the narrow formats of the checkpoint and of DeepSeek's
-// activation quantization (MODEL.md 3.2, 5.1, 5.2), and the scalar steps of the activation
+// activation quantization (docs/MODEL.md 3.2, 5.1, 5.2), and the scalar steps of the activation
 // quantizers. All roundings are IEEE round-to-nearest-even.
 //
 // One definition for both backends: the functions marked DS4R_HD are `__host__ __device__` when the
@@ -162,7 +162,7 @@ DS4R_HD float e2m1_to_f32(uint32_t code) {
     const float v = kMag[code & 7u];
     return (code & 8u) ? -v : v;
 }
-// Round to the nearest e2m1 value, ties to the even code (MODEL.md 5.2); keeps the sign (-0 too).
+// Round to the nearest e2m1 value, ties to the even code (docs/MODEL.md 5.2); keeps the sign (-0 too).
 // Input is expected in [-6, 6] (callers clamp); larger magnitudes saturate to 6.
 DS4R_HD uint8_t f32_to_e2m1(float f) {
     const uint8_t sign = sign_bit_f32(f) ? 8 : 0;
@@ -187,7 +187,7 @@ DS4R_HD uint8_t f32_to_e2m1(float f) {
     return static_cast<uint8_t>(sign | c);
 }
 
-// ---- CUDA torch.topk's selection order (MODEL.md 8.1) ----
+// ---- CUDA torch.topk's selection order (docs/MODEL.md 8.1) ----
 // The radix order key: a larger key is a larger value; NaN is the largest; -0 < +0 (the key
 // distinguishes the two zeros, so they never tie). Never 0 for a real value.
 DS4R_HD uint32_t topk_order_key(float v) {
@@ -196,7 +196,7 @@ DS4R_HD uint32_t topk_order_key(float v) {
     return (x & 0x80000000u) ? ~x : (x | 0x80000000u);
 }
 
-// ---- activation quantization, one value / one block scale (MODEL.md 5.1, 5.2, 8.2) ----
+// ---- activation quantization, one value / one block scale (docs/MODEL.md 5.1, 5.2, 8.2) ----
 // The kernels multiply by the reciprocals as fp32 constants (1/448 and 1/6 rounded once from double).
 constexpr float kFp8MaxInv = static_cast<float>(1.0 / 448.0);
 constexpr float kFp4MaxInv = static_cast<float>(1.0 / 6.0);
@@ -210,7 +210,7 @@ constexpr float kFp4E4m3AmaxFloor = 0x1.8p-7f;    // fp4 E4M3 branch: 6 * 2^-9
 DS4R_HD float amax_floor(float amax, float floor_v) {
     return (!(amax >= floor_v) && !is_nan_f32(amax)) ? floor_v : amax;
 }
-// 2^ceil(log2(amax * max_inv)) with the kernels' bit trick (MODEL.md 5.1): biased exponent of the
+// 2^ceil(log2(amax * max_inv)) with the kernels' bit trick (docs/MODEL.md 5.1): biased exponent of the
 // fp32 product, plus one when its mantissa is non-zero, so an exact power of two stays. A NaN
 // product yields the bit pattern 0x80000000 (the exponent overflows into the sign) on both sides.
 DS4R_HD float ceil_pow2_scale(float amax, float max_inv) {
@@ -234,11 +234,11 @@ DS4R_HD uint8_t fp8_code(float x, float s) {
     if (v < -kFp8Max) v = -kFp8Max;
     return f32_to_e4m3(v);
 }
-// fp4 E8M0 branch (MODEL.md 5.2): floor 6 * 2^-126, power of two rounded up.
+// fp4 E8M0 branch (docs/MODEL.md 5.2): floor 6 * 2^-126, power of two rounded up.
 DS4R_HD float fp4_e8m0_block_scale(float amax) {
     return ceil_pow2_scale(amax_floor(amax, kFp4E8m0AmaxFloor), kFp4MaxInv);
 }
-// fp4 E4M3 branch (MODEL.md 5.2 / 8.2): floor 6 * 2^-9 (an all-zero block still gets 2^-9), then
+// fp4 E4M3 branch (docs/MODEL.md 5.2 / 8.2): floor 6 * 2^-9 (an all-zero block still gets 2^-9), then
 // the e4m3 code of amax / 6 with a TRUE fp32 division, RNE, saturating at 448. (The golden quant
 // data distinguishes this from amax * fp32(1/6): see cpu_quant_test.) Returns the e4m3 code.
 DS4R_HD uint8_t fp4_e4m3_block_scale_code(float amax) {

@@ -1,4 +1,4 @@
-// Result output (DESIGN.md section 2): one JSONL record per input sequence, in input order, appended
+// Result output (docs/DESIGN.md section 2): one JSONL record per input sequence, in input order, appended
 // and fsynced per completed pass; hidden states as .npy files (one per captured layer).
 #pragma once
 

@@ -1,4 +1,4 @@
-// Progress and interruption of a long score run (DESIGN.md section 6; issue "the user must see that
+// Progress and interruption of a long score run (docs/DESIGN.md section 6; issue "the user must see that
 // work is happening", "Ctrl-C stops cleanly").
 //
 // Progress on stderr, one update per layer of each pass (and one for the head), then a summary line

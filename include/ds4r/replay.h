@@ -1,4 +1,4 @@
-// The layer-major pass runner (DESIGN.md section 3, replay/): a pass is a set of sequences whose
+// The layer-major pass runner (docs/DESIGN.md section 3, replay/): a pass is a set of sequences whose
 // state fits in host memory; every layer is applied to every sequence of the pass before the next
 // layer is acquired from the WeightSource. Per-sequence state (4-copy residual stream, next
 // pre-mix) lives in host memory between layers and streams through the backend in chunks of at
@@ -53,7 +53,7 @@ struct SequenceScores {
     std::vector<double> topk_logprobs;  // [n, k]
 };
 
-// Receives captured hidden states (DESIGN.md "Hidden states"), per layer and sequence, in
+// Receives captured hidden states (docs/DESIGN.md "Hidden states"), per layer and sequence, in
 // sequence order. Mean mode: fp16 bits [rows, D]; copies mode: bf16 bits [rows, hc, D];
 // layer n_layers: fp16 bits [rows, D].
 class HiddenSink {
@@ -108,7 +108,7 @@ public:
     int next_layer() const { return next_layer_; }
     // Everything that carries from one layer to the next: the residual stream and pre-mix (host), the
     // per-sequence shared-slot sizes and the shared-slot arenas (compressed KV, index keys, top-k,
-    // candidate mask; MODEL.md 5.6). Names and byte sizes, in write_state's order.
+    // candidate mask; docs/MODEL.md 5.6). Names and byte sizes, in write_state's order.
     std::vector<std::pair<std::string, uint64_t>> state_blobs() const;
     void write_state(AtomicFileWriter& out);
     // Reads the blobs at `offset` of `in` into a pass begun with the same sequences.
@@ -189,7 +189,7 @@ private:
     int next_layer_ = 0;                        // first layer not yet applied to the host state
     ChunkCallback on_chunk_;
     std::unique_ptr<CopyQueue> up_q_, down_q_;  // the state ring's host -> backend / backend -> host copies
-    // The pass's Engram gathers (io/): every table's rows, started by begin() (MODEL.md 4.8 step 1).
+    // The pass's Engram gathers (io/): every table's rows, started by begin() (docs/MODEL.md 4.8 step 1).
     std::unique_ptr<EngramPassGather> engram_gather_;
     EngramGatherStats engram_stats_;  // of the passes before the current one
 };

@@ -36,7 +36,7 @@ struct ScoreOptions {
     bool overwrite = false;  // replace an existing output / hidden files / saved pass of an earlier run
     bool skip_bad = false;
     // Before scoring, check that the Engram hash multipliers derived from numpy's
-    // default_rng(10007 * layer) equal the released model's published values (MODEL.md 4.2).
+    // default_rng(10007 * layer) equal the released model's published values (docs/MODEL.md 4.2).
     bool seed_check = false;
     std::string progress = "auto";  // auto | bar | plain | none
     IoSettings io;                  // --io, --read-threads, --read-request-mb, --engram-io, ...

@@ -1,6 +1,6 @@
 // Text -> token ids (`ds4replay encode`) and back (`ds4replay decode`), as DeepSeek's own tooling does
 // it: Hugging Face `tokenizers`' byte-level BPE over tokenizer.json, and DeepSeek V4.1's chat format
-// (encoding/encoding.py of the release; DESIGN.md section 2 "Input").
+// (encoding/encoding.py of the release; docs/DESIGN.md section 2 "Input").
 //
 // TextEncoder reproduces `Tokenizer.encode(text, add_special_tokens=False)`:
 //  1. added tokens are cut out of the text first (leftmost-longest; the non-normalized ones, then the

@@ -1,6 +1,6 @@
 // tokenizer.json (Hugging Face `tokenizers` format, byte-level BPE): what ds4replay needs of it —
 // the id -> token table (vocab + added tokens) and the byte-level decode of single tokens, which
-// the Engram token map is built from (MODEL.md 4.2), plus what the encoder in src/text/ needs
+// the Engram token map is built from (docs/MODEL.md 4.2), plus what the encoder in src/text/ needs
 // (merges, pre-tokenizer, normalizer, added-token flags; see ds4r/text.h).
 #pragma once
 

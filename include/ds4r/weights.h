@@ -1,4 +1,4 @@
-// Layer weights made resident on a backend, one layer at a time (DESIGN.md section 3, io/).
+// Layer weights made resident on a backend, one layer at a time (docs/DESIGN.md section 3, io/).
 // The replay loop asks for layers in schedule order; a prefetching source reads layer L+1 from the
 // shards while layer L computes. Tensors are views into the layer's slot and stay valid while the
 // handle returned by acquire() is alive.
@@ -78,7 +78,7 @@ public:
 std::unique_ptr<WeightSource> make_sync_weight_source(Backend& be, const Checkpoint& ckpt);
 
 // ---------------------------------------------------------------------------------------------
-// The prefetching source (DESIGN.md sections 3, 5 and 8): a pool of `read_threads` reader threads reads
+// The prefetching source (docs/DESIGN.md sections 3, 5 and 8): a pool of `read_threads` reader threads reads
 // the byte runs of the next layer of the schedule with large O_DIRECT reads (buffered pread where the
 // file system refuses O_DIRECT, logged once) while the caller computes the current one. The layer's
 // reads are cut into requests of at most `read_request_bytes` (4 KiB aligned) that the readers take

@@ -1,4 +1,4 @@
-// The YaRN correction band of the RoPE tables (MODEL.md 4.0), shared by both backends' rope_table:
+// The YaRN correction band of the RoPE tables (docs/MODEL.md 4.0), shared by both backends' rope_table:
 // model.py's find_correction_range, evaluated in Python double arithmetic on the host.
 #pragma once
 

@@ -267,7 +267,7 @@ HcDims hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale, const Te
     expect_dtype(op, "comb", comb, DType::F32);
     const HcDims d = hc_stream(op, "X", X);
     DS4R_CHECK(iters >= 1, "%s: iters = %d must be >= 1", op, iters);
-    const int64_t mix = (2 + d.hc) * d.hc;  // pre (hc) + post (hc) + comb (hc * hc), MODEL.md 4.5
+    const int64_t mix = (2 + d.hc) * d.hc;  // pre (hc) + post (hc) + comb (hc * hc), docs/MODEL.md 4.5
     expect_shape(op, "fn", fn, {mix, d.hc * d.D});
     expect_numel(op, "scale", scale, 3);
     expect_numel(op, "base", base, mix);

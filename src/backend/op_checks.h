@@ -33,13 +33,13 @@ void expect_same_or_disjoint(const char* op, const char* a_name, const Tensor& a
 // An optional output is given when it has data and elements (HeadStatsOut / moe route outputs).
 bool given(const Tensor& t);
 
-// fp8 weight: w F8_E4M3 [N, K] with s F8_E8M0 [ceil(N / 32), ceil(K / 32)] (MODEL.md 3.6).
+// fp8 weight: w F8_E4M3 [N, K] with s F8_E8M0 [ceil(N / 32), ceil(K / 32)] (docs/MODEL.md 3.6).
 void fp8_weight(const char* op, const char* name, const Fp8Linear& w);
 // fp4 weight: w I8 (or U8) [N, K / 2] (two e2m1 codes per byte) with s F8_E8M0 [N, K / 32],
 // K a multiple of 32; returns K.
 int64_t fp4_weight(const char* op, const char* name, const Fp4Linear& w);
 
-// ---------------------------------------------------------------- quantization (MODEL.md 5.1, 5.2)
+// ---------------------------------------------------------------- quantization (docs/MODEL.md 5.1, 5.2)
 struct QuantDims {
     int64_t M, K, block;  // rows, row length, quantization block along K
 };
@@ -50,7 +50,7 @@ QuantDims act_quant_fp8_inplace(const Tensor& x);
 // x BF16 [M, K], K a multiple of the kind's block (32 for E8M0_32, 16 for E4M3_16).
 QuantDims fp4_quant_inplace(const Tensor& x, Fp4Scale kind);
 
-// ---------------------------------------------------------------- linears (MODEL.md 4.0, 5.3, 4.6 f)
+// ---------------------------------------------------------------- linears (docs/MODEL.md 4.0, 5.3, 4.6 f)
 struct LinearDims {
     int64_t M, N, K;  // y [M, N] = x [M, K] . W [N, K]^T
 };
@@ -68,7 +68,7 @@ struct WoaDims {
 // o BF16 [M, G * Kg]; w fp8 [G * R, Kg]; y BF16 [M, G * R].
 WoaDims linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t groups, const Tensor& y);
 
-// ---------------------------------------------------------------- norms, RoPE (MODEL.md 4.0)
+// ---------------------------------------------------------------- norms, RoPE (docs/MODEL.md 4.0)
 struct RowDims {
     int64_t M, N;  // rows, row length
 };
@@ -80,7 +80,7 @@ void rope_table(double base, double factor, int64_t rd, const Tensor& table);
 int64_t rope_inplace(const Tensor& x, int64_t heads, int64_t width, int64_t rd, const Tensor& pos,
                      const Tensor& table);
 
-// ---------------------------------------------------------------- mHC (MODEL.md 4.5, 5.5), Engram (4.8)
+// ---------------------------------------------------------------- mHC (docs/MODEL.md 4.5, 5.5), Engram (4.8)
 struct HcDims {
     int64_t M, hc, D;  // rows, hyper-connection copies, model dim
 };
@@ -95,14 +95,14 @@ HcDims hc_post(const Tensor& x, const Tensor& R, const Tensor& post, const Tenso
 // X BF16 [M, hc, D]; kv BF16 [M, (hc + 1) * D]; qw, kw BF16 [hc, D].
 HcDims engram_update(const Tensor& X, const Tensor& kv, const Tensor& qw, const Tensor& kw);
 
-// ---------------------------------------------------------------- compressor (MODEL.md 4.6.1)
+// ---------------------------------------------------------------- compressor (docs/MODEL.md 4.6.1)
 struct PoolDims {
     int64_t rows, n, hd;  // kv rows, output groups (2 * n <= rows), head dim
 };
 // kv, sc F32 [rows, hd] (equal shapes); out BF16 [n, hd] with 2n <= rows.
 PoolDims compress_pool2(const Tensor& kv, const Tensor& sc, const Tensor& out);
 
-// ---------------------------------------------------------------- indexer (MODEL.md 4.6.2)
+// ---------------------------------------------------------------- indexer (docs/MODEL.md 4.6.2)
 struct IndexScoreDims {
     int64_t m, nh, ihd, T;  // query rows, index heads, index head dim, compressed keys
 };
@@ -125,7 +125,7 @@ struct TopkDims {
 // score BF16 [m, T]; qpos I32 [m]; idx I32 [m, K], K <= T; ratio >= 1; 0 <= offset, offset + T in int32.
 TopkDims index_topk(const Tensor& score, const Tensor& qpos, int ratio, int64_t offset, const Tensor& idx);
 
-// ---------------------------------------------------------------- attention (MODEL.md 4.6, 5.4)
+// ---------------------------------------------------------------- attention (docs/MODEL.md 4.6, 5.4)
 struct WindowDims {
     int64_t m, W;  // rows, window columns
 };
@@ -144,7 +144,7 @@ struct AttnDims {
 AttnDims sparse_attn(const Tensor& q, const Tensor& win_kv, const Tensor& cmp_kv, const Tensor& sink,
                      const Tensor& idx, const Tensor& o);
 
-// ---------------------------------------------------------------- MoE (MODEL.md 4.7)
+// ---------------------------------------------------------------- MoE (docs/MODEL.md 4.7)
 struct MoeDims {
     int64_t M, E, D;  // rows, routed experts, model dim
 };
@@ -154,7 +154,7 @@ struct MoeDims {
 MoeDims moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y,
             const Tensor& route_idx, const Tensor& route_w);
 
-// ---------------------------------------------------------------- head (MODEL.md 4.9)
+// ---------------------------------------------------------------- head (docs/MODEL.md 4.9)
 struct HeadDims {
     int64_t M, V, D;  // rows, vocabulary, model dim
 };

@@ -1,4 +1,4 @@
-// Tensor binding: names, dtypes and shapes of MODEL.md 3.3 / 3.4, derived from the config.
+// Tensor binding: names, dtypes and shapes of docs/MODEL.md 3.3 / 3.4, derived from the config.
 #include "ds4r/binding.h"
 
 namespace ds4r {
@@ -67,7 +67,7 @@ std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& c, const LayerRole
     add(F::HcFfnBase, "hc_ffn_base", DType::F32, {mix});
     add(F::HcAttnScale, "hc_attn_scale", DType::F32, {3});
     add(F::HcFfnScale, "hc_ffn_scale", DType::F32, {3});
-    // Attention (MODEL.md 4.6).
+    // Attention (docs/MODEL.md 4.6).
     add(F::AttnSink, "attn.attn_sink", DType::F32, {H});
     fp8(F::WqA, "attn.wq_a", c.q_lora_rank, D);
     add(F::QNorm, "attn.q_norm.weight", DType::BF16, {c.q_lora_rank});
@@ -79,7 +79,7 @@ std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& c, const LayerRole
     fp8(F::WoB, "attn.wo_b", D, c.o_groups * c.o_lora_rank);
     if (role.kv_source) {
         add(F::CmpWkv, "attn.compressor.wkv.weight", DType::BF16, {hd, D});
-        // Gated pooling only at ratio 2 (MODEL.md 4.6.1).
+        // Gated pooling only at ratio 2 (docs/MODEL.md 4.6.1).
         if (role.ratio == 2) add(F::CmpWgate, "attn.compressor.wgate.weight", DType::BF16, {hd, D});
         add(F::CmpNorm, "attn.compressor.norm.weight", DType::BF16, {hd});
     }
@@ -91,7 +91,7 @@ std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& c, const LayerRole
         fp8(F::IdxWqB, "attn.indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank);
         add(F::IdxWeightsProj, "attn.indexer.weights_proj.weight", DType::BF16, {c.index_n_heads, D});
     }
-    // MoE (MODEL.md 4.7).
+    // MoE (docs/MODEL.md 4.7).
     const int64_t E = c.n_routed_experts, I = c.moe_inter_dim;
     add(F::GateW, "ffn.gate.weight", DType::BF16, {E, D});
     add(F::GateBias, "ffn.gate.bias", DType::F32, {E});
@@ -106,7 +106,7 @@ std::vector<TensorSpec> layer_tensor_specs(const ModelConfig& c, const LayerRole
         fp4(F::ExpertW2, static_cast<int>(e), b + ".w2", D, I);
         fp4(F::ExpertW3, static_cast<int>(e), b + ".w3", I, D);
     }
-    // Engram (MODEL.md 4.8): projections stream with the layer, the table is gathered.
+    // Engram (docs/MODEL.md 4.8): projections stream with the layer, the table is gathered.
     const int ei = c.engram_index(L);
     if (ei >= 0) {
         const int64_t cols = c.engram_hash_cols(), ehd = c.engram_head_dim;

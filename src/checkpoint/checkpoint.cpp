@@ -1,4 +1,4 @@
-// Checkpoint directory: open + validate (DESIGN.md 6), tensor lookup, per-layer read plans.
+// Checkpoint directory: open + validate (docs/DESIGN.md 6), tensor lookup, per-layer read plans.
 #include "ds4r/checkpoint.h"
 
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-// config.json parsing, both forms (MODEL.md 2.1 and 2.2), and layer-role derivation (MODEL.md 2.4).
+// config.json parsing, both forms (docs/MODEL.md 2.1 and 2.2), and layer-role derivation (docs/MODEL.md 2.4).
 #include "ds4r/config.h"
 
 #include <algorithm>
@@ -419,7 +419,7 @@ std::vector<LayerRole> derive_layer_roles(const ModelConfig& c, const std::strin
         if (l < 0 || l >= c.n_layers)
             fail(strfmt("engram layer %d outside [0, %lld)", l, (long long)c.n_layers));
     std::vector<LayerRole> roles;
-    // The reference (model.py Attention / Indexer, MODEL.md 4.6, 5.6) keeps one shared slot each for
+    // The reference (model.py Attention / Indexer, docs/MODEL.md 4.6, 5.6) keeps one shared slot each for
     // the compressed KV, the index keys, the top-k and the candidate mask; a layer reads whatever the
     // most recent writer left. It runs every pattern in which each slot a layer reads was written
     // earlier in the same forward by a layer of the same compress ratio; otherwise it reads None (a

@@ -32,7 +32,8 @@ PassIoPrediction predict_pass_io(const Checkpoint& ck, int64_t pass_tokens, doub
         const TensorLocation& s = ck.at(engram_table_scale_tensor_name(L));
         const double rows = static_cast<double>(w.shape.at(0)), hd = static_cast<double>(w.shape.at(1));
         const double lookups = static_cast<double>(pass_tokens) * cols;
-        // Each hash column draws from its own prime-sized slice of the table (MODEL.md 4.2): ~rows / cols.
+        // Each hash column draws from its own prime-sized slice of the table (docs/MODEL.md 4.2): ~rows /
+        // cols.
         const double rows_hit = cols * distinct(static_cast<double>(pass_tokens), rows / cols);
         const double pages = rows * hd / 4096.0, scale_pages = static_cast<double>(s.nbytes) / 4096.0;
         p.engram_lookups += static_cast<uint64_t>(lookups);

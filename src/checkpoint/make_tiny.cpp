@@ -63,7 +63,7 @@ bool is_prime(int64_t n) {
     return true;
 }
 
-// Rows of each Engram table = the sum of its layer's hash primes (MODEL.md 4.2 "Layout"): for every
+// Rows of each Engram table = the sum of its layer's hash primes (docs/MODEL.md 4.2 "Layout"): for every
 // layer and n-gram size the search restarts at engram_vocab_size - 1; each head takes the next prime
 // not yet used by any layer.
 std::vector<int64_t> engram_table_rows(const ModelConfig& c) {
@@ -152,7 +152,7 @@ ModelConfig make_tiny_base_config(TinyPreset preset, int layers) {
             c.candidate_source_layer = 5;
         }
     } else {
-        // The release (MODEL.md 2.1).
+        // The release (docs/MODEL.md 2.1).
         c.vocab_size = 129280;
         c.dim = 5120;
         c.moe_inter_dim = 2304;
@@ -268,7 +268,7 @@ std::string make_tiny_config_json(const ModelConfig& c) {
     t["engram_head_dim"] = c.engram_head_dim;
     t["engram_pad_token_id"] = c.engram_pad_id;
     t["engram_compressed_vocab_size"] = c.engram_compressed_vocab_size;
-    // No MTP / DSpark blocks are written (the prefill never reads them, MODEL.md 3.5); the DSpark
+    // No MTP / DSpark blocks are written (the prefill never reads them, docs/MODEL.md 3.5); the DSpark
     // keys keep the release's values (target layers truncated like every layer list).
     t["num_nextn_predict_layers"] = 0;
     t["dspark_block_size"] = 5;
@@ -306,7 +306,7 @@ MakeTinyPlan plan_make_tiny(TinyPreset preset, int layers, int64_t engram_rows) 
     const Tokenizer tok = Tokenizer::parse(p.tokenizer_json, "tokenizer.json");
     DS4R_CHECK(tok.size() == c.vocab_size, "make-tiny: generated tokenizer has %lld ids, expected %lld",
                (long long)tok.size(), (long long)c.vocab_size);
-    // The compressed vocab is whatever this tokenizer's normalized keys count (MODEL.md 4.2): the
+    // The compressed vocab is whatever this tokenizer's normalized keys count (docs/MODEL.md 4.2): the
     // real tokenizer's 99,092 does not apply to a synthetic vocabulary.
     c.engram_compressed_vocab_size =
         build_engram_token_map(tok, c, "tokenizer.json", /*check=*/false).num_keys;
@@ -342,7 +342,8 @@ MakeTinyPlan plan_make_tiny(TinyPreset preset, int layers, int64_t engram_rows) 
     p.shards.resize(static_cast<size_t>(total));
     for (int k = 0; k < total; ++k) p.shards[static_cast<size_t>(k)].file = shard_name(k + 1);
     for (int k = 0; k < n_tables; ++k) {
-        p.shards[static_cast<size_t>(first_table + k)].sparse = preset == TinyPreset::FullWidth && engram_rows <= 0;
+        p.shards[static_cast<size_t>(first_table + k)].sparse =
+            preset == TinyPreset::FullWidth && engram_rows <= 0;
         p.shards[static_cast<size_t>(first_table + k)].random_table = engram_rows > 0;
     }
     std::vector<size_t> shard_of_spec(p.specs.size());

@@ -2,7 +2,7 @@
 // Ids: 3 special tokens (0..2), 256 byte tokens (3..258, GPT-2 bytes_to_unicode order, as the
 // release and the golden tiny-a have them), merged tokens, 5 chat special tokens at the top.
 // The merges come from BPE trained on the built-in text below (so the Engram normalizer meets case,
-// accents, ligatures, full-width forms, CJK, emoji and whitespace variants, MODEL.md 4.2), then from
+// accents, ligatures, full-width forms, CJK, emoji and whitespace variants, docs/MODEL.md 4.2), then from
 // pairs of earlier tokens drawn by a fixed-seed generator until the vocabulary is full.
 #include <algorithm>
 #include <cstring>

@@ -110,7 +110,7 @@ const std::vector<float>& normal_quantiles() {
 }
 
 uint8_t e8m0_ceil_scale(float amax, float qmax) {
-    // Amax floors of the reference quantizers (MODEL.md 5.1: 1e-4 for fp8; 5.2: 6 * 2^-126 for fp4).
+    // Amax floors of the reference quantizers (docs/MODEL.md 5.1: 1e-4 for fp8; 5.2: 6 * 2^-126 for fp4).
     const float floor_v = qmax == 6.0f ? 6.0f * std::numeric_limits<float>::min() : 1e-4f;
     amax = std::max(amax, floor_v);
     const float q = amax * (1.0f / qmax);  // fp32(1/qmax), as the kernels multiply
@@ -315,7 +315,7 @@ void generate_band(const TensorRecipe& r, uint64_t seed, int64_t band, uint8_t* 
             std::memcpy(wout, x, n * 4);
             break;
         case Encoding::FP8Block:
-            // One e8m0 scale per 32x32 block: amax over the band's rows x 32 columns (MODEL.md 3.4).
+            // One e8m0 scale per 32x32 block: amax over the band's rows x 32 columns (docs/MODEL.md 3.4).
             for (int64_t cb = 0; cb < C / 32; ++cb) {
                 float amax = 0.0f;
                 if (fast) {
@@ -342,7 +342,7 @@ void generate_band(const TensorRecipe& r, uint64_t seed, int64_t band, uint8_t* 
             break;
         case Encoding::FP8Row:
         case Encoding::FP4Row: {
-            // One e8m0 scale per row per 32 along K (MODEL.md 3.4: experts; 4.8: Engram rows).
+            // One e8m0 scale per row per 32 along K (docs/MODEL.md 3.4: experts; 4.8: Engram rows).
             const bool fp4 = r.enc == Encoding::FP4Row;
             const float qmax = fp4 ? 6.0f : 448.0f;
             const int64_t nb = C / 32;
@@ -359,7 +359,7 @@ void generate_band(const TensorRecipe& r, uint64_t seed, int64_t band, uint8_t* 
                     const uint8_t e = e8m0_ceil_scale(amax, qmax);
                     sout[i * nb + cb] = e;
                     if (fp4) {
-                        // Two e2m1 codes per byte, the even element in the low nibble (MODEL.md 3.2).
+                        // Two e2m1 codes per byte, the even element in the low nibble (docs/MODEL.md 3.2).
                         uint8_t* o = wout + i * (C / 2) + cb * 16;
                         if (fast) {
                             const uint8_t* t = table(e, true);

@@ -1,5 +1,5 @@
 // Random weights for make-tiny: deterministic streams, per-tensor-kind statistics and the exact
-// quantization DeepSeek's weights use (MODEL.md 3.2 / 3.4 / 5.1 / 5.2). Every tensor is generated
+// quantization DeepSeek's weights use (docs/MODEL.md 3.2 / 3.4 / 5.1 / 5.2). Every tensor is generated
 // in bands of 32 rows; band b of tensor T draws from its own stream seeded by (seed, T's name, b), so
 // the bytes do not depend on the thread count, on the order tensors are written in, or on which
 // other tensors exist (a truncated --layers N model repeats the first N layers of a longer one).
@@ -111,7 +111,7 @@ void generate_band(const TensorRecipe& r, uint64_t seed, int64_t band, uint8_t* 
                    BandScratch& scratch, bool allow_fast = true);
 
 // e8m0 exponent byte of 2^ceil(log2(amax / qmax)) for qmax = 448 (e4m3) or 6 (e2m1), with the
-// reference's amax floors (MODEL.md 5.1 / 5.2): the power of two such that amax / s <= qmax.
+// reference's amax floors (docs/MODEL.md 5.1 / 5.2): the power of two such that amax / s <= qmax.
 uint8_t e8m0_ceil_scale(float amax, float qmax);
 
 // A fixed pool of worker threads; run(n, fn) calls fn(i, worker) for i in [0, n) and returns when

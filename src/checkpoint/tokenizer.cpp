@@ -1,5 +1,5 @@
 // tokenizer.json (Hugging Face `tokenizers`, byte-level BPE): the id -> token table and the
-// single-token byte-level decode that the Engram token map is built from (MODEL.md 4.2).
+// single-token byte-level decode that the Engram token map is built from (docs/MODEL.md 4.2).
 //
 // What is reproduced, from the `tokenizers` Rust sources:
 // - TokenizerImpl::decode looks an id up in the added vocabulary first, then in the model's vocab;

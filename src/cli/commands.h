@@ -25,7 +25,7 @@ void add_encode_command(CLI::App& root, std::vector<Command>& out);  // cmd_enco
 void add_decode_command(CLI::App& root, std::vector<Command>& out);  // cmd_encode.cpp
 void add_merge_command(CLI::App& root, std::vector<Command>& out);
 
-// $DSV41_PATH, else ~/models/DeepSeek-V4.1-Flash (DESIGN.md section 2).
+// $DSV41_PATH, else ~/models/DeepSeek-V4.1-Flash (docs/DESIGN.md section 2).
 std::string default_model_dir();
 
 }  // namespace ds4r::cli

@@ -1,5 +1,5 @@
 // ds4replay entry point: parses the command line, runs one subcommand, maps errors to exit codes
-// (0 ok, 1 runtime failure, 2 usage or bad input, 3 checkpoint problem; DESIGN.md section 2).
+// (0 ok, 1 runtime failure, 2 usage or bad input, 3 checkpoint problem; docs/DESIGN.md section 2).
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-// Large aligned reads from one checkpoint shard for the weight prefetcher (DESIGN.md section 8: reads at
+// Large aligned reads from one checkpoint shard for the weight prefetcher (docs/DESIGN.md section 8: reads at
 // the disk's speed need O_DIRECT, which bypasses the page cache and wants the file offset, the length
 // and the buffer address aligned to the logical block size; 4 KiB covers every common device).
 // Where the file system refuses O_DIRECT (EINVAL at open or at the first read, e.g. some tmpfs or

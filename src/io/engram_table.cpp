@@ -1,6 +1,6 @@
 // One Engram table in its shard (include/ds4r/engram_io.h): row-set planning (dedupe, file order),
 // the read engines chosen per table (io_uring, pread pool, mmap), the in-memory scale tensor, and the
-// exact dequantization of MODEL.md 4.8 step 1: bf16( e4m3(row[d]) * 2^(scale[d / 32] - 127) ), the
+// exact dequantization of docs/MODEL.md 4.8 step 1: bf16( e4m3(row[d]) * 2^(scale[d / 32] - 127) ), the
 // product in fp32 as the reference does it (exact for normal values; the bf16 cast rounds subnormals).
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -28,7 +28,7 @@ namespace ds4r {
 
 namespace {
 
-constexpr int64_t kScaleBlock = 32;  // one e8m0 scale per 32 elements of a row (MODEL.md 3.4)
+constexpr int64_t kScaleBlock = 32;  // one e8m0 scale per 32 elements of a row (docs/MODEL.md 3.4)
 constexpr int kMmapThreads = 16;     // the earlier engine: 16 threads of page faults
 
 double now_s() {

@@ -1,4 +1,4 @@
-// The prefetching weight source (DESIGN.md sections 3, 5, 8; contract in include/ds4r/weights.h).
+// The prefetching weight source (docs/DESIGN.md sections 3, 5, 8; contract in include/ds4r/weights.h).
 //
 // Threads and what they own:
 //  - the compute thread (caller): set_schedule / acquire / stats / destructor; the only caller of

@@ -1,11 +1,11 @@
-// Engram prime layout, hash multipliers and per-position hash ids (MODEL.md 4.2 "Layout",
+// Engram prime layout, hash multipliers and per-position hash ids (docs/MODEL.md 4.2 "Layout",
 // "Multipliers", "Hash"). All exact integer arithmetic.
 //
 // The multipliers are numpy.random.default_rng(10007 * layer).integers(0, bound, size, int64).
 // numpy does not promise that stream stays the same, so it is rebuilt here from what numpy does
 // (numpy/random: bit_generator.pyx SeedSequence, _pcg64.pyx + src/pcg64 PCG64 XSL-RR 128/64,
 // _bounded_integers.pyx.in + distributions.c Lemire bounded integers) and tested against the values
-// MODEL.md 4.2 lists and the golden engram_multipliers.npy.
+// docs/MODEL.md 4.2 lists and the golden engram_multipliers.npy.
 #include <algorithm>
 #include <array>
 #include <limits>
@@ -226,7 +226,7 @@ EngramLayout build_engram_layout(const ModelConfig& cfg, const std::string& conf
                                      cfg.engram_num_embeddings.size(), n_layers));
 
     EngramLayout out;
-    std::set<uint64_t> seen;  // one global set of primes for all layers (MODEL.md 4.2)
+    std::set<uint64_t> seen;  // one global set of primes for all layers (docs/MODEL.md 4.2)
     for (size_t li = 0; li < n_layers; ++li) {
         std::vector<std::vector<int64_t>> layer_primes(static_cast<size_t>(groups));
         std::vector<int64_t> offsets;
@@ -250,7 +250,7 @@ EngramLayout build_engram_layout(const ModelConfig& cfg, const std::string& conf
         if (total != expected)
             throw CheckpointError(
                 strfmt("%s: engram_num_embeddings[%zu] (layer %d) is %lld, but the layer's %lld hash primes "
-                       "sum to %lld (MODEL.md 4.2 layout)",
+                       "sum to %lld (docs/MODEL.md 4.2 layout)",
                        path, li, cfg.engram_layer_ids[li], (long long)expected, (long long)(groups * heads),
                        (long long)total));
         out.primes.push_back(std::move(layer_primes));

@@ -1,4 +1,4 @@
-// The Engram compressed token map (MODEL.md 4.2 "Compressed token map", 8.4): every token id is
+// The Engram compressed token map (docs/MODEL.md 4.2 "Compressed token map", 8.4): every token id is
 // decoded alone, normalized by the `tokenizers` normalizer chain of the reference, and the distinct
 // keys are numbered in order of first appearance.
 //
@@ -186,7 +186,7 @@ EngramTokenMap build_engram_token_map(const Tokenizer& tok, const ModelConfig& c
     int64_t holes = 0;
     for (int64_t id = 0; id < n; ++id) {
         // A hole decodes to "" like `tokenizers` decode() of an unknown id; "" normalizes to ""
-        // and so keeps the key "" (MODEL.md 4.2: empty normalized key -> un-normalized text).
+        // and so keeps the key "" (docs/MODEL.md 4.2: empty normalized key -> un-normalized text).
         if (!tok.has_token(id)) ++holes;
         std::string text = tok.decode_one(id);
         std::string key;
@@ -212,7 +212,7 @@ EngramTokenMap build_engram_token_map(const Tokenizer& tok, const ModelConfig& c
     if (check && out.num_keys != cfg.engram_compressed_vocab_size)
         throw CheckpointError(strfmt(
             "%s: the Engram token map has %lld distinct normalized keys, but the config's "
-            "engram_compressed_vocab_size is %lld (MODEL.md 4.2): tokenizer and checkpoint disagree",
+            "engram_compressed_vocab_size is %lld (docs/MODEL.md 4.2): tokenizer and checkpoint disagree",
             tokenizer_path.c_str(), (long long)out.num_keys, (long long)cfg.engram_compressed_vocab_size));
     return out;
 }

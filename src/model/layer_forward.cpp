@@ -1,5 +1,5 @@
 // The V4.1 block as chunk sweeps over a pass (see include/ds4r/model.h). Formula references are to
-// MODEL.md; every op's numerics live in the backends.
+// docs/MODEL.md; every op's numerics live in the backends.
 #include <algorithm>
 #include <cmath>
 

@@ -1,4 +1,4 @@
-// Unicode 9.0 tables for the Engram normalizer (MODEL.md 4.2), as sorted inclusive ranges.
+// Unicode 9.0 tables for the Engram normalizer (docs/MODEL.md 4.2), as sorted inclusive ranges.
 //
 // Why: the `tokenizers` normalizers of the reference chain (NFKC, NFD, StripAccents) come from the
 // crate unicode-normalization-alignments 0.1.12, whose tables are Unicode 9.0.0. utf8proc has

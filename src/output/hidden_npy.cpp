@@ -1,4 +1,4 @@
-// Hidden-state .npy files (DESIGN.md "Hidden states"): rows appended per pass, header rewritten at
+// Hidden-state .npy files (docs/DESIGN.md "Hidden states"): rows appended per pass, header rewritten at
 // every commit so the file is always a valid .npy of exactly the committed rows.
 #include <fcntl.h>
 #include <unistd.h>

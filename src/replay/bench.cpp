@@ -222,7 +222,7 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
     const double tps = static_cast<double>(total) / wall;
     const double per_layer = n_layers ? sum_wall / n_layers : 0;
     const double head_s = timings.empty() ? 0 : timings.back().wait_s + timings.back().compute_s;
-    // Projection to the released 40 layers by role (MODEL.md 2.4): 2 window-only layers (one with
+    // Projection to the released 40 layers by role (docs/MODEL.md 2.4): 2 window-only layers (one with
     // Engram), 8 layers that run an indexer (4 KV + index sources, 4 reindex), 30 consumers, and
     // Engram once more at layer 14. With the default 4-layer full-width checkpoint (window,
     // window + Engram, KV + index source, consumer) each term is measured; otherwise the mean.

@@ -1,4 +1,4 @@
-// tokens.jsonl parsing with errors that name the line (DESIGN.md section 2, issue "bad input").
+// tokens.jsonl parsing with errors that name the line (docs/DESIGN.md section 2, issue "bad input").
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>

@@ -96,7 +96,7 @@ void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs, int first_
     stream_ = be_.alloc_host(static_cast<size_t>(total_rows_ * hc * D) * 2);
     premix_ = be_.alloc_host(static_cast<size_t>(total_rows_ * hc) * 4);
 
-    // Embedding rows (MODEL.md 4.3), read by io/ from the shard on the host: a gather, never streamed.
+    // Embedding rows (docs/MODEL.md 4.3), read by io/ from the shard on the host: a gather, never streamed.
     const TokenEmbeddingReader emb(ckpt_);
     DS4R_CHECK(emb.dim() == D, "embed.weight has %lld columns, the model dim is %lld", (long long)emb.dim(),
                (long long)D);
@@ -113,7 +113,7 @@ void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs, int first_
             ++r;
         }
 
-    // Engram hash ids of every row (MODEL.md 4.2), computed once per pass; every table's gather starts
+    // Engram hash ids of every row (docs/MODEL.md 4.2), computed once per pass; every table's gather starts
     // now, in the background (io/), layer 1's table first.
     if (engram_) {
         const int64_t ne = static_cast<int64_t>(cfg_.engram_layer_ids.size()), cols = cfg_.engram_hash_cols();
@@ -256,7 +256,7 @@ void PassRunner::run_engram(const LayerWeights& w) {
     std::vector<uint16_t> e_host;
     for (Chunk& ch : chunks_) {
         const int64_t M = ch.r1 - ch.r0;
-        // The chunk's rows dequantized to bf16 (MODEL.md 4.8 step 1): BF16 [M, cols * ehd].
+        // The chunk's rows dequantized to bf16 (docs/MODEL.md 4.8 step 1): BF16 [M, cols * ehd].
         e_host.resize(static_cast<size_t>(M * cols * ehd));
         rows->dequant_bf16(static_cast<size_t>(ch.r0 * cols), static_cast<size_t>(M * cols), e_host.data());
         Tensor e = be_.alloc(DType::BF16, {M, cols * ehd});
@@ -410,7 +410,7 @@ std::vector<SequenceScores> PassRunner::finish(const GlobalWeights& g, HiddenSin
             auto& s = out[static_cast<size_t>(sg.seq)];
             for (int64_t t = sg.t0; t < sg.t1; ++t) {
                 const size_t r = static_cast<size_t>(sg.row + t - sg.t0);
-                // log-probabilities in double from the fp32 logits (DESIGN.md section 2)
+                // log-probabilities in double from the fp32 logits (docs/DESIGN.md section 2)
                 if (t + 1 < s.n) {
                     s.logprob[static_cast<size_t>(t)] = static_cast<double>(tl[r]) - lse[r];
                     s.rank[static_cast<size_t>(t)] = rk[r];
@@ -446,7 +446,7 @@ std::vector<SequenceScores> PassRunner::run(const std::vector<std::vector<int32_
         try {
             return run_pass(seqs, sink, on_layer, from);
         } catch (const OutOfMemoryError& e) {
-            // DESIGN.md section 6: shrink the chunks and go on, never return wrong data. Nothing of
+            // docs/DESIGN.md section 6: shrink the chunks and go on, never return wrong data. Nothing of
             // the pass has left the runner (its captured rows are dropped by the sink).
             if (opt_.chunk_rows <= kMinChunkRows) throw;
             const int64_t rows = std::max<int64_t>(kMinChunkRows, opt_.chunk_rows / 2);

@@ -1,4 +1,4 @@
-// The score job: input -> passes -> durable results (DESIGN.md sections 2, 5, 6). The steps:
+// The score job: input -> passes -> durable results (docs/DESIGN.md sections 2, 5, 6). The steps:
 // check the options and the model, check the outputs (read-only, src/replay/resume.cpp), set up the
 // backend, open the outputs (the first change to any file), then per pass: collect, run, commit. An
 // interrupt mid-pass saves the pass at the layer boundary (src/replay/pass_state.cpp).
@@ -13,8 +13,8 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <unordered_map>
 
 #include "ds4r/checkpoint.h"
@@ -24,9 +24,9 @@
 #include "ds4r/output.h"
 #include "ds4r/progress.h"
 #include "ds4r/shard.h"
+#include "ds4r/zero_weights.h"
 #include "replay/pass_state.h"
 #include "replay/resume.h"
-#include "ds4r/zero_weights.h"
 
 namespace ds4r {
 
@@ -70,7 +70,7 @@ void validate_whole_input(const std::string& path, int64_t vocab, int64_t max_le
     }
 }
 
-// --seed-check: the Engram multipliers come from numpy.random.default_rng(10007 * layer) (MODEL.md
+// --seed-check: the Engram multipliers come from numpy.random.default_rng(10007 * layer) (docs/MODEL.md
 // 4.2); for the released model they must equal its published values.
 static void check_engram_seeds(const ModelConfig& cfg) {
     if (cfg.engram_layer_ids.empty()) {
@@ -91,7 +91,7 @@ static void check_engram_seeds(const ModelConfig& cfg) {
         } else if (got != want) {
             throw RuntimeError(
                 strfmt("seed check: layer %d Engram multipliers [%s] differ from the released model's "
-                       "published values (MODEL.md 4.2)",
+                       "published values (docs/MODEL.md 4.2)",
                        L, vals.c_str()));
         } else {
             log_info(
@@ -109,7 +109,8 @@ void check_options(const ScoreOptions& opt) {
     if (!opt.capture_layers.empty() && opt.hidden_dir.empty())
         throw InputError("--capture-layers needs --hidden-dir DIR");
     if (opt.capture_layers.empty() && !opt.hidden_dir.empty())
-        throw InputError("--hidden-dir needs --capture-layers L,... (the layers whose hidden states to save)");
+        throw InputError(
+            "--hidden-dir needs --capture-layers L,... (the layers whose hidden states to save)");
     if (opt.input != "-" && opt.output != "-" && same_file(opt.input, opt.output))
         throw InputError(opt.output + ": the output file is the input file");
 }
@@ -124,22 +125,24 @@ int64_t check_options_against_model(const ScoreOptions& opt, const Checkpoint& c
     if (opt.top_k > cfg.vocab_size) throw InputError("--top-k is larger than the vocabulary");
     if (checkpoint_has_zero_weights(ckpt)) {
         if (!opt.allow_zero_weights)
-            throw CheckpointError(opt.model_dir +
-                                  ": the weights are holes that read as zeros (make-tiny --headers-only), not "
-                                  "a model to score; --allow-zero-weights scores it anyway");
+            throw CheckpointError(
+                opt.model_dir +
+                ": the weights are holes that read as zeros (make-tiny --headers-only), not "
+                "a model to score; --allow-zero-weights scores it anyway");
         log_warn("scoring a checkpoint whose weights read as zeros (--allow-zero-weights)");
     }
     const int64_t max_len = opt.max_seq_len > 0
                                 ? opt.max_seq_len
                                 : (cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 65536);
     if (cfg.max_position_embeddings > 0 && max_len > cfg.max_position_embeddings)
-        log_warn(strfmt("--max-seq-len %lld is beyond the model's max_position_embeddings (%lld): positions "
-                        "past it are outside the context the model was built for",
-                        (long long)max_len, (long long)cfg.max_position_embeddings));
+        log_warn(
+            strfmt("--max-seq-len %lld is beyond the model's max_position_embeddings (%lld): positions "
+                   "past it are outside the context the model was built for",
+                   (long long)max_len, (long long)cfg.max_position_embeddings));
     return max_len;
 }
 
-// Pass size: host state ~ hc*D*2 + hashes per token (<= 64 KB, DESIGN.md 5), half of MemAvailable.
+// Pass size: host state ~ hc*D*2 + hashes per token (<= 64 KB, docs/DESIGN.md 5), half of MemAvailable.
 int64_t pass_tokens_for(const ScoreOptions& opt, const ModelConfig& cfg) {
     if (opt.pass_tokens > 0) return opt.pass_tokens;
     const int64_t host_per_token =
@@ -224,7 +227,7 @@ private:
     bool eof_ = false;
     std::optional<ShardPlan> shard_;  // --shard: next_pos_ counts from its first record
     int64_t input_record_ = 0;        // records read from the input (all shards')
-    bool pass_file_ = false;  // <output>.pass exists (saved by an earlier run, continued by this one)
+    bool pass_file_ = false;          // <output>.pass exists (saved by an earlier run, continued by this one)
 };
 
 void ScoreJob::open_outputs() {

@@ -29,7 +29,7 @@ struct Report {
     }
 };
 
-// Known answers of DeepSeek's activation quantizers (MODEL.md 5.1, 5.2), worked out by hand.
+// Known answers of DeepSeek's activation quantizers (docs/MODEL.md 5.1, 5.2), worked out by hand.
 void check_quantization(Backend& be, Report& r) {
     // The fp8 round trip the forward runs (window KV): x <- bf16(e4m3(x / s) * s).
     // Block 1: max 448 gives scale 2^0; -3 and 2.5 are exact e4m3 values; 1e-30 -> code 0.

@@ -1,4 +1,4 @@
-// CUDA attention ops vs the CPU backend (MODEL.md 4.6, 5.4, 6.4): window / full index rows
+// CUDA attention ops vs the CPU backend (docs/MODEL.md 4.6, 5.4, 6.4): window / full index rows
 // (identical) and sparse attention (bf16 tolerance stated below) at the real shape (64 heads x 512,
 // 128 window + 512 compressed slots) and the tiny one, empty rows, inert trailing -1 slots, batch
 // invariance and determinism.
@@ -32,7 +32,7 @@ std::vector<uint16_t> gpu_bf16(const Tensor& t) {
     return v;
 }
 
-// Index rows as the model builds them (MODEL.md 4.6 b, c): [window (W = min(s, window)) ;
+// Index rows as the model builds them (docs/MODEL.md 4.6 b, c): [window (W = min(s, window)) ;
 // compressed (Kc = min(topk, T))], window part ascending with -1 after the query itself, compressed
 // part min(n_t, Kc) distinct visible groups ascending (+s), -1 tail. n_t = (p + 1) / ratio.
 std::vector<int32_t> model_indices(const std::vector<int32_t>& qpos, int64_t s, int64_t window, int64_t T,
@@ -211,7 +211,7 @@ TEST(CudaAttention, SparseAttnRealShape) {
 
 TEST(CudaAttention, SparseAttnShortSequenceAndOddHeads) {
     DS4R_REQUIRE_CUDA();
-    // s < 128: the compressed part starts at slot W = s (tile placement depends on s, MODEL.md 6.4)
+    // s < 128: the compressed part starts at slot W = s (tile placement depends on s, docs/MODEL.md 6.4)
     AttnCase a{64, 512, 100, 50, 128, 512, 2, {0, 1, 49, 98, 99}};
     AttnInputs ia = make_attn_inputs(a, 201);
     expect_attn_close(run_attn_both(a, ia), a.hd, 2.0, 0.9, "sparse_attn s=100");

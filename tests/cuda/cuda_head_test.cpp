@@ -1,4 +1,4 @@
-// CUDA output-head statistics vs the CPU backend (MODEL.md 4.9, DESIGN.md 2): lse / entropy within
+// CUDA output-head statistics vs the CPU backend (docs/MODEL.md 4.9, docs/DESIGN.md 2): lse / entropy within
 // rel 1e-6, target logit, rank and top-k identical. Most cases use integer-grid inputs whose logits
 // are exact in fp32 on both backends (so ranks and top-k are bit-comparable, with many exact ties
 // that the lower-id rule must break); one random case checks the fp32 GEMM path with tolerances.

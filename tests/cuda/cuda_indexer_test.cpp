@@ -1,4 +1,4 @@
-// CUDA indexer ops vs the CPU backend (MODEL.md 4.6.2, 8.1, 8.2): index scores (bit exact on
+// CUDA indexer ops vs the CPU backend (docs/MODEL.md 4.6.2, 8.1, 8.2): index scores (bit exact on
 // fp4-grid inputs, <= 2 bf16 ulps on random ones), candidate blocks, the candidate mask and the
 // top-K_c selection (identical, including tie-heavy rows), plus batch invariance and determinism.
 #include <gtest/gtest.h>
@@ -214,7 +214,7 @@ TEST(CudaIndexer, ScoresBatchInvariantAndDeterministic) {
 
 namespace {
 
-// Score rows in several tie-heavy styles (MODEL.md 8.1: ties at the K-th value are the normal case).
+// Score rows in several tie-heavy styles (docs/MODEL.md 8.1: ties at the K-th value are the normal case).
 std::vector<uint16_t> topk_scores(int64_t m, int64_t T, const std::vector<int32_t>& qpos, int ratio,
                                   uint64_t seed) {
     std::mt19937_64 rng(seed);

@@ -1,4 +1,4 @@
-// CUDA linears vs the CPU backend (MODEL.md 4.0, 5.3, 3.6, 4.6 f) at the model's real shapes and at
+// CUDA linears vs the CPU backend (docs/MODEL.md 4.0, 5.3, 3.6, 4.6 f) at the model's real shapes and at
 // odd shapes (M = 1, 3, 17, 130; N and K off the 128 / 32 tiles where the contract allows), plus
 // batch invariance (a row alone == the same row inside 130 rows, bitwise) and determinism.
 //

@@ -1,5 +1,5 @@
 // CUDA norms, mHC, compressor pooling, Engram update and the bf16 scalar multiply vs the CPU backend
-// (MODEL.md 4.0, 4.5, 4.6.1, 4.8, 5.5, 8.2), at the V4.1 shapes (D 5120, hc 4) and odd tails, with
+// (docs/MODEL.md 4.0, 4.5, 4.6.1, 4.8, 5.5, 8.2), at the V4.1 shapes (D 5120, hc 4) and odd tails, with
 // poisoned outputs, batch invariance (a row alone == the row inside 130 rows, bitwise) and
 // determinism. Measured agreement is printed as "[stats]" lines.
 #include <gtest/gtest.h>
@@ -335,7 +335,7 @@ TEST(CudaMisc, EngramUpdateMatchesCpu) {
 
 TEST(CudaMisc, MulScalarBf16MatchesCpuBitwise) {
     DS4R_REQUIRE_CUDA();
-    // The indexer's weight scale (MODEL.md 4.6.2 step 3) and an arbitrary factor; an odd element count.
+    // The indexer's weight scale (docs/MODEL.md 4.6.2 step 3) and an arbitrary factor; an odd element count.
     const float factors[] = {static_cast<float>(std::pow(128.0, -0.5) * std::pow(64.0, -0.5)), -3.3f};
     for (float f : factors) {
         for (const Shape& s : {Shape{130, 64}, Shape{17, 3}, Shape{1, 1}}) {

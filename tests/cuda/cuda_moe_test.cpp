@@ -1,4 +1,4 @@
-// CUDA MoE vs the CPU backend (MODEL.md 4.7, 8.1, 8.2): router top-k and weights, routed fp4
+// CUDA MoE vs the CPU backend (docs/MODEL.md 4.7, 8.1, 8.2): router top-k and weights, routed fp4
 // experts, shared fp8 expert, expert-id-ordered combine. Tiny shapes (D = 256, 16 experts, I = 128)
 // at M = 1, 3, 17, 130; 384 experts; the real expert shapes (D = 5120, I = 2304, 384 experts sharing
 // a few distinct weight sets) at a modest M; other top-k / no clamp / gate_temp; batch invariance,
@@ -98,7 +98,7 @@ std::vector<uint16_t> random_x(int64_t M, int64_t D, uint64_t seed) {
     return v;
 }
 
-// Biased router score of expert e for row x (fp64 logits), as MODEL.md 4.7 defines it.
+// Biased router score of expert e for row x (fp64 logits), as docs/MODEL.md 4.7 defines it.
 double biased_score(const MoeCase& m, const MoeParams& p, const uint16_t* x, int64_t e) {
     double l = 0;
     for (int64_t d = 0; d < m.D; ++d)

@@ -1,4 +1,4 @@
-// CUDA activation quantization vs the CPU backend and the golden known answers (MODEL.md 5.1, 5.2):
+// CUDA activation quantization vs the CPU backend and the golden known answers (docs/MODEL.md 5.1, 5.2):
 // bit exact everywhere (act_quant q and scale bytes even for NaN / inf inputs; the in-place round
 // trips for finite inputs: NaN payloads are not compared), on random rows spanning the amax floors,
 // the golden edge rows, unaligned views (the kernels' scalar path), and single rows vs batches.

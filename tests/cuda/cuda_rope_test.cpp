@@ -1,6 +1,6 @@
 // CUDA RoPE: the tables bit for bit against the golden tables and the CPU backend (glibc cosf /
-// sinf, MODEL.md 8.3; kernels/libm_sincosf.cuh), and the in-place rotation vs the CPU backend
-// (MODEL.md 4.0) with batch invariance, determinism and the untouched non-rotated dims.
+// sinf, docs/MODEL.md 8.3; kernels/libm_sincosf.cuh), and the in-place rotation vs the CPU backend
+// (docs/MODEL.md 4.0) with batch invariance, determinism and the untouched non-rotated dims.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -95,7 +95,7 @@ void golden_table_case(const std::string& file, const TableArgs& args) {
     compare_tables(golden, got, half, "cuda rope_table vs " + file, true);
     compare_tables(golden, table_on(cpu(), args, n_pos), half, "cpu rope_table vs " + file, true);
 #ifdef DS4R_HAVE_CUDA
-    // Diagnostic: CUDA's own libdevice cosf / sinf on the same angles (what MODEL.md 8.3 proposed).
+    // Diagnostic: CUDA's own libdevice cosf / sinf on the same angles (what docs/MODEL.md 8.3 proposed).
     auto* be = dynamic_cast<CudaBackend*>(cuda());
     ASSERT_NE(be, nullptr);
     Tensor t = be->alloc(DType::F32, {n_pos, half, 2});

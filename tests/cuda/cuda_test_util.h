@@ -1,5 +1,5 @@
 // Harness for the CUDA-vs-CPU op tests: the same inputs on both backends, outputs compared with the
-// tolerance each op's contract states (bit-exact where MODEL.md says exact). Tests skip with a clear
+// tolerance each op's contract states (bit-exact where docs/MODEL.md says exact). Tests skip with a clear
 // message when ds4replay was built without CUDA or no GPU is present (CI).
 #pragma once
 

@@ -1,4 +1,4 @@
-// libFuzzer target: the tokens.jsonl reader (DESIGN.md sections 2 and 6) over arbitrary bytes, plus
+// libFuzzer target: the tokens.jsonl reader (docs/DESIGN.md sections 2 and 6) over arbitrary bytes, plus
 // the records built from what it returns. Expected rejections are ds4r::InputError, one per bad line,
 // after which the reader goes on; anything else is a finding, and so is a record that breaks the
 // documented guarantees:

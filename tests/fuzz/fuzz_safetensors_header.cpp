@@ -1,4 +1,4 @@
-// libFuzzer target: parse_safetensors_header on arbitrary bytes (DESIGN.md 6). Expected rejections
+// libFuzzer target: parse_safetensors_header on arbitrary bytes (docs/DESIGN.md 6). Expected rejections
 // are ds4r::Error; anything else (a crash, a sanitizer report, another exception) is a finding, and
 // so is an accepted header that breaks the guarantees the parser documents.
 #include <algorithm>

@@ -1,4 +1,4 @@
-// libFuzzer target: tokenizer.json -> Tokenizer -> Engram token map (MODEL.md 4.2), the path every
+// libFuzzer target: tokenizer.json -> Tokenizer -> Engram token map (docs/MODEL.md 4.2), the path every
 // untrusted tokenizer takes when a checkpoint is opened; plus the UTF-8 / Unicode helpers on the
 // raw input bytes. Expected rejections are ds4r::Error.
 #include <cstddef>

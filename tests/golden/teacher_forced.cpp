@@ -111,7 +111,7 @@ TeacherForcedReport run_teacher_forced(const std::string& backend) {
                     info.cmp_rows = T;
                 }
                 if (role.uses_candidates && T > 0) {
-                    // Candidate mask [s, T] positions -> block bitmask (MODEL.md 4.6.2 step 6).
+                    // Candidate mask [s, T] positions -> block bitmask (docs/MODEL.md 4.6.2 step 6).
                     NpyArray cm =
                         dump(sn + "_L" + std::to_string(cfg.candidate_source_layer) + "_candidates.npy");
                     const int64_t bs = cfg.candidate_block_size, nb = (T + bs - 1) / bs,
@@ -280,13 +280,13 @@ TeacherForcedBounds bounds_for(const std::string& backend) {
         b.stream_equal_min = 0.98;
         b.engram_equal_min = 0.9996;
         b.collapsed_equal_min = 1.0;
-        // The CPU's exactly rounded rsqrt vs the GPU's rsqrtf (MODEL.md 8.2): in seq 5 layer 3 token 1's
+        // The CPU's exactly rounded rsqrt vs the GPU's rsqrtf (docs/MODEL.md 8.2): in seq 5 layer 3 token 1's
         // ffn_norm r is 1 fp32 ulp below the reference's, which flips an fp8 act-quant scale inside the
         // MoE (r + 1 ulp reproduces the dumped MoE output bit for bit; cpuref::rsqrt_f32). Kept:
         // the CPU backend is the exactly rounded reference model, not a copy of rsqrtf.
         // Measured: stream 5.01e-3, MoE 1.02e-2, routing weights 1.72e-5, stream bitwise 94.70%.
         b.exceptions.push_back(
-            {5, 3, 5.8e-3, 1.18e-2, 2.0e-5, 0.94, "CPU exactly rounded rsqrt (MODEL.md 8.2)"});
+            {5, 3, 5.8e-3, 1.18e-2, 2.0e-5, 0.94, "CPU exactly rounded rsqrt (docs/MODEL.md 8.2)"});
     } else {
         // CUDA: with the accurate mHC / norm sums (issue 10) no layer is expected above 1e-3 (the
         // issue measured 0 of 48 with fp64 dots). These are that target, not yet a measurement of this

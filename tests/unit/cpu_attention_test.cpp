@@ -1,4 +1,5 @@
-// CPU sparse attention, window indices and the ratio-2 compressor pooling (MODEL.md 4.6, 4.6.1, 5.4, 6.4).
+// CPU sparse attention, window indices and the ratio-2 compressor pooling
+// (docs/MODEL.md 4.6, 4.6.1, 5.4, 6.4).
 #include <gtest/gtest.h>
 
 #include <cmath>

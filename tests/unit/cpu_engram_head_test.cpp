@@ -1,4 +1,4 @@
-// CPU Engram update (MODEL.md 4.8) and output head statistics (4.9, DESIGN.md 2).
+// CPU Engram update (docs/MODEL.md 4.8) and output head statistics (4.9, docs/DESIGN.md 2).
 #include <gtest/gtest.h>
 
 #include <cmath>

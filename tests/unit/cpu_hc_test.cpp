@@ -1,4 +1,4 @@
-// CPU hyper-connection ops (MODEL.md 4.5, 5.5, 8.2).
+// CPU hyper-connection ops (docs/MODEL.md 4.5, 5.5, 8.2).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// CPU indexer ops and CUDA torch.topk's tie rule (MODEL.md 4.6.2 steps 4-7, 8.1, 8.2).
+// CPU indexer ops and CUDA torch.topk's tie rule (docs/MODEL.md 4.6.2 steps 4-7, 8.1, 8.2).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// CPU linears (MODEL.md 4.0, 5.3, 4.6 f): the block-scaled fp8 / fp4 GEMM model, dense GEMMs with
+// CPU linears (docs/MODEL.md 4.0, 5.3, 4.6 f): the block-scaled fp8 / fp4 GEMM model, dense GEMMs with
 // fp64 accumulation, and the grouped wo_a projection.
 #include <gtest/gtest.h>
 
@@ -57,7 +57,7 @@ uint16_t bf16_of_double(double v) {
     return f32_to_bf16(static_cast<float>(std::nearbyint(v / ulp) * ulp));
 }
 
-// blockwise: MODEL.md 5.3 (fp32 partial per block, scaled, added in K order); exact: one dot in double.
+// blockwise: docs/MODEL.md 5.3 (fp32 partial per block, scaled, added in K order); exact: one dot in double.
 void reference(const Tensor& x, const FpW& w, int64_t N, std::vector<uint16_t>& blockwise,
                std::vector<uint16_t>& exact) {
     const int64_t M = x.dim(0), K = x.dim(1);

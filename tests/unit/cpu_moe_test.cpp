@@ -1,4 +1,4 @@
-// CPU MoE (MODEL.md 4.7, 8.1, 8.2): router, routed fp4 experts summed in expert-id order, shared expert.
+// CPU MoE (docs/MODEL.md 4.7, 8.1, 8.2): router, routed fp4 experts summed in expert-id order, shared expert.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// CPU backend as a whole: host memory semantics, and for EVERY op the two hard rules of DESIGN.md 4:
+// CPU backend as a whole: host memory semantics, and for EVERY op the two hard rules of docs/DESIGN.md 4:
 // an output row computed inside a batch of M rows is byte-identical to the same row computed alone,
 // and results do not depend on the thread count.
 #include <gtest/gtest.h>

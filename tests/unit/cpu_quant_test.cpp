@@ -1,5 +1,5 @@
 // CPU activation quantization: bit exactness against DeepSeek's kernels' known answers
-// (tests/data/tiny-a/quant, MODEL.md 5.1 / 5.2) and exhaustive checks of the narrow formats.
+// (tests/data/tiny-a/quant, docs/MODEL.md 5.1 / 5.2) and exhaustive checks of the narrow formats.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -125,7 +125,7 @@ TEST(CpuQuant, E2m1ExhaustiveRoundTripAndTiesToEvenCode) {
     for (int c = 0; c < 7; ++c) {
         const float lo = e2m1_to_f32(static_cast<uint8_t>(c)), hi = e2m1_to_f32(static_cast<uint8_t>(c + 1));
         const float mid = (lo + hi) / 2;
-        const int even = (c % 2 == 0) ? c : c + 1;  // ties go to the even CODE (MODEL.md 5.2)
+        const int even = (c % 2 == 0) ? c : c + 1;  // ties go to the even CODE (docs/MODEL.md 5.2)
         EXPECT_EQ(f32_to_e2m1(mid), even) << mid;
         EXPECT_EQ(f32_to_e2m1(-mid), 8 | even) << mid;
         EXPECT_EQ(f32_to_e2m1(std::nextafter(mid, 10.0f)), c + 1) << mid;
@@ -154,7 +154,7 @@ TEST(CpuQuant, CeilPow2ScaleKeepsExactPowersAndRoundsUp) {
 }
 
 TEST(CpuQuant, E4m3ScaleDivisionEqualsReciprocalMultiplyForEveryBf16Amax) {
-    // MODEL.md 5.2 leaves open whether the E4M3 scale is e4m3(amax / 6) or e4m3(amax * fp32(1/6))
+    // docs/MODEL.md 5.2 leaves open whether the E4M3 scale is e4m3(amax / 6) or e4m3(amax * fp32(1/6))
     // (CUDA torch turns `tensor / 6.0` into the latter). For every positive finite bf16 amax the two
     // give the same e4m3 scale, so the choice cannot change a bit.
     int differ = 0;

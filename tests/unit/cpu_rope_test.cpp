@@ -1,4 +1,4 @@
-// CPU RoPE tables and rotation (MODEL.md 4.0, 8.3) and RMSNorm (4.0).
+// CPU RoPE tables and rotation (docs/MODEL.md 4.0, 8.3) and RMSNorm (4.0).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -72,7 +72,7 @@ TEST(CpuRope, TablesMatchTheGoldenTablesBitForBit) {
 TEST(CpuRope, YarnBandAndBlendOfTheReleasedModel) {
     int64_t low = 0, high = 0;
     yarn_band(160000.0, 65536, 32.0, 1.0, 64, &low, &high);
-    EXPECT_EQ(low, 15);  // MODEL.md 4.0: pairs 0..15 keep their frequency, >= 25 are divided by 16
+    EXPECT_EQ(low, 15);  // docs/MODEL.md 4.0: pairs 0..15 keep their frequency, >= 25 are divided by 16
     EXPECT_EQ(high, 25);
     yarn_band(160000.0, 32, 32.0, 1.0, 16, &low, &high);
     EXPECT_EQ(low, 0);

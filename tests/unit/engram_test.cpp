@@ -1,5 +1,5 @@
-// Engram hashing (MODEL.md 4.2): normalizer, compressed token map, prime layout, multipliers,
-// hash ids, and the host row gather of MODEL.md 4.8 step 1, against the golden tiny-a data.
+// Engram hashing (docs/MODEL.md 4.2): normalizer, compressed token map, prime layout, multipliers,
+// hash ids, and the host row gather of docs/MODEL.md 4.8 step 1, against the golden tiny-a data.
 #include "ds4r/engram.h"
 
 #include <gtest/gtest.h>
@@ -34,7 +34,7 @@ ModelConfig tiny_a_config() {
     return load_model_config(tiny_a() + "/model/config.json");
 }
 
-// The released model's Engram fields (MODEL.md 2.1).
+// The released model's Engram fields (docs/MODEL.md 2.1).
 ModelConfig released_engram_config() {
     ModelConfig c;
     c.engram_layer_ids = {1, 14};

@@ -26,7 +26,8 @@ TEST(FormatBytes, DecimalAndBinaryUnits) {
     EXPECT_EQ(format_bytes(999), "999 B");
     EXPECT_EQ(format_bytes(1000), "1.00 KB (1000 B)");
     EXPECT_EQ(format_bytes(9073080), "9.07 MB (8.65 MiB)");
-    // MODEL.md 3.5: a plain layer is 7,389,500,888 B = 6.88 GiB; the whole release 510.29 GB (475.24 GiB).
+    // docs/MODEL.md 3.5: a plain layer is 7,389,500,888 B = 6.88 GiB; the whole release 510.29 GB (475.24
+    // GiB).
     EXPECT_EQ(format_bytes(7389500888ull), "7.39 GB (6.88 GiB)");
     EXPECT_EQ(format_bytes(510286023000ull), "510.29 GB (475.24 GiB)");
 }

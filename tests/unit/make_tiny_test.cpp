@@ -277,9 +277,9 @@ TEST(MakeTinyPlan, LayersTruncateTheLayerLists) {
 }
 
 TEST(MakeTinyPlan, FullWidthBytesMatchModelMd) {
-    // MODEL.md 3.5: a plain layer is 7,389,500,888 B (bias_vl included); role extras: Full ratio-2
+    // docs/MODEL.md 3.5: a plain layer is 7,389,500,888 B (bias_vl included); role extras: Full ratio-2
     // +16.19 MB, Full ratio-1 +10.95 MB, Reindex +5.58 MB; 40 layers 295.66 GB (without the Engram
-    // projections). MODEL.md 3.4: tensors per layer 2,334 / 2,337 / 2,342 / 2,341 / 2,340 / 2,348.
+    // projections). docs/MODEL.md 3.4: tensors per layer 2,334 / 2,337 / 2,342 / 2,341 / 2,340 / 2,348.
     const MakeTinyPlan p = plan_make_tiny(TinyPreset::FullWidth, 40);
     const ModelConfig& c = p.cfg;
     EXPECT_EQ(c.vocab_size, 129280);
@@ -308,7 +308,7 @@ TEST(MakeTinyPlan, FullWidthBytesMatchModelMd) {
     EXPECT_EQ(count[1], 2340);
     EXPECT_EQ(count[14], 2348);
     EXPECT_NEAR(backbone / 1e9, 295.66, 0.005);
-    // The release's grouping (MODEL.md 3.1): 1 vision, 2 embed, layer L in L + 3, 43 head + norm,
+    // The release's grouping (docs/MODEL.md 3.1): 1 vision, 2 embed, layer L in L + 3, 43 head + norm,
     // 44-46 MTP, 47 / 48 the Engram tables: ~101.4 GB each (rows x 256 fp8 + rows x 8 e8m0), sparse.
     ASSERT_EQ(p.shards.size(), 48u);
     auto names_of = [&](size_t k) {
@@ -779,7 +779,8 @@ bool holes_supported(const std::string& dir) {
 }
 
 // The released scale (40 full-width layers, ~500 GB in the release's 48 shards) as headers plus holes:
-// make-tiny writes it and inspect validates every header, offset and binding of it (DESIGN.md section 6).
+// make-tiny writes it and inspect validates every header, offset and binding of it (docs/DESIGN.md section
+// 6).
 TEST(MakeTinyCli, HeadersOnlyCheckpointOfTheReleasedScaleInspects) {
     const std::string base = test::temp_dir("make-tiny-headers");
     if (!holes_supported(base)) GTEST_SKIP() << base << ": this filesystem does not keep sparse files";

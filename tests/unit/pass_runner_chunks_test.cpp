@@ -4,7 +4,7 @@
 //    completes copies late, in a worker thread, after random delays (prefetch_fake_backend.h), with
 //    chunks of a few rows so that every ring buffer is reused many times per layer, the scores equal
 //    the plain CPU backend's bit for bit;
-//  - running out of memory (DESIGN.md section 6): a backend that refuses chunk-sized allocations above
+//  - running out of memory (docs/DESIGN.md section 6): a backend that refuses chunk-sized allocations above
 //    a row count makes the runner halve its chunks and run the pass again; scores and captured hidden
 //    rows equal an unconstrained run's, also when the refusal comes in the middle of a chunk with
 //    copies in flight; below kMinChunkRows the error reaches the caller.

@@ -1,4 +1,4 @@
-// --resume and interruption (issue 6 item 2, DESIGN.md section 6), through the binary on the golden
+// --resume and interruption (issue 6 item 2, docs/DESIGN.md section 6), through the binary on the golden
 // tiny-a checkpoint with the CPU backend and small passes (many commits per run):
 //  - runs killed with SIGKILL at random moments (twice per iteration, then resumed to the end) end
 //    with exactly the records of an uninterrupted run, byte for byte and in order, and the same

@@ -1,5 +1,5 @@
 // Layer-role derivation (issue 10): every pattern DeepSeek's reference runs is accepted with the
-// reference's slot semantics (MODEL.md 5.6, model.py Indexer.uses_candidates); patterns in which a
+// reference's slot semantics (docs/MODEL.md 5.6, model.py Indexer.uses_candidates); patterns in which a
 // layer would read a slot nobody wrote, or one of another compress ratio, are refused with a message.
 #include <gtest/gtest.h>
 

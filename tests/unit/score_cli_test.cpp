@@ -1,4 +1,4 @@
-// `ds4replay score` on bad input and bad paths (issue 6 item 3, DESIGN.md sections 2 and 6), through
+// `ds4replay score` on bad input and bad paths (issue 6 item 3, docs/DESIGN.md sections 2 and 6), through
 // the binary on the golden tiny-a checkpoint with the CPU backend: each bad input line gets a clear
 // error naming its line and exit code 2 — or, with --skip-bad, an error record in its place in the
 // output while the other lines are scored exactly as in a run without the bad line. Model problems

@@ -1,5 +1,5 @@
 // score --seed-check: Engram multipliers from numpy's default_rng(10007 * layer) vs the released model's
-// published values (MODEL.md 4.2).
+// published values (docs/MODEL.md 4.2).
 #include <gtest/gtest.h>
 
 #include "ds4r/engram.h"

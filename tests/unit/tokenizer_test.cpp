@@ -1,4 +1,4 @@
-// Tokenizer: tokenizer.json parsing and the single-token byte-level decode (MODEL.md 4.2).
+// Tokenizer: tokenizer.json parsing and the single-token byte-level decode (docs/MODEL.md 4.2).
 #include "ds4r/tokenizer.h"
 
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// CPU compressor pooling, window indices and sparse attention (MODEL.md 4.6, 4.6.1, 5.4, 6.4).
+// CPU compressor pooling, window indices and sparse attention (docs/MODEL.md 4.6, 4.6.1, 5.4, 6.4).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -14,7 +14,7 @@ namespace ds4r {
 void CpuBackend::compress_pool2(const Tensor& kv, const Tensor& sc, const Tensor& out) {
     // kv, sc F32 [2n (+1), hd] -> out BF16 [n, hd]: per channel, a 2-way softmax over the group's
     // scores, w_i = exp(sc_i - max) / sum (true division, as CUDA's softmax epilogue), then
-    // out = bf16((0 + kv_0 * w_0) + kv_1 * w_1) in fp32 (MODEL.md 4.6.1, 8.2). A trailing odd row is
+    // out = bf16((0 + kv_0 * w_0) + kv_1 * w_1) in fp32 (docs/MODEL.md 4.6.1, 8.2). A trailing odd row is
     // ignored (it waits for decode in the reference).
     // Named variables, not a structured binding: lambdas below capture them (clang 14).
     const auto dims = opcheck::compress_pool2(kv, sc, out);
@@ -42,7 +42,7 @@ void CpuBackend::compress_pool2(const Tensor& kv, const Tensor& sc, const Tensor
 namespace {
 
 // Row r of the window index columns: out[c] = max(p - window + 1, 0) + c, or -1 where that exceeds
-// p = qpos[r] (model.py get_window_topk_idxs, MODEL.md 4.6 b).
+// p = qpos[r] (model.py get_window_topk_idxs, docs/MODEL.md 4.6 b).
 void window_row(int64_t r, int64_t p, int64_t window, int64_t W, int32_t* out) {
     DS4R_CHECK(p >= 0, "cpu window_indices: qpos[%lld] = %lld is negative", (long long)r, (long long)p);
     const int64_t start = std::max<int64_t>(p - window + 1, 0);
@@ -79,14 +79,14 @@ void CpuBackend::sparse_attn(const Tensor& q, const Tensor& win_kv, const Tensor
                              const Tensor& idx, float scale, const Tensor& o) {
     // q BF16 [m, H, hd]; win_kv BF16 [s, hd]; cmp_kv BF16 [T, hd] (T may be 0); sink F32 [H];
     // idx I32 [m, n_idx] (j < s: win_kv[j]; j >= s: cmp_kv[j - s]; -1 empty) -> o BF16 [m, H, hd].
-    // The kernel's algorithm per (row, head) (MODEL.md 5.4): tiles of 64 index slots from slot 0;
+    // The kernel's algorithm per (row, head) (docs/MODEL.md 5.4): tiles of 64 index slots from slot 0;
     // scores s_i = fp32(q . K_i) * scale (the dot exact in double, rounded once: an fp32 MMA model),
     // -inf for empty slots; M seeded -1e30; M' = max(M, max_i s_i); alpha = exp(M - M');
     // p_i = exp(s_i - M'); sum = sum * alpha + (sum_i p_i, fp32, i ascending); acc = acc * alpha +
     // fp32(sum_i bf16(p_i) * K_i) (the tile's PV product exact in double, rounded once); after the
     // last tile sum += exp(sink - M) (unscaled sink, no value row); o = bf16(acc / sum). exp is the
     // host expf (CUDA: libdevice expf, last-ulp differences). All-empty tiles are skipped: they keep
-    // M, scale by exp(0) = 1 and add 0 (numerically inert, MODEL.md 6.4); an all-empty row gives 0.
+    // M, scale by exp(0) = 1 and add 0 (numerically inert, docs/MODEL.md 6.4); an all-empty row gives 0.
     // Named variables, not a structured binding: lambdas below capture them (clang 14).
     const auto dims = opcheck::sparse_attn(q, win_kv, cmp_kv, sink, idx, o);
     const auto m = dims.m;

@@ -1,7 +1,7 @@
 // The CPU backend: every op of include/ds4r/backend.h as plain loops, the executable specification
 // that CI runs and that the CUDA backend is tested against op by op. fp32 where DeepSeek's reference
 // is fp32, fp64 accumulation rounded once where the reference's reduction order is a GPU library's
-// (GEMMs, dot products, long sums). Numerics follow MODEL.md sections 4, 5 and 8; each op cites them.
+// (GEMMs, dot products, long sums). Numerics follow docs/MODEL.md sections 4, 5 and 8; each op cites them.
 //
 // Threading: ops split independent OUTPUT rows/elements over up to `threads` std::threads; no
 // reduction is ever split, so results are bit-identical for any thread count and any batch.
@@ -36,7 +36,7 @@ public:
     size_t free_memory() const override;
 
     // quantization (cpu_quant.cpp); act_quant_fp8 (x BF16 [M, K] -> q F8_E4M3 [M, K], s F8_E8M0
-    // [M, K/32], MODEL.md 5.1) is not a Backend op: the linears quantize inside; tests call it.
+    // [M, K/32], docs/MODEL.md 5.1) is not a Backend op: the linears quantize inside; tests call it.
     void act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s);
     void act_quant_fp8_inplace(const Tensor& x) override;
     void fp4_quant_inplace(const Tensor& x, Fp4Scale kind) override;
@@ -91,9 +91,9 @@ public:
                     const HeadStatsOut& out) override;
 
     // ---- row kernels shared by the ops above (cpu_linear.cpp); raw host pointers, M rows.
-    // y bf16 [M, N] = fp8 linear of x bf16 [M, K] (MODEL.md 5.3).
+    // y bf16 [M, N] = fp8 linear of x bf16 [M, K] (docs/MODEL.md 5.3).
     void fp8_linear_rows(const uint16_t* x, int64_t M, const Fp8Linear& w, uint16_t* y) const;
-    // y bf16 [M, N] = fp4 linear of x bf16 [M, K] (MODEL.md 5.3).
+    // y bf16 [M, N] = fp4 linear of x bf16 [M, K] (docs/MODEL.md 5.3).
     void fp4_linear_rows(const uint16_t* x, int64_t M, const Fp4Linear& w, uint16_t* y) const;
 
     // Runs fn(begin, end) over contiguous chunks of [0, n) on up to threads() threads; `cost` is

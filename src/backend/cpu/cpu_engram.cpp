@@ -1,4 +1,4 @@
-// CPU Engram gate and update (MODEL.md 4.8 steps 2-5; engram.py / model.py Engram.forward).
+// CPU Engram gate and update (docs/MODEL.md 4.8 steps 2-5; engram.py / model.py Engram.forward).
 #include <algorithm>
 #include <cmath>
 #include <vector>

@@ -1,4 +1,4 @@
-// CPU hyper-connection ops (MODEL.md 4.5, 5.5, 8.2).
+// CPU hyper-connection ops (docs/MODEL.md 4.5, 5.5, 8.2).
 #include <vector>
 
 #include "backend/op_checks.h"
@@ -13,7 +13,7 @@ void CpuBackend::hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale
     // X BF16 [M, hc, D]; fn F32 [mix, hc*D]; scale F32 [3]; base F32 [mix]
     // -> pre F32 [M, hc], post F32 [M, hc], comb F32 [M, hc, hc].
     // z = fp32(X) flattened; r = rsqrt(mean(z^2) + norm_eps): ONE statistic over all copies, eps =
-    // norm_eps (MODEL.md 4.5); mixes = fp32(z . fn_i) * r (the norm after the projection; the dot
+    // norm_eps (docs/MODEL.md 4.5); mixes = fp32(z . fn_i) * r (the norm after the projection; the dot
     // accumulated in double, rounded once); then hc_split_sinkhorn (5.5).
     // Named variables, not a structured binding: lambdas below capture them (clang 14).
     const auto dims = opcheck::hc_mixes(X, fn, scale, base, iters, pre, post, comb);
@@ -47,7 +47,7 @@ void CpuBackend::hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scale
 
 void CpuBackend::hc_pre(const Tensor& X, const Tensor& mix, const Tensor& y) {
     // y BF16 [M, D] = bf16(sum_k mix_k * X_k), products in fp32, summed sequentially from 0
-    // (((0 + m0*X0) + m1*X1) + m2*X2) + m3*X3 as torch.sum does on CUDA (MODEL.md 8.2).
+    // (((0 + m0*X0) + m1*X1) + m2*X2) + m3*X3 as torch.sum does on CUDA (docs/MODEL.md 8.2).
     // Named variables, not a structured binding: lambdas below capture them (clang 14).
     const auto dims = opcheck::hc_pre(X, mix, y);
     const auto M = dims.M;
@@ -70,7 +70,7 @@ void CpuBackend::hc_pre(const Tensor& X, const Tensor& mix, const Tensor& y) {
 void CpuBackend::hc_post(const Tensor& x, const Tensor& R, const Tensor& post, const Tensor& comb,
                          const Tensor& out) {
     // out BF16 [M, hc, D]: out_k = bf16(post_k * x + S_k), S_k = sum_j comb[j][k] * R_j summed
-    // sequentially from 0 (MODEL.md 4.5, 8.2: the output copy is comb's COLUMN). x BF16 [M, D];
+    // sequentially from 0 (docs/MODEL.md 4.5, 8.2: the output copy is comb's COLUMN). x BF16 [M, D];
     // R BF16 [M, hc, D] (may alias out); post F32 [M, hc]; comb F32 [M, hc, hc].
     // Named variables, not a structured binding: lambdas below capture them (clang 14).
     const auto dims = opcheck::hc_post(x, R, post, comb, out);

@@ -1,4 +1,4 @@
-// CPU output head statistics (MODEL.md 4.9, DESIGN.md 2): fp32 logits over the full vocabulary for
+// CPU output head statistics (docs/MODEL.md 4.9, docs/DESIGN.md 2): fp32 logits over the full vocabulary for
 // one row at a time (never [M, V]), reduced in fp64.
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// CPU indexer ops (MODEL.md 4.6.2 steps 4-7, 8.1, 8.2).
+// CPU indexer ops (docs/MODEL.md 4.6.2 steps 4-7, 8.1, 8.2).
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -27,7 +27,7 @@ void CpuBackend::index_scores(const Tensor& q, const Tensor& k, const Tensor& w,
     // q BF16 [m, nh, ihd]; k BF16 [T, ihd]; w BF16 [m, nh]; qpos I32 [m] -> score BF16 [m, T]:
     //   S = bf16(q_h . k_j) (bf16 einsum: dot exact in double, rounded to fp32, then to bf16);
     //   relu in bf16; p = bf16(relu(S) * w_h) (the product of two bf16 is exact in fp32);
-    //   score = bf16(((0 + p_0) + p_1) + ...) summed over heads in fp32 and rounded once (MODEL.md
+    //   score = bf16(((0 + p_0) + p_1) + ...) summed over heads in fp32 and rounded once (docs/MODEL.md
     //   8.2: accumulating in bf16 would be wrong); score = -inf for j >= (qpos + 1) / ratio.
     // Named variables, not a structured binding: lambdas below capture them (clang 14).
     const auto dims = opcheck::index_scores(q, k, w, qpos, ratio, score);
@@ -72,7 +72,7 @@ void CpuBackend::candidate_blocks(const Tensor& score, const Tensor& qpos, int r
                                   int64_t topk_blocks, const Tensor& mask) {
     // score BF16 [m, T]; qpos I32 [m] -> mask I32 [m, W >= ceil(nb / 32)] (32-bit words; bit b of
     // word b / 32 set when block b is kept), nb = ceil(T / block) (model.py select_candidate_blocks,
-    // MODEL.md 4.6.2 step 6): block score = max of its positions (-inf padding); the block
+    // docs/MODEL.md 4.6.2 step 6): block score = max of its positions (-inf padding); the block
     // (n_t - 1) // block (n_t = (qpos + 1) / ratio) is pinned to +inf; keep the top
     // min(topk_blocks, nb) by the CUDA tie rule, dropping picks whose score is -inf.
     // Pinning compares arange(nb) == last, so n_t = 0 (last = -1) pins NO block (not the last one).
@@ -136,7 +136,7 @@ void CpuBackend::index_topk(const Tensor& score, const Tensor& qpos, int ratio, 
                             const Tensor& idx) {
     // score BF16 [m, T] -> idx I32 [m, K]: the K = idx.dim(1) positions chosen by CUDA torch.topk's
     // rule (values above the K-th, then ties in ascending position; masked -inf ties too), sorted
-    // by position, mapped to j + offset if j < n_t = (qpos + 1) / ratio, else -1 (MODEL.md 4.6.2
+    // by position, mapped to j + offset if j < n_t = (qpos + 1) / ratio, else -1 (docs/MODEL.md 4.6.2
     // step 7, 8.1). The -1s end up at the tail.
     // Named variables, not a structured binding: lambdas below capture them (clang 14).
     const auto dims = opcheck::index_topk(score, qpos, ratio, offset, idx);
@@ -165,7 +165,7 @@ void CpuBackend::index_topk(const Tensor& score, const Tensor& qpos, int ratio, 
 }
 
 void CpuBackend::mul_scalar_bf16(const Tensor& x, float factor) {
-    // x BF16 (any shape) in place: x <- bf16(fp32(x) * factor) (MODEL.md 4.6.2 step 3).
+    // x BF16 (any shape) in place: x <- bf16(fp32(x) * factor) (docs/MODEL.md 4.6.2 step 3).
     opcheck::expect_dtype("mul_scalar_bf16", "x", x, DType::BF16);
     opcheck::expect_data("mul_scalar_bf16", "x", x);
     uint16_t* p = x.ptr<uint16_t>();

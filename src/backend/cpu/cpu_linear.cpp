@@ -1,4 +1,4 @@
-// CPU linears (MODEL.md 4.0, 5.3, 4.6 f).
+// CPU linears (docs/MODEL.md 4.0, 5.3, 4.6 f).
 //
 // fp8 / fp4 weights: the activation is quantized per 32 along K (5.1); then for every output
 //   C[m, n] = sum over K blocks kb, IN K ORDER, of (fp32(P[m, n, kb]) * sa[m, kb]) * sw[.., kb]
@@ -85,7 +85,7 @@ inline double block_dot_fp8(const double* a, const uint8_t* w, const double* lut
     }
     return (p0 + p1) + (p2 + p3);
 }
-// Same for 16 packed bytes of e2m1 codes (even k in the low nibble, MODEL.md 3.2).
+// Same for 16 packed bytes of e2m1 codes (even k in the low nibble, docs/MODEL.md 3.2).
 inline double block_dot_fp4(const double* a, const uint8_t* w, const double* lut) {
     double p0 = 0.0, p1 = 0.0, p2 = 0.0, p3 = 0.0;
     for (int b = 0; b < 16; b += 2) {
@@ -219,7 +219,7 @@ void CpuBackend::linear_f32(const Tensor& x, const Tensor& w, const Tensor& y) {
 
 void CpuBackend::linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t groups, const Tensor& y) {
     // o BF16 [M, G * Kg], W fp8 [G * R, Kg] -> y BF16 [M, G * R],
-    // y[:, g*R + r] = sum_d o[:, g*Kg + d] * bf16(W[g*R + r, d]) (MODEL.md 4.6 f, 3.6).
+    // y[:, g*R + r] = sum_d o[:, g*Kg + d] * bf16(W[g*R + r, d]) (docs/MODEL.md 4.6 f, 3.6).
     // Named variables, not a structured binding: lambdas below capture them (clang 14).
     const auto dims = opcheck::linear_wo_a(o, w, groups, y);
     const auto M = dims.M;

@@ -1,4 +1,4 @@
-// CPU MoE: router, routed fp4 experts, shared fp8 expert (MODEL.md 4.7, 8.1, 8.2).
+// CPU MoE: router, routed fp4 experts, shared fp8 expert (docs/MODEL.md 4.7, 8.1, 8.2).
 #include <algorithm>
 #include <cmath>
 #include <vector>

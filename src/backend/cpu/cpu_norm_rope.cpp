@@ -1,4 +1,4 @@
-// CPU RMSNorm and RoPE (MODEL.md 4.0, 8.2, 8.3).
+// CPU RMSNorm and RoPE (docs/MODEL.md 4.0, 8.2, 8.3).
 #include <vector>
 
 #include "backend/op_checks.h"
@@ -12,7 +12,7 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const Ten
     // x, y BF16 [M, N] (may alias), w BF16 [N]:
     //   var = mean(x^2) (fp32: exact sum of the exact squares rounded once, then * fp32(1/N) as
     //         CUDA torch.mean does, cpuref::mean_from_sum); r = 1/sqrt(var + eps) exactly rounded
-    //         (CUDA: rsqrtf, MODEL.md 8.2); y = bf16(w * (x * r)), products in fp32.
+    //         (CUDA: rsqrtf, docs/MODEL.md 8.2); y = bf16(w * (x * r)), products in fp32.
     // Named variables, not a structured binding: lambdas below capture them (clang 14).
     const auto dims = opcheck::rms_norm(x, w, y);
     const auto M = dims.M;
@@ -34,7 +34,7 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const Ten
 
 void CpuBackend::rope_table(double base, double factor, int64_t yarn_orig, double beta_fast, double beta_slow,
                             int64_t rd, const Tensor& table) {
-    // table F32 [n_pos, rd/2, 2]: (cos, sin) of fp32(pos) * f_i (MODEL.md 4.0; cpuref::rope_inv_freqs
+    // table F32 [n_pos, rd/2, 2]: (cos, sin) of fp32(pos) * f_i (docs/MODEL.md 4.0; cpuref::rope_inv_freqs
     // says which evaluation the golden tables follow).
     opcheck::rope_table(base, factor, rd, table);
     const int64_t half = rd / 2, n_pos = table.dim(0);
@@ -53,7 +53,7 @@ void CpuBackend::rope_inplace(const Tensor& x, int64_t heads, int64_t width, int
                               const Tensor& table, bool inverse) {
     // x BF16 [M, heads * width]: the last rd dims of each head, as interleaved pairs (x[2i], x[2i+1]),
     // times (c + i s) (or its conjugate): re = a*c - b*s, im = a*s + b*c, each product rounded in
-    // fp32, then one rounding to bf16 (MODEL.md 4.0, 8.3). pos I32 [M]; table F32 [n_pos, rd/2, 2].
+    // fp32, then one rounding to bf16 (docs/MODEL.md 4.0, 8.3). pos I32 [M]; table F32 [n_pos, rd/2, 2].
     const int64_t M = opcheck::rope_inplace(x, heads, width, rd, pos, table);
     const int64_t n_pos = table.dim(0), half = rd / 2;
     const int32_t* pp = pos.ptr<int32_t>();

@@ -1,4 +1,4 @@
-// CPU activation quantization (MODEL.md 5.1, 5.2): bit exact, one block at a time (cpu_ref.h).
+// CPU activation quantization (docs/MODEL.md 5.1, 5.2): bit exact, one block at a time (cpu_ref.h).
 #include <vector>
 
 #include "backend/op_checks.h"
@@ -25,7 +25,7 @@ void CpuBackend::act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s
 }
 
 void CpuBackend::act_quant_fp8_inplace(const Tensor& x) {
-    // x BF16 [M, K] <- bf16(e4m3(x / s) * s); the product is exact (MODEL.md 5.1).
+    // x BF16 [M, K] <- bf16(e4m3(x / s) * s); the product is exact (docs/MODEL.md 5.1).
     // Named variables, not a structured binding: lambdas below capture them (clang 14).
     const auto dims = opcheck::act_quant_fp8_inplace(x);
     const auto M = dims.M;
@@ -44,7 +44,7 @@ void CpuBackend::act_quant_fp8_inplace(const Tensor& x) {
 }
 
 void CpuBackend::fp4_quant_inplace(const Tensor& x, Fp4Scale kind) {
-    // x BF16 [M, K] <- bf16(e2m1(x / s) * s); exact product (MODEL.md 5.2).
+    // x BF16 [M, K] <- bf16(e2m1(x / s) * s); exact product (docs/MODEL.md 5.2).
     // Named variables, not a structured binding: lambdas below capture them (clang 14).
     const auto dims = opcheck::fp4_quant_inplace(x, kind);
     const auto M = dims.M;

@@ -46,7 +46,7 @@ float block_amax_bf16(const uint16_t* x, int64_t n) {
 }
 
 float fp8_quant_block(const uint16_t* x, int64_t n, uint8_t* q, uint8_t* scale_byte) {
-    // MODEL.md 5.1: amax floored at 1e-4, scale rounded UP to a power of two, clamp +-448, RNE.
+    // docs/MODEL.md 5.1: amax floored at 1e-4, scale rounded UP to a power of two, clamp +-448, RNE.
     const float s = fp8_block_scale(block_amax_bf16(x, n));
     for (int64_t i = 0; i < n; ++i) q[i] = fp8_code(bf16_to_f32(x[i]), s);
     if (scale_byte) *scale_byte = e8m0_of_pow2(s);

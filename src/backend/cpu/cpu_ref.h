@@ -1,6 +1,6 @@
 // Scalar building blocks of the CPU reference backend, shared with the tests and with the CUDA test
-// suite: activation-quantization of one block (MODEL.md 5.1, 5.2), CUDA torch.topk's selection rule
-// (MODEL.md 8.1), the elementwise forms the reference evaluates on CUDA (8.2), the Sinkhorn split of
+// suite: activation-quantization of one block (docs/MODEL.md 5.1, 5.2), CUDA torch.topk's selection rule
+// (docs/MODEL.md 8.1), the elementwise forms the reference evaluates on CUDA (8.2), the Sinkhorn split of
 // the mHC mixes (5.5), the RoPE table formulas (4.0, 8.3) and the router's weight sum (4.7).
 //
 // Everything here is plain fp32/fp64 host arithmetic. The library is compiled with
@@ -24,11 +24,11 @@ namespace ds4r::cpuref {
 // amax = max |x| of a block of bf16 values, in fp32 (exact; NaN-propagating like torch.amax).
 float block_amax_bf16(const uint16_t* x, int64_t n);
 
-// FP8 activation quantization of one block (MODEL.md 5.1): x bf16 [n] -> q e4m3 codes [n]; returns
+// FP8 activation quantization of one block (docs/MODEL.md 5.1): x bf16 [n] -> q e4m3 codes [n]; returns
 // the scale (a power of two) and writes its e8m0 byte to *scale_byte (may be null).
 float fp8_quant_block(const uint16_t* x, int64_t n, uint8_t* q, uint8_t* scale_byte);
 
-// FP4 scale of one block (MODEL.md 5.2, 8.2) from its raw amax: E8M0_32 -> power of two (byte = e8m0),
+// FP4 scale of one block (docs/MODEL.md 5.2, 8.2) from its raw amax: E8M0_32 -> power of two (byte = e8m0),
 // E4M3_16 -> e4m3(amax / 6) (byte = e4m3 code). Applies the branch's amax floor.
 float fp4_block_scale(float amax, Fp4Scale kind, uint8_t* scale_byte);
 // FP4 quantization of one block: x bf16 [n] -> e2m1 codes [n] (one code per byte, sign in bit 3);
@@ -43,7 +43,7 @@ inline int64_t fp4_block_size(Fp4Scale kind) {
 const float* e4m3_table();
 const float* e2m1_table();
 
-// ------------------------------------------------------------------ elementwise forms (MODEL.md 8.2)
+// ------------------------------------------------------------------ elementwise forms (docs/MODEL.md 8.2)
 // torch.sigmoid on CUDA: 1 / (1 + exp(-x)), fp32 (std::exp here; CUDA uses libdevice expf, which is
 // built on ex2.approx and can differ in the last ulp).
 inline float sigmoid_f32(float x) {
@@ -58,7 +58,7 @@ inline float silu_f32(float g) {
     return g / (1.0f + std::exp(-g));
 }
 // Exactly rounded 1/sqrt(v) (computed in double, rounded once). CUDA's torch.rsqrt is the
-// approximate rsqrtf (MODEL.md 8.2); the CPU reference keeps the exactly rounded value. This is
+// approximate rsqrtf (docs/MODEL.md 8.2); the CPU reference keeps the exactly rounded value. This is
 // the one known source of the CPU backend's residual teacher-forced mismatch: in tiny-a seq 5
 // layer 3, token 1's ffn_norm r is 1 fp32 ulp below the GPU's, which flips an fp8 act-quant scale
 // inside the MoE (r + 1 ulp reproduces the dumped MoE output bit for bit).
@@ -88,12 +88,12 @@ inline float sum_sq_bf16_f32(const uint16_t* x, int64_t n) {
     return static_cast<float>(s);
 }
 
-// The router's normalisation sum over the top-k weights (MODEL.md 4.7, 8.2): for k == 6 CUDA
+// The router's normalisation sum over the top-k weights (docs/MODEL.md 4.7, 8.2): for k == 6 CUDA
 // torch.sum's order ((w0 + w4) + w2) + ((w1 + w5) + w3); for other k a sequential fp32 sum (the
 // CUDA order for other widths was not measured).
 float topk_weight_sum(const float* w, int k);
 
-// ------------------------------------------------------------------ top-k (MODEL.md 8.1)
+// ------------------------------------------------------------------ top-k (docs/MODEL.md 8.1)
 // Order key: topk_order_key (include/ds4r/numeric.h, shared with the CUDA router).
 // Indices of the k largest of values[0..n) under CUDA torch.topk's rule: every index whose value is
 // strictly greater than the k-th largest, in ascending index order, then the indices whose value
@@ -113,14 +113,14 @@ inline int64_t floor_div(int64_t a, int64_t b) {
     return q;
 }
 
-// ------------------------------------------------------------------ mHC (MODEL.md 5.5)
+// ------------------------------------------------------------------ mHC (docs/MODEL.md 5.5)
 // hc_split_sinkhorn for one token, all fp32: mixes [(2 + hc) * hc], scale [3], base [(2 + hc) * hc]
 // -> pre [hc], post [hc], comb [hc * hc] (comb[j * hc + k]: row j, column k). Softmax rows
 // (max-subtracted) + eps, column normalize, then (iters - 1) x (row, column); sums sequential from 0.
 void hc_split_sinkhorn(const float* mixes, const float* scale, const float* base, int hc, int iters,
                        float eps, float* pre, float* post, float* comb);
 
-// ------------------------------------------------------------------ RoPE (MODEL.md 4.0, 8.3)
+// ------------------------------------------------------------------ RoPE (docs/MODEL.md 4.0, 8.3)
 // YaRN correction band: yarn_band (include/ds4r/yarn.h, shared with the CUDA backend).
 // Inverse frequencies f[rd / 2] in fp32, in model.py precompute_freqs_cis's order:
 // f = 1 / pow(base, (2i) / rd) (pow correctly rounded); with YaRN (orig > 0):

@@ -22,7 +22,7 @@ void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, i
 
 namespace {
 
-// GPU memory budget: the product targets a 24 GB card (DESIGN.md 5): <= 22 GB whatever the GPU unless
+// GPU memory budget: the product targets a 24 GB card (docs/DESIGN.md 5): <= 22 GB whatever the GPU unless
 // --gpu-memory-gb says otherwise (benchmarks on bigger GPUs keep the default on purpose).
 size_t memory_budget_bytes(double gpu_memory_gb) {
     return static_cast<size_t>(gpu_memory_gb > 0 ? gpu_memory_gb * 1e9 : 22e9);
@@ -276,7 +276,7 @@ cublasHandle_t CudaBackend::cublas() {
     if (!cublas_) {
         DS4R_CUBLAS_CHECK(cublasCreate(&cublas_));
         DS4R_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
-        // No TF32 anywhere (DESIGN.md 4).
+        // No TF32 anywhere (docs/DESIGN.md 4).
         DS4R_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
     }
     return cublas_;

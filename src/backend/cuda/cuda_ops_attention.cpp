@@ -1,5 +1,5 @@
 // CudaBackend ops: the indexer (scores, candidate blocks, top-k), attention index rows, sparse
-// attention and the output-head statistics (MODEL.md 4.6, 4.6.2, 4.9, 5.4, 6, 8.1, 8.2). Contracts:
+// attention and the output-head statistics (docs/MODEL.md 4.6, 4.6.2, 4.9, 5.4, 6, 8.1, 8.2). Contracts:
 // backend/op_checks.h, plus the kernels' own limits here; the kernels live in
 // kernels/{indexer,attention,head}.cu.
 //
@@ -23,7 +23,7 @@ namespace ds4r {
 
 using namespace cuda_linear;
 
-// ---------------------------------------------------------------------------- indexer (MODEL.md 4.6.2)
+// ---------------------------------------------------------------------------- indexer (docs/MODEL.md 4.6.2)
 
 void CudaBackend::index_scores(const Tensor& q, const Tensor& k, const Tensor& w, const Tensor& qpos,
                                int ratio, const Tensor& score) {
@@ -84,7 +84,8 @@ void CudaBackend::index_topk(const Tensor& score, const Tensor& qpos, int ratio,
                                             idx.ptr<int32_t>(), K, stream()));
 }
 
-// ---------------------------------------------------------------------------- attention (MODEL.md 4.6, 5.4)
+// ---------------------------------------------------------------------------- attention
+// (docs/MODEL.md 4.6, 5.4)
 
 void CudaBackend::window_indices(const Tensor& qpos, int64_t window, const Tensor& idx) {
     // qpos I32 [m] -> idx I32 [m, W].
@@ -134,7 +135,7 @@ void CudaBackend::sparse_attn(const Tensor& q, const Tensor& win_kv, const Tenso
         sink.ptr<float>(), idx.ptr<int32_t>(), o.ptr<uint16_t>(), m, H, hd, s, T, n_idx, scale, stream()));
 }
 
-// ---------------------------------------------------------------------------- head (MODEL.md 4.9)
+// ---------------------------------------------------------------------------- head (docs/MODEL.md 4.9)
 
 void CudaBackend::head_stats(const Tensor& x, const Tensor& head, const Tensor& targets, int k,
                              const HeadStatsOut& out) {

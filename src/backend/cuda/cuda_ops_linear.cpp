@@ -1,11 +1,11 @@
-// CudaBackend ops: activation quantization and the linears (MODEL.md 4.0, 5.1-5.3, 3.6, 4.6 f).
+// CudaBackend ops: activation quantization and the linears (docs/MODEL.md 4.0, 5.1-5.3, 3.6, 4.6 f).
 // Contracts: backend/op_checks.h, plus the kernels' own limits here; kernels in kernels/quant.cu, gemm.cu,
 // gemm_simt.cu. The MoE op is in cuda_ops_moe.cpp.
 //
 // Numerics (the CPU backend is the oracle):
 // - act_quant_fp8 / act_quant_fp8_inplace / fp4_quant_inplace: bit exact.
 // - linear_fp8 / linear_fp4: act quant (bit exact; the codes in the GEMM's fragment order), then
-//   the block-scaled tensor-core GEMM of MODEL.md 5.3: per 32-wide K block a fresh fp32 MMA partial
+//   the block-scaled tensor-core GEMM of docs/MODEL.md 5.3: per 32-wide K block a fresh fp32 MMA partial
 //   P, acc = acc + (P * sa) * sw in K order (computed as one fma where that is the same number,
 //   kernels/gemm_tile.cuh), bf16 at the end. The CPU rounds the exact block sum once, the MMA rounds
 //   its two k16 halves: rarely an ulp of fp32 in P, so outputs match to 1 bf16 ulp, almost all
@@ -27,7 +27,7 @@ using namespace cuda_linear;
 // ---------------------------------------------------------------------------- quantization
 
 void CudaBackend::act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& s) {
-    // x BF16 [M, K] -> q F8_E4M3 [M, K], s F8_E8M0 [M, K/32] (MODEL.md 5.1)
+    // x BF16 [M, K] -> q F8_E4M3 [M, K], s F8_E8M0 [M, K/32] (docs/MODEL.md 5.1)
     const char* op = "act_quant_fp8";
     const auto [M, K, block] = opcheck::act_quant_fp8(x, q, s);
     check_disjoint(op, "x", x, "q", q);
@@ -39,13 +39,13 @@ void CudaBackend::act_quant_fp8(const Tensor& x, const Tensor& q, const Tensor& 
 }
 
 void CudaBackend::act_quant_fp8_inplace(const Tensor& x) {
-    // x BF16 [M, K] <- bf16(e4m3(x / s) * s) (MODEL.md 5.1, window KV)
+    // x BF16 [M, K] <- bf16(e4m3(x / s) * s) (docs/MODEL.md 5.1, window KV)
     const auto [M, K, block] = opcheck::act_quant_fp8_inplace(x);
     DS4R_CUDA_CHECK(kern::launch_act_quant_fp8_inplace(x.ptr<uint16_t>(), M, K, stream()));
 }
 
 void CudaBackend::fp4_quant_inplace(const Tensor& x, Fp4Scale kind) {
-    // x BF16 [M, K] <- bf16(e2m1(x / s) * s), blocks of 32 (e8m0) or 16 (e4m3) (MODEL.md 5.2)
+    // x BF16 [M, K] <- bf16(e2m1(x / s) * s), blocks of 32 (e8m0) or 16 (e4m3) (docs/MODEL.md 5.2)
     const auto [M, K, block] = opcheck::fp4_quant_inplace(x, kind);
     const bool e4m3_16 = kind == Fp4Scale::E4M3_16;
     DS4R_CUDA_CHECK(kern::launch_fp4_quant_inplace(x.ptr<uint16_t>(), M, K, e4m3_16, stream()));
@@ -130,7 +130,7 @@ void CudaBackend::linear_f32(const Tensor& x, const Tensor& w, const Tensor& y) 
 
 void CudaBackend::linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t groups, const Tensor& y) {
     // o BF16 [M, G*Kg], W fp8 [G*R, Kg] -> y BF16 [M, G*R], y[:, g*R + r] = o[:, g*Kg ..] . bf16(W)[g*R + r]
-    // (MODEL.md 4.6 f; convert.py dequantizes wo_a to bf16 exactly, 3.6)
+    // (docs/MODEL.md 4.6 f; convert.py dequantizes wo_a to bf16 exactly, 3.6)
     const char* op = "linear_wo_a";
     const auto [M, G, R, Kg] = opcheck::linear_wo_a(o, w, groups, y);
     check_disjoint(op, "o", o, "y", y);

@@ -1,5 +1,5 @@
 // CudaBackend ops: RMSNorm, RoPE tables and application, mHC mixes / pre / post, the compressor's
-// ratio-2 pooling, the Engram update and the bf16 scalar multiply (MODEL.md 4.0, 4.5, 4.6.1, 4.8,
+// ratio-2 pooling, the Engram update and the bf16 scalar multiply (docs/MODEL.md 4.0, 4.5, 4.6.1, 4.8,
 // 5.5, 8). Contracts: backend/op_checks.h, plus the kernels' own limits here; the kernels live in
 // kernels/{norm_rope,hc,engram}.cu.
 #include <cmath>
@@ -28,7 +28,7 @@ float mean_factor(int64_t n) {
 // ---------------------------------------------------------------------------- norms, RoPE
 
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) {
-    // x, y BF16 [M, N] (may alias), w BF16 [N] (MODEL.md 4.0, 8.2).
+    // x, y BF16 [M, N] (may alias), w BF16 [N] (docs/MODEL.md 4.0, 8.2).
     const char* op = "rms_norm";
     const auto [M, N] = opcheck::rms_norm(x, w, y);
     check_same_or_disjoint(op, "x", x, "y", y);
@@ -74,7 +74,7 @@ void CudaBackend::rope_inplace(const Tensor& x, int64_t heads, int64_t width, in
                                const Tensor& table, bool inverse) {
     // x BF16 [M, heads * width], the last rd dims of each head rotated at pos[r] (I32 [M], device
     // memory: a value outside the table turns that row's rotated dims into NaN); table F32
-    // [n_pos, rd/2, 2] (MODEL.md 4.0, 8.3).
+    // [n_pos, rd/2, 2] (docs/MODEL.md 4.0, 8.3).
     const int64_t M = opcheck::rope_inplace(x, heads, width, rd, pos, table);
     if (M == 0) return;
     DS4R_CUDA_CHECK(kern::launch_rope_inplace(x.ptr<uint16_t>(), M, heads, width, rd, pos.ptr<int32_t>(),
@@ -87,7 +87,7 @@ void CudaBackend::hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scal
                            float norm_eps, float hc_eps, int iters, const Tensor& pre, const Tensor& post,
                            const Tensor& comb) {
     // X BF16 [M, hc, D]; fn F32 [mix, hc*D]; scale F32 [3]; base F32 [mix] -> pre, post F32 [M, hc],
-    // comb F32 [M, hc, hc] (MODEL.md 4.5, 5.5). The kernel is built for hc = 4 (mix = 24).
+    // comb F32 [M, hc, hc] (docs/MODEL.md 4.5, 5.5). The kernel is built for hc = 4 (mix = 24).
     const char* op = "hc_mixes";
     const auto [M, hc, D] = opcheck::hc_mixes(X, fn, scale, base, iters, pre, post, comb);
     DS4R_CHECK(hc == kern::kHcMult, "cuda hc_mixes: hc = %lld, the kernel supports hc = %d only",
@@ -128,7 +128,7 @@ void CudaBackend::hc_post(const Tensor& x, const Tensor& R, const Tensor& post, 
 // ---------------------------------------------------------------------------- compressor
 
 void CudaBackend::compress_pool2(const Tensor& kv, const Tensor& sc, const Tensor& out) {
-    // kv, sc F32 [2n (+1), hd] -> out BF16 [n, hd]; a trailing odd row is ignored (MODEL.md 4.6.1).
+    // kv, sc F32 [2n (+1), hd] -> out BF16 [n, hd]; a trailing odd row is ignored (docs/MODEL.md 4.6.1).
     const opcheck::PoolDims d = opcheck::compress_pool2(kv, sc, out);
     const int64_t n = d.n, hd = d.hd;
     if (n == 0 || hd == 0) return;
@@ -141,7 +141,7 @@ void CudaBackend::compress_pool2(const Tensor& kv, const Tensor& sc, const Tenso
 void CudaBackend::engram_update(const Tensor& X, const Tensor& kv, const Tensor& qw, const Tensor& kw,
                                 float eps) {
     // X BF16 [M, hc, D] in place; kv BF16 [M, (hc + 1) * D] (keys of copy k at columns k*D.., the
-    // shared value last); qw, kw BF16 [hc, D] (MODEL.md 4.8 steps 2-5).
+    // shared value last); qw, kw BF16 [hc, D] (docs/MODEL.md 4.8 steps 2-5).
     const char* op = "engram_update";
     const auto [M, hc, D] = opcheck::engram_update(X, kv, qw, kw);
     check_disjoint(op, "X", X, "kv", kv);
@@ -154,7 +154,7 @@ void CudaBackend::engram_update(const Tensor& X, const Tensor& kv, const Tensor&
 }
 
 void CudaBackend::mul_scalar_bf16(const Tensor& x, float factor) {
-    // x BF16 (any shape) in place: x <- bf16(fp32(x) * factor) (MODEL.md 4.6.2 step 3).
+    // x BF16 (any shape) in place: x <- bf16(fp32(x) * factor) (docs/MODEL.md 4.6.2 step 3).
     check_dtype("mul_scalar_bf16", "x", x, DType::BF16);
     check_data("mul_scalar_bf16", "x", x);
     if (x.numel() == 0) return;

@@ -1,4 +1,4 @@
-// CudaBackend::moe (MODEL.md 4.7): router, routed fp4 experts as grouped GEMMs over a device-built
+// CudaBackend::moe (docs/MODEL.md 4.7): router, routed fp4 experts as grouped GEMMs over a device-built
 // tile schedule (one launch per projection group, no per-expert launches, no host sync), the shared
 // fp8 expert, and an atomic-free combine in expert-id order.
 //
