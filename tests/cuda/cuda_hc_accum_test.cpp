@@ -16,6 +16,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_hc_check.h"
 #include "cuda_test_util.h"
+#include "ds4r/binding.h"
 #include "ds4r/numeric.h"
 #include "ds4r/weights.h"
 #include "golden_util.h"
@@ -107,7 +108,7 @@ TEST(CudaHcAccum, VariantsMatchCpuFp64Sums) {
             const uint16_t* X = block_in.as<uint16_t>() + L * s * kHc * D;
             const Tensor xg = on_gpu(DType::BF16, {s, kHc, D}, X);
             for (const char* name : {"hc_attn_fn", "hc_ffn_fn"}) {
-                const Tensor fc = res->get(name);
+                const Tensor fc = res->get(layer_tensor_name(L, name));
                 ASSERT_EQ(fc.dtype, DType::F32) << name;
                 std::vector<float> fh(static_cast<size_t>(fc.numel()));
                 cpu().download(fh.data(), fc, 0, fh.size() * 4);

@@ -286,7 +286,7 @@ TEST(EverydayProgress, RunnerReportsEveryChunkOfEveryLayer) {
     auto eng = load_engram_resources(ck);
     auto ws = make_sync_weight_source(*be, ck);
     ReplayOptions ro;
-    ro.max_batch_tokens = 16;
+    ro.chunk_rows = 16;
     PassRunner runner(*be, ck, *ws, eng.get(), ro);
     std::map<int, std::vector<int64_t>> seen;  // layer -> rows done, in call order
     int64_t total = -1;

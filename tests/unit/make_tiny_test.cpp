@@ -807,3 +807,12 @@ TEST(MakeTinyCli, HeadersOnlyCheckpointOfTheReleasedScaleInspects) {
     EXPECT_NE(out.find("weights:          ZEROS"), std::string::npos) << out;  // marked in the headers
     EXPECT_NE(out.find("checkpoint OK"), std::string::npos) << out;
 }
+
+// Every tensor of every preset's plan has an initialization rule (the full-width release grouping's
+// vision / MTP placeholders included): writing weights never stops on a name the rules miss.
+TEST(MakeTinyPlan, EveryTensorOfEveryPresetHasAnInitRule) {
+    for (TinyPreset preset : {TinyPreset::Tiny, TinyPreset::FullWidth, TinyPreset::TinyRoles}) {
+        const MakeTinyPlan p = plan_make_tiny(preset, preset == TinyPreset::FullWidth ? 40 : 0);
+        for (const TensorSpec& s : p.specs) EXPECT_NO_THROW(tiny::weight_init_for(s, p.cfg)) << s.name;
+    }
+}
