@@ -813,6 +813,7 @@ TEST(MakeTinyCli, HeadersOnlyCheckpointOfTheReleasedScaleInspects) {
 TEST(MakeTinyPlan, EveryTensorOfEveryPresetHasAnInitRule) {
     for (TinyPreset preset : {TinyPreset::Tiny, TinyPreset::FullWidth, TinyPreset::TinyRoles}) {
         const MakeTinyPlan p = plan_make_tiny(preset, preset == TinyPreset::FullWidth ? 40 : 0);
-        for (const TensorSpec& s : p.specs) EXPECT_NO_THROW(tiny::weight_init_for(s, p.cfg)) << s.name;
+        for (const TensorSpec& s : p.specs)  // e8m0 scales are derived from their weights, not drawn
+            if (s.dtype != DType::F8_E8M0) EXPECT_NO_THROW(tiny::weight_init_for(s, p.cfg)) << s.name;
     }
 }
