@@ -288,18 +288,20 @@ TeacherForcedBounds bounds_for(const std::string& backend) {
         b.exceptions.push_back(
             {5, 3, 5.8e-3, 1.18e-2, 2.0e-5, 0.94, "CPU exactly rounded rsqrt (docs/MODEL.md 8.2)"});
     } else {
-        // CUDA: with the accurate mHC / norm sums (issue 10) no layer is expected above 1e-3 (the
-        // issue measured 0 of 48 with fp64 dots). These are that target, not yet a measurement of this
-        // build: scripts/gpu_hc_check.sh prints the table; tighten to measured + margin after it.
-        b.stream_l2 = 1e-3;
-        b.premix_l2 = 1e-3;
-        b.attn_l2 = 1e-3;
-        b.moe_l2 = 1e-3;
-        b.route_w_l2 = 1e-3;
-        b.engram_l2 = 1e-3;
-        b.stream_equal_min = 0.9;
-        b.engram_equal_min = 0.9;
-        b.collapsed_equal_min = 0.9;
+        // CUDA backend with the accurate mHC / norm sums (issue 10), measured on the H200 2026-12-02
+        // (scripts/gpu_suite.sh): worst stream rel L2 3.78e-4, pre-mix 8.08e-5, attention 0 (bitwise
+        // equal everywhere), MoE 1.49e-5, routing weights 8.13e-6, Engram 3.61e-7; min bitwise stream
+        // 98.24%, Engram 99.967%; the collapsed final state bitwise equal; head 9.3e-7; 0 of 48 layers
+        // above 1e-3 (before the fix: seq 6 layer 3 at 2.7e-3). Bounds ~15% above (below for fractions).
+        b.stream_l2 = 4.4e-4;
+        b.premix_l2 = 9.3e-5;
+        b.attn_l2 = 0.0;
+        b.moe_l2 = 1.75e-5;
+        b.route_w_l2 = 9.4e-6;
+        b.engram_l2 = 4.2e-7;
+        b.stream_equal_min = 0.98;
+        b.engram_equal_min = 0.9996;
+        b.collapsed_equal_min = 1.0;
     }
     return b;
 }
