@@ -25,7 +25,8 @@ struct ShardSpec {
 
 constexpr int64_t kMaxShards = 100000;
 
-// Looks up an environment variable (nullptr when unset); ::getenv in the program, a map in tests.
+// Looks up an environment variable (nullptr when unset): scheduler_env (ds4r/settings.h) in the
+// program, a map in tests.
 using EnvLookup = std::function<const char*(const char*)>;
 
 // The shard a batch scheduler assigned to this process, read from the variables the schedulers
