@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,10 @@ private:
 
 // Whole file into memory; throws RuntimeError if it is missing or larger than max_bytes.
 std::vector<uint8_t> read_whole_file(const std::string& path, size_t max_bytes);
+// Calls fn(line, line_number) for every complete line of `f` (1-based numbers, the '\n' removed), read
+// in 4 MiB pieces; returns the offset just past the last newline, where a partial last line (a run
+// killed mid-write) starts.
+uint64_t for_each_line(const FileHandle& f, const std::function<void(const std::string&, int64_t)>& fn);
 std::string read_text_file(const std::string& path, size_t max_bytes);
 
 // Writes to "<path>.tmp.<pid>", then fsync + rename + fsync(dir) on commit(). If destroyed without

@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "ds4r/error.h"
 
@@ -172,6 +174,33 @@ std::string path_join(const std::string& a, const std::string& b) {
     if (a.empty() || (!b.empty() && b[0] == '/')) return b;
     if (a.back() == '/') return a + b;
     return a + "/" + b;
+}
+
+uint64_t for_each_line(const FileHandle& f, const std::function<void(const std::string&, int64_t)>& fn) {
+    const uint64_t size = f.size();
+    std::string chunk(size_t{4} << 20, '\0'), line;
+    uint64_t off = 0, line_start = 0;
+    int64_t line_no = 0;
+    while (off < size) {
+        const size_t n = f.pread_some(chunk.data(),
+                                      static_cast<size_t>(std::min<uint64_t>(chunk.size(), size - off)), off);
+        if (n == 0) break;
+        size_t p = 0;
+        while (p < n) {
+            const void* nl = std::memchr(chunk.data() + p, '\n', n - p);
+            const size_t take =
+                nl ? static_cast<size_t>(static_cast<const char*>(nl) - (chunk.data() + p)) : n - p;
+            line.append(chunk.data() + p, take);
+            p += take;
+            if (!nl) break;
+            ++p;
+            fn(line, ++line_no);
+            line.clear();
+            line_start = off + p;
+        }
+        off += n;
+    }
+    return line_start;
 }
 
 }  // namespace ds4r

@@ -114,30 +114,7 @@ std::string format_hidden(const std::vector<RowRef>& refs) {
 // newline (a partial line: a run killed mid-write, or still running).
 uint64_t for_each_line(const std::string& path, const std::function<void(const std::string&, int64_t)>& fn) {
     FileHandle f(path, O_RDONLY | O_CLOEXEC);
-    const uint64_t size = f.size();
-    std::string chunk(size_t{4} << 20, '\0'), line;
-    uint64_t off = 0, line_start = 0;
-    int64_t line_no = 0;
-    while (off < size) {
-        const size_t n = f.pread_some(chunk.data(),
-                                      static_cast<size_t>(std::min<uint64_t>(chunk.size(), size - off)), off);
-        if (n == 0) break;
-        size_t p = 0;
-        while (p < n) {
-            const void* nl = std::memchr(chunk.data() + p, '\n', n - p);
-            const size_t take =
-                nl ? static_cast<size_t>(static_cast<const char*>(nl) - (chunk.data() + p)) : n - p;
-            line.append(chunk.data() + p, take);
-            p += take;
-            if (!nl) break;
-            ++p;
-            fn(line, ++line_no);
-            line.clear();
-            line_start = off + p;
-        }
-        off += n;
-    }
-    return size - line_start;
+    return f.size() - ds4r::for_each_line(f, fn);
 }
 
 bool same_inode(const std::string& a, const std::string& b) {

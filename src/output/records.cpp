@@ -197,40 +197,23 @@ void ResultWriter::commit_replacing(const std::map<int64_t, std::string>& replac
     // Stream the file into its replacement, swapping the replaced lines, then the new lines.
     FileHandle in(path_, O_RDONLY);
     AtomicFileWriter out(path_);
-    const uint64_t size = in.size();
-    std::string chunk(size_t{4} << 20, '\0'), line, buf;
+    constexpr size_t kFlushBytes = size_t{4} << 20;
+    std::string buf;
     int64_t index = 0;
     size_t seen = 0;
-    auto flush_line = [&]() {
+    const uint64_t complete = for_each_line(in, [&](const std::string& line, int64_t) {
         const bool blank = line.find_first_not_of(" \t\r") == std::string::npos;
         auto it = blank ? replaced.end() : replaced.find(index);
         buf += it == replaced.end() ? line : it->second;
         buf += '\n';
         if (it != replaced.end()) ++seen;
         if (!blank) ++index;
-        line.clear();
-        if (buf.size() >= chunk.size()) {
+        if (buf.size() >= kFlushBytes) {
             out.write(buf);
             buf.clear();
         }
-    };
-    for (uint64_t off = 0; off < size;) {
-        const size_t n = in.pread_some(
-            chunk.data(), static_cast<size_t>(std::min<uint64_t>(chunk.size(), size - off)), off);
-        if (n == 0) break;
-        for (size_t p = 0; p < n;) {
-            const void* nl = std::memchr(chunk.data() + p, '\n', n - p);
-            const size_t take =
-                nl ? static_cast<size_t>(static_cast<const char*>(nl) - (chunk.data() + p)) : n - p;
-            line.append(chunk.data() + p, take);
-            p += take;
-            if (!nl) break;
-            ++p;
-            flush_line();
-        }
-        off += n;
-    }
-    DS4R_CHECK(line.empty(), "%s: ends with a partial line; cannot replace lines", path_.c_str());
+    });
+    DS4R_CHECK(complete == in.size(), "%s: ends with a partial line; cannot replace lines", path_.c_str());
     DS4R_CHECK(seen == replaced.size(), "%s: %zu of the %zu lines to replace are not in the file",
                path_.c_str(), replaced.size() - seen, replaced.size());
     out.write(buf);

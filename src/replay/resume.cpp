@@ -137,32 +137,10 @@ void note_record(ScannedOutput& st, const std::string& line, const std::string& 
 ScannedOutput scan_output(const std::string& path) {
     ScannedOutput st;
     FileHandle f(path, O_RDONLY);
-    const uint64_t size = f.size();
-    std::string chunk(size_t{4} << 20, '\0'), line;
-    uint64_t off = 0, line_start = 0;
-    int64_t line_no = 0;
-    while (off < size) {
-        const size_t n = f.pread_some(chunk.data(),
-                                      static_cast<size_t>(std::min<uint64_t>(chunk.size(), size - off)), off);
-        if (n == 0) break;
-        size_t p = 0;
-        while (p < n) {
-            const void* nl = std::memchr(chunk.data() + p, '\n', n - p);
-            const size_t take =
-                nl ? static_cast<size_t>(static_cast<const char*>(nl) - (chunk.data() + p)) : n - p;
-            line.append(chunk.data() + p, take);
-            p += take;
-            if (!nl) break;
-            ++p;
-            ++line_no;
-            if (line.find_first_not_of(" \t\r") != std::string::npos) note_record(st, line, path, line_no);
-            line.clear();
-            line_start = off + p;
-        }
-        off += n;
-    }
-    st.committed_bytes = line_start;
-    st.file_bytes = size;
+    st.committed_bytes = for_each_line(f, [&](const std::string& line, int64_t line_no) {
+        if (line.find_first_not_of(" \t\r") != std::string::npos) note_record(st, line, path, line_no);
+    });
+    st.file_bytes = f.size();
     return st;
 }
 
