@@ -11,6 +11,7 @@
 
 #include "ds4r/error.h"
 #include "ds4r/input.h"
+#include "ds4r/json_util.h"
 
 namespace ds4r {
 
@@ -35,36 +36,11 @@ bool starts_with_bom(const std::string& s) {
            static_cast<unsigned char>(s[1]) == 0xBB && static_cast<unsigned char>(s[2]) == 0xBF;
 }
 
-// Deepest [ / { nesting outside strings (a cheap bound before parsing: the parsed value's
-// destructor and dump() recurse once per level).
-int max_nesting(const std::string& s) {
-    int depth = 0, deepest = 0;
-    bool in_str = false, esc = false;
-    for (char c : s) {
-        if (in_str) {
-            if (esc)
-                esc = false;
-            else if (c == '\\')
-                esc = true;
-            else if (c == '"')
-                in_str = false;
-            continue;
-        }
-        if (c == '"')
-            in_str = true;
-        else if (c == '[' || c == '{')
-            deepest = std::max(deepest, ++depth);
-        else if ((c == ']' || c == '}') && depth > 0)
-            --depth;
-    }
-    return deepest;
-}
-
 // The id a bad line would have had (for its --skip-bad error record), or "" when none can be read.
 std::string salvage_id(std::string text, int64_t line_no) {
     if (starts_with_bom(text)) text.erase(0, 3);
     if (!text.empty() && text.back() == '\r') text.pop_back();
-    if (max_nesting(text) > InputReader::kMaxNesting) return {};
+    if (json_nesting_depth(text) > InputReader::kMaxNesting) return {};
     json v = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (v.is_array()) return std::to_string(line_no);
     if (v.is_object() && v.contains("id") && (v.at("id").is_string() || v.at("id").is_number_integer()))
@@ -198,7 +174,8 @@ bool InputReader::next(InputRecord& rec, std::string* bad_line_id) {
             "'1s/^\\xEF\\xBB\\xBF//' FILE");
     if (line.back() == '\r')
         fail("the line ends with CRLF; convert the file to LF line ends (e.g. dos2unix FILE)");
-    if (max_nesting(line) > kMaxNesting) fail(strfmt("JSON nested deeper than %d levels", kMaxNesting));
+    if (json_nesting_depth(line) > kMaxNesting)
+        fail(strfmt("JSON nested deeper than %d levels", kMaxNesting));
     json v;
     try {
         v = json::parse(line);

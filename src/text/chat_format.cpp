@@ -361,7 +361,7 @@ std::string render_tool_call(const oj& tc, const std::string& where) {
     // Arguments as a JSON string (also double-encoded) are parsed; anything else that is not an
     // object becomes one parameter "arguments".
     for (int k = 0; k < 2 && args.is_string(); ++k) {
-        if (text::json_nesting_depth(args.get_ref<const std::string&>()) > text::kMaxJsonNesting)
+        if (json_nesting_depth(args.get_ref<const std::string&>()) > text::kMaxJsonNesting)
             fail(where + strfmt(": tool call arguments nested deeper than %d levels", text::kMaxJsonNesting));
         oj parsed = oj::parse(args.get_ref<const std::string&>(), nullptr, false);
         if (parsed.is_discarded()) break;
@@ -540,7 +540,7 @@ std::string render_message(size_t index, const RenderState& st) {
 }  // namespace
 
 std::string render_chat_prompt(std::string_view record_json, const ChatOptions& opt) {
-    if (text::json_nesting_depth(record_json) > text::kMaxJsonNesting)
+    if (json_nesting_depth(record_json) > text::kMaxJsonNesting)
         fail(strfmt("JSON nested deeper than %d levels", text::kMaxJsonNesting));
     oj rec = oj::parse(record_json.begin(), record_json.end(), nullptr, false);
     if (rec.is_discarded()) fail("not valid JSON");

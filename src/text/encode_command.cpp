@@ -134,7 +134,7 @@ std::string dump_line(const oj& v) {
 // Parses one JSONL line; nullopt-like: returns false for blank lines. Throws "<where>what".
 bool parse_line(const std::string& line, const std::string& where, oj& v) {
     if (line.find_first_not_of(" \t") == std::string::npos) return false;
-    if (text::json_nesting_depth(line) > kMaxNesting)
+    if (json_nesting_depth(line) > kMaxNesting)
         throw InputError(where + strfmt("JSON nested deeper than %d levels", kMaxNesting));
     v = oj::parse(line, nullptr, false);
     if (v.is_discarded()) throw InputError(where + "not valid JSON");

@@ -7,15 +7,14 @@
 #include <string>
 #include <string_view>
 
+#include "ds4r/json_util.h"  // json_nesting_depth
+
 namespace ds4r::text {
 
 std::string python_json_dumps(const nlohmann::ordered_json& v);
 // Python's repr(float) (shortest round-trip digits; exponent form below 1e-4 and from 1e16).
 std::string python_float_repr(double d);
 
-// Deepest [ / { nesting outside strings of JSON text: checked before parsing, since copying and
-// dumping a parsed value recurse once per level.
-int json_nesting_depth(std::string_view s);
 constexpr int kMaxJsonNesting = 256;
 
 }  // namespace ds4r::text
