@@ -6,8 +6,8 @@
 #include <sstream>
 
 #include "cli/commands.h"
-#include "cli/io_flags.h"
 #include "cli/global_flags.h"
+#include "cli/io_flags.h"
 #include "ds4r/log.h"
 #include "ds4r/plural.h"
 #include "ds4r/progress.h"
@@ -66,6 +66,12 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
         ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
         ->capture_default_str();
     app->add_option("--device", opt->device, "CUDA device index")->capture_default_str();
+    app->add_option(
+           "--kernels", opt->kernels,
+           "CUDA GEMM kernels: auto (Hopper wgmma on H100/H200, portable elsewhere), portable "
+           "(mma.sync, every GPU), hopper, or hopper-fp8 (fp8 wgmma partials: faster, not bit-identical)")
+        ->check(CLI::IsMember({"auto", "portable", "hopper", "hopper-fp8"}))
+        ->capture_default_str();
     app->add_option("--gpu-memory-gb", opt->gpu_memory_gb,
                     "GPU memory budget in GB (0 = 22, sized for a 24 GB card); never changes results")
         ->check(CLI::NonNegativeNumber);
@@ -109,8 +115,7 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
         if (opt->input == "-" && ::isatty(STDIN_FILENO))
             std::fprintf(stderr, "ds4replay: reading token sequences from stdin (Ctrl-D to end)\n");
         opt->capture_layers = parse_layers(*layers);
-        opt->shard =
-            parse_shard_spec(*shard, *shard_count, scheduler_env);
+        opt->shard = parse_shard_spec(*shard, *shard_count, scheduler_env);
         opt->hidden_mode = *mode == "copies" ? HiddenMode::Copies : HiddenMode::Mean;
         if (opt->chunk_rows == 1) throw InputError("--max-batch-tokens must be 0 (auto) or >= 2");
         // Ctrl-C / SIGTERM: stop at the next layer boundary with nothing half-written (exit 130).
@@ -123,10 +128,9 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
                 std::fprintf(stderr, "ds4replay: interrupted: %s saved; rerun with --resume\n",
                              plural(e.sequences_saved, "sequence").c_str());
             else
-                std::fprintf(
-                    stderr,
-                    "ds4replay: interrupted: %s saved, and the %s; --resume continues from there\n",
-                    plural(e.sequences_saved, "sequence").c_str(), e.pass_saved.c_str());
+                std::fprintf(stderr,
+                             "ds4replay: interrupted: %s saved, and the %s; --resume continues from there\n",
+                             plural(e.sequences_saved, "sequence").c_str(), e.pass_saved.c_str());
             return 130;
         }
         log_info(strfmt("scored %s (%s) in %s on %s in %.2fs (%.0f tokens/s)%s%s",

@@ -512,7 +512,7 @@ ScoreSummary run_score(const ScoreOptions& opt) {
 
     auto engram = load_engram_resources(ckpt, opt.io);
     if (opt.seed_check) check_engram_seeds(cfg);
-    auto be = select_backend(opt.backend, opt.device, opt.gpu_memory_gb);
+    auto be = select_backend(opt.backend, opt.device, opt.gpu_memory_gb, parse_gpu_kernels(opt.kernels));
     log_info("backend: " + be->name());
     manifest.backend = be->name();
 
