@@ -132,10 +132,16 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
         int64_t n, k;
         int proj;
     };
-    // Rows per expert: the chunk's average, and 128 (one tile: small passes, issue 13's second target).
+    // Rows per expert: the chunk's average (M rows), workload (b)'s pass average (b_sequences x b_tokens
+    // routed to n_activated of n_routed experts: ~2,250), and 128 (one tile per expert).
+    const int64_t b_rows = std::max<int64_t>(
+        1, opt.b_sequences * opt.b_tokens * c.n_activated_experts / std::max<int64_t>(1, c.n_routed_experts));
     const Grouped grouped[] = {{"experts w1+w3 fp4 (grouped)", c.moe_inter_dim, c.dim, 2},
                                {"experts w2 fp4 (grouped)", c.dim, c.moe_inter_dim, 1}};
-    for (const int64_t rows : {per_expert, int64_t{128}}) {
+    std::vector<int64_t> rows_cases{per_expert};
+    for (const int64_t r : {b_rows, int64_t{128}})
+        if (std::find(rows_cases.begin(), rows_cases.end(), r) == rows_cases.end()) rows_cases.push_back(r);
+    for (const int64_t rows : rows_cases) {
         for (const Grouped& g : grouped) {
             const double ours = kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it);
             const double ref = kb.cublas_bf16_tflops(rows, g.n, g.k, it);
