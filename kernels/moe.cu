@@ -171,24 +171,6 @@ __global__ void __launch_bounds__(kRouteThreads)
 // ------------------------------------------------------------------ SwiGLU + act quant
 constexpr int kQuantThreads = 256;
 
-// Elements gi * 8 .. gi * 8 + 7 of p (bf16) as f32. kVec: p 16-byte aligned.
-template <bool kVec>
-__device__ __forceinline__ void load_bf16x8_canonical(const uint16_t* p, int64_t gi, float v[8]) {
-    const uint16_t* src = p + gi * 8;
-    if (kVec) {
-        const uint4 a = *reinterpret_cast<const uint4*>(src);
-        const uint32_t w[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            v[2 * i] = __uint_as_float(w[i] << 16);
-            v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = bf16_bits_to_f32(src[i]);
-    }
-}
-
 // One thread per 8 codes (8 elements of one 32-block, in the GEMM fragment order, or in canonical
 // order for kCanonical); 4 lanes per block.
 template <bool kVec, bool kCanonical>
@@ -203,8 +185,8 @@ __global__ void __launch_bounds__(kQuantThreads)
         float gv[8], uv[8];
         // the codes go to the down projection's GEMM in its operand order (quant.cuh Fp8CodeOrder)
         if constexpr (kCanonical) {
-            load_bf16x8_canonical<kVec>(g, gi, gv);
-            load_bf16x8_canonical<kVec>(u, gi, uv);
+            load_bf16x8<kVec>(g + gi * 8, gv);
+            load_bf16x8<kVec>(u + gi * 8, uv);
         } else {
             load_bf16x8_gemm_fragment<kVec>(g, gi, gv);
             load_bf16x8_gemm_fragment<kVec>(u, gi, uv);

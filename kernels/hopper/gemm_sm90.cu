@@ -21,6 +21,7 @@
 // - bf16: acc from +0 (zeroed registers, scale-d 1), wgmma k16 steps in K order, zero-filled K
 //   tails; bf16 (one RNE rounding) or f32 out.
 #include "../common.cuh"
+#include "../gemm_grouped.cuh"
 #include "../gemm_sm90.cuh"
 #include "../gemm_tile.cuh"
 #include "sm90_ptx.cuh"
@@ -96,24 +97,11 @@ struct Cfg {
     static_assert(kBytes <= kSmemLimit, "Hopper allows 227 KB of shared memory per block");
 };
 
-// One output tile's operands (as gemm_tile.cuh's TileJob). Pitches in bytes.
-struct Job {
-    const uint8_t* a;       // A rows: tile row r is A row arow(r) at a + arow(r) * a_pitch
-    const int32_t* a_rows;  // [m_valid] gather list, or null (arow(r) = r)
-    int64_t a_pitch;
-    const uint8_t* sa;  // block-scaled: e8m0 A scales, row arow(r) at sa + arow(r) * sa_pitch
-    int64_t sa_pitch;
-    const uint8_t* b;  // B row n0
-    int64_t b_pitch;
-    const uint8_t* sb;  // fp8: e8m0 [ceil(N / 32), K / 32] base (absolute rows); fp4: row n0 of [N, K / 32]
-    int64_t sb_pitch;
-    int n0;
-    uint8_t* c;  // C at (tile row 0, column n0)
-    int64_t c_pitch;
+// One output tile's operands: gemm_tile.cuh's TileJob (sb: the weight scales' base; fp8 [ceil(N / 32),
+// K / 32], fp4 [N, K / 32], the tile's rows from n0) and two layout facts of the launch.
+struct Job : gemm::TileJob {
     bool c_pairs;      // pairs of adjacent outputs may be stored as one aligned access
     bool scale_words;  // scale rows are 4-byte aligned with K / 32 % 4 == 0: 4-byte async copies
-    int m_valid, n_valid;
-    int k;  // K in elements (block-scaled: multiple of 32; bf16: multiple of 8)
 };
 
 #if defined(DS4R_SM90A_DEVICE)
@@ -194,7 +182,8 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
             sw_row[t] = j.sb + static_cast<int64_t>(j.n0 / 32 + (sw_ok[t] ? r : 0)) * j.sb_pitch;
         } else {
             sw_ok[t] = r < j.n_valid;
-            sw_row[t] = C::kQuant ? j.sb + (sw_ok[t] ? static_cast<int64_t>(r) : 0) * j.sb_pitch : nullptr;
+            sw_row[t] =
+                C::kQuant ? j.sb + (j.n0 + (sw_ok[t] ? static_cast<int64_t>(r) : 0)) * j.sb_pitch : nullptr;
         }
     }
     constexpr int kCprA = C::kABytes / 16, kRpwA = 32 / kCprA;  // chunks per row, rows per warp
@@ -600,7 +589,7 @@ __global__ void __launch_bounds__(kThreads, 1) dense_kernel(const __grid_constan
     j.sa_pitch = p.sa_pitch;
     j.b = p.b + z * p.b_zstride + static_cast<int64_t>(n0) * p.b_pitch;
     j.b_pitch = p.b_pitch;
-    j.sb = C::kOp == Op::Fp4 ? p.sb + static_cast<int64_t>(n0) * p.sb_pitch : p.sb;
+    j.sb = p.sb;
     j.sb_pitch = p.sb_pitch;
     j.n0 = n0;
     j.c = p.c + z * p.c_zstride + static_cast<int64_t>(m0) * p.c_pitch + static_cast<int64_t>(n0) * kOut;
@@ -614,60 +603,15 @@ __global__ void __launch_bounds__(kThreads, 1) dense_kernel(const __grid_constan
 #endif
 }
 
-// The routed experts' grouped GEMM; blockIdx.x: N tile, blockIdx.y: tile of the schedule (relative to
-// the batch's first), blockIdx.z: projection (as gemm.cu's grouped_fp4_kernel).
-struct GroupedParams {
-    const uint8_t* q;                                       // e4m3 [rows, K] (canonical order)
-    const uint8_t* sa;                                      // e8m0 [rows, K / 32]
-    const int32_t* a_rows;                                  // [pairs] or null
-    const int32_t* tile_expert;                             // [max_tiles]
-    const int32_t* tile_start;                              // [max_tiles]
-    const int32_t* tile_begin;                              // [n_experts + 1]
-    const int32_t* expert_end;                              // [n_experts]
-    int64_t a_pitch, sa_pitch, b_pitch, sb_pitch, c_pitch;  // bytes
-    bool c_pairs, scale_words;
-    int N, K;
-    int e_begin, e_end;                       // experts of this launch
-    const uint8_t* w[2][kMaxGroupedExperts];  // packed e2m1 [N, K / 2]
-    const uint8_t* s[2][kMaxGroupedExperts];  // e8m0 [N, K / 32]
-    uint8_t* y[2];                            // bf16 [pairs, N]
-};
-
+// The routed experts' grouped GEMM (gemm_grouped.cuh).
 template <class C>
 __global__ void __launch_bounds__(kThreads, 1) grouped_kernel(const __grid_constant__ GroupedParams p) {
 #if defined(DS4R_SM90A_DEVICE)
     extern __shared__ __align__(1024) uint8_t smem[];
-    const int64_t t = static_cast<int64_t>(p.tile_begin[p.e_begin]) + blockIdx.y;
-    if (t >= p.tile_begin[p.e_end]) return;  // the grid is an upper bound on the tile count
-    const int e = p.tile_expert[t];
-    const int start = p.tile_start[t];
-    const int end = p.expert_end[e];
-    const int z = blockIdx.z;
-    const int n0 = blockIdx.x * C::kBN;
     Job j;
-    if (p.a_rows) {
-        j.a = p.q;
-        j.a_rows = p.a_rows + start;
-        j.sa = p.sa;
-    } else {
-        j.a = p.q + static_cast<int64_t>(start) * p.a_pitch;
-        j.a_rows = nullptr;
-        j.sa = p.sa + static_cast<int64_t>(start) * p.sa_pitch;
-    }
-    j.a_pitch = p.a_pitch;
-    j.sa_pitch = p.sa_pitch;
-    j.b = p.w[z][e - p.e_begin] + static_cast<int64_t>(n0) * p.b_pitch;
-    j.b_pitch = p.b_pitch;
-    j.sb = p.s[z][e - p.e_begin] + static_cast<int64_t>(n0) * p.sb_pitch;
-    j.sb_pitch = p.sb_pitch;
-    j.n0 = n0;
-    j.c = p.y[z] + static_cast<int64_t>(start) * p.c_pitch + static_cast<int64_t>(n0) * 2;
-    j.c_pitch = p.c_pitch;
+    if (!grouped_tile_job<kBM, C::kBN>(p, j)) return;
     j.c_pairs = p.c_pairs;
     j.scale_words = p.scale_words;
-    j.m_valid = min(kBM, end - start);
-    j.n_valid = min(C::kBN, p.N - n0);
-    j.k = p.K;
     tile<C, false>(j, smem);
 #endif
 }
@@ -734,54 +678,9 @@ cudaError_t launch_scaled(const uint8_t* q, const uint8_t* sa, const uint8_t* w,
 template <bool kWiden>
 cudaError_t launch_grouped(const GroupedFp4Gemm& g, cudaStream_t stream) {
     using C = Cfg<Op::Fp4, kWiden>;
-    if (g.K % 32 != 0 || g.K > 0x7fffffffLL || g.N > 0x7fffffffLL || g.n_proj < 1 || g.n_proj > 2 ||
-        !aligned16(g.q) || g.n_experts < 0)
-        return cudaErrorInvalidValue;
-    if (g.n_experts == 0 || g.max_tiles <= 0 || g.N == 0) return cudaSuccess;
-    const int64_t gx = (g.N + C::kBN - 1) / C::kBN;
-    const int64_t rows_tiles = (g.max_rows_per_expert + kBM - 1) / kBM;
-    for (int e0 = 0; e0 < g.n_experts; e0 += kMaxGroupedExperts) {
-        const int e1 = g.n_experts - e0 < kMaxGroupedExperts ? g.n_experts : e0 + kMaxGroupedExperts;
-        GroupedParams p{};
-        p.q = g.q;
-        p.sa = g.sa;
-        p.a_rows = g.a_rows;
-        p.tile_expert = g.tile_expert;
-        p.tile_start = g.tile_start;
-        p.tile_begin = g.tile_begin;
-        p.expert_end = g.expert_end;
-        p.a_pitch = g.K;
-        p.sa_pitch = g.K / 32;
-        p.b_pitch = g.K / 2;
-        p.sb_pitch = g.K / 32;
-        p.c_pitch = g.N * 2;
-        p.N = static_cast<int>(g.N);
-        p.K = static_cast<int>(g.K);
-        p.e_begin = e0;
-        p.e_end = e1;
-        bool pairs = p.c_pitch % 4 == 0, words = (g.K / 32) % 4 == 0 && aligned4(g.sa);
-        for (int z = 0; z < g.n_proj; ++z) {
-            for (int e = e0; e < e1; ++e) {
-                p.w[z][e - e0] = g.w[z][e];
-                p.s[z][e - e0] = g.s[z][e];
-                if (!aligned16(g.w[z][e])) return cudaErrorInvalidValue;
-                words = words && aligned4(g.s[z][e]);
-            }
-            p.y[z] = reinterpret_cast<uint8_t*>(g.y[z]);
-            pairs = pairs && reinterpret_cast<uintptr_t>(g.y[z]) % 4 == 0;
-        }
-        p.c_pairs = pairs;
-        p.scale_words = words;
-        const int64_t batch_bound = static_cast<int64_t>(e1 - e0) * rows_tiles;
-        const int64_t gy = g.max_tiles < batch_bound ? g.max_tiles : batch_bound;
-        if (gy <= 0) continue;
-        if (gy > 65535 || gx > 0x7fffffffLL) return cudaErrorInvalidValue;
-        const cudaError_t err = launch<C, grouped_kernel<C>>(
-            p, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(g.n_proj)),
-            stream);
-        if (err != cudaSuccess) return err;
-    }
-    return cudaSuccess;
+    return for_each_grouped_batch(g, kBM, C::kBN, [&](int e0, int e1, dim3 grid) {
+        return launch<C, grouped_kernel<C>>(grouped_params(g, e0, e1), grid, stream);
+    });
 }
 
 }  // namespace
