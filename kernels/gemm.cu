@@ -7,7 +7,7 @@
 // both (gemm_tile.cuh NUMERICS; tests/cuda/cuda_gemm_paths_test.cpp checks it bitwise against the
 // reference kernels of tests/cuda/testkit/gemm_oracle.cu).
 #include "gemm.cuh"
-#include "gemm_grouped.cuh"
+#include "gemm_params.cuh"
 #include "gemm_tile.cuh"
 
 namespace ds4r::kern {
@@ -37,23 +37,6 @@ using Fp4Grouped = Fp4Small;
 static_assert(Fp4Grouped::kBM == 128, "the MoE routing plan (moe.cuh) lists 128-row tiles");
 
 constexpr int kSmallM = 128;  // problems with at most this many rows use the 128 x 128 tiles
-constexpr int kGroupM = 8;    // tile raster: 8 M tiles sweep the N tiles together (L2 reuse of B)
-
-// One problem (or `groups` same-shape problems along grid.z). Pitches / strides in bytes.
-struct GemmParams {
-    const uint8_t* a;  // A [M, K]
-    int64_t a_pitch, a_zstride;
-    const uint8_t* sa;  // block-scaled: A scales [M, K / 32]
-    int64_t sa_pitch;
-    const uint8_t* b;  // W [N, K]
-    int64_t b_pitch, b_zstride;
-    const uint8_t* sb;  // block-scaled: W scales
-    int64_t sb_pitch;
-    uint8_t* c;  // C [M, N]
-    int64_t c_pitch, c_zstride;
-    int M, N, K;
-    int tiles_m, tiles_n;
-};
 
 template <class C>
 constexpr int min_blocks() {
@@ -64,36 +47,12 @@ template <class C>
 __global__ void __launch_bounds__(C::kThreads, min_blocks<C>())
     gemm_kernel(const __grid_constant__ GemmParams p) {
     extern __shared__ __align__(128) uint8_t smem[];
-    // grouped raster: consecutive blocks walk kGroupM M tiles, then the next N tile
-    const int pid = static_cast<int>(blockIdx.x);
-    const int per_group = kGroupM * p.tiles_n;
-    const int first_m = (pid / per_group) * kGroupM;
-    const int size_m = min(p.tiles_m - first_m, kGroupM);
-    const int in_group = pid % per_group;
-    const int m0 = (first_m + in_group % size_m) * C::kBM;
-    const int n0 = (in_group / size_m) * C::kBN;
-    const int64_t z = blockIdx.z;
     TileJob j;
-    j.a = p.a + z * p.a_zstride + static_cast<int64_t>(m0) * p.a_pitch;
-    j.a_rows = nullptr;
-    j.a_pitch = p.a_pitch;
-    j.sa = p.sa ? p.sa + static_cast<int64_t>(m0) * p.sa_pitch : nullptr;
-    j.sa_pitch = p.sa_pitch;
-    j.b = p.b + z * p.b_zstride + static_cast<int64_t>(n0) * p.b_pitch;
-    j.b_pitch = p.b_pitch;
-    j.sb = p.sb;
-    j.sb_pitch = p.sb_pitch;
-    j.n0 = n0;
-    j.c = p.c + z * p.c_zstride + static_cast<int64_t>(m0) * p.c_pitch +
-          static_cast<int64_t>(n0) * (C::kOutF32 ? 4 : 2);
-    j.c_pitch = p.c_pitch;
-    j.m_valid = min(C::kBM, p.M - m0);
-    j.n_valid = min(C::kBN, p.N - n0);
-    j.k = p.K;
+    dense_tile_job<C::kBM, C::kBN, C::kOutF32 ? 4 : 2>(p, j);
     gemm::gemm_tile<C>(j, smem);
 }
 
-// The routed experts' grouped GEMM (gemm_grouped.cuh).
+// The routed experts' grouped GEMM (gemm_params.cuh).
 __global__ void __launch_bounds__(Fp4Grouped::kThreads, min_blocks<Fp4Grouped>())
     grouped_fp4_kernel(const __grid_constant__ GroupedParams p) {
     extern __shared__ __align__(128) uint8_t smem[];
@@ -158,20 +117,7 @@ cudaError_t launch_gemm_bf16(const uint16_t* x, int64_t lda, int64_t x_goff, con
                              int64_t w_goff, void* y, bool y_f32, int64_t ldc, int64_t y_goff, int64_t M,
                              int64_t N, int64_t K, int64_t groups, cudaStream_t stream) {
     if (!gemm_bf16_supported(x, lda, x_goff, w, ldw, w_goff, K)) return cudaErrorInvalidValue;
-    const int64_t yb = y_f32 ? 4 : 2;
-    GemmParams p{};
-    p.a = reinterpret_cast<const uint8_t*>(x);
-    p.a_pitch = lda * 2;
-    p.a_zstride = x_goff * 2;
-    p.b = reinterpret_cast<const uint8_t*>(w);
-    p.b_pitch = ldw * 2;
-    p.b_zstride = w_goff * 2;
-    p.c = static_cast<uint8_t*>(y);
-    p.c_pitch = ldc * yb;
-    p.c_zstride = y_goff * yb;
-    p.M = static_cast<int>(M);
-    p.N = static_cast<int>(N);
-    p.K = static_cast<int>(K);
+    const GemmParams p = bf16_params(x, lda, x_goff, w, ldw, w_goff, y, y_f32, ldc, y_goff, M, N, K);
     if (y_f32) return launch_by_rows<Bf16Big<true>, Bf16Small<true>>(p, M, N, groups, stream);
     return launch_by_rows<Bf16Big<false>, Bf16Small<false>>(p, M, N, groups, stream);
 }
@@ -181,21 +127,7 @@ template <BKind kB>
 cudaError_t launch_scaled(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
                           uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
     if (K % 32 != 0 || K > 0x7fffffffLL || !aligned16(q) || !aligned16(w)) return cudaErrorInvalidValue;
-    const int64_t KB = K / 32;
-    GemmParams p{};
-    p.a = q;
-    p.a_pitch = K;
-    p.sa = sa;
-    p.sa_pitch = KB;
-    p.b = w;
-    p.b_pitch = kB == BKind::E2M1 ? K / 2 : K;
-    p.sb = sw;
-    p.sb_pitch = KB;
-    p.c = reinterpret_cast<uint8_t*>(y);
-    p.c_pitch = ldc * 2;
-    p.M = static_cast<int>(M);
-    p.N = static_cast<int>(N);
-    p.K = static_cast<int>(K);
+    const GemmParams p = scaled_params(q, sa, w, sw, kB == BKind::E2M1, y, ldc, M, N, K);
     if constexpr (kB == BKind::E4M3) return launch_by_rows<Fp8Big, Fp8Small>(p, M, N, 1, stream);
     return launch_by_rows<Fp4Big, Fp4Small>(p, M, N, 1, stream);
 }

@@ -21,7 +21,7 @@
 // - bf16: acc from +0 (zeroed registers, scale-d 1), wgmma k16 steps in K order, zero-filled K
 //   tails; bf16 (one RNE rounding) or f32 out.
 #include "../common.cuh"
-#include "../gemm_grouped.cuh"
+#include "../gemm_params.cuh"
 #include "../gemm_sm90.cuh"
 #include "../gemm_tile.cuh"
 #include "sm90_ptx.cuh"
@@ -550,60 +550,20 @@ __device__ __forceinline__ void tile(const Job& j, uint8_t* smem) {
 #endif  // DS4R_SM90A_DEVICE
 
 // ------------------------------------------------------------------ kernels
-constexpr int kGroupM = 8;  // tile raster: 8 M tiles sweep the N tiles together (L2 reuse of B)
-
-struct DenseParams {
-    const uint8_t* a;  // A [M, K] (+ z * a_zstride)
-    int64_t a_pitch, a_zstride;
-    const uint8_t* sa;  // block-scaled: e8m0 [M, K / 32]
-    int64_t sa_pitch;
-    const uint8_t* b;  // W [N, K] (+ z * b_zstride)
-    int64_t b_pitch, b_zstride;
-    const uint8_t* sb;  // block-scaled: e8m0 W scales
-    int64_t sb_pitch;
-    uint8_t* c;  // C [M, N] (+ z * c_zstride)
-    int64_t c_pitch, c_zstride;
-    bool c_pairs, scale_words;
-    int M, N, K;
-    int tiles_m, tiles_n;
-};
 
 template <class C, bool kOutF32>
-__global__ void __launch_bounds__(kThreads, 1) dense_kernel(const __grid_constant__ DenseParams p) {
+__global__ void __launch_bounds__(kThreads, 1) dense_kernel(const __grid_constant__ GemmParams p) {
 #if defined(DS4R_SM90A_DEVICE)
     extern __shared__ __align__(1024) uint8_t smem[];
-    const int pid = static_cast<int>(blockIdx.x);
-    const int per_group = kGroupM * p.tiles_n;
-    const int first_m = (pid / per_group) * kGroupM;
-    const int size_m = min(p.tiles_m - first_m, kGroupM);
-    const int in_group = pid % per_group;
-    const int m0 = (first_m + in_group % size_m) * kBM;
-    const int n0 = (in_group / size_m) * C::kBN;
-    const int64_t z = blockIdx.z;
-    constexpr int kOut = kOutF32 ? 4 : 2;
     Job j;
-    j.a = p.a + z * p.a_zstride + static_cast<int64_t>(m0) * p.a_pitch;
-    j.a_rows = nullptr;
-    j.a_pitch = p.a_pitch;
-    j.sa = p.sa ? p.sa + static_cast<int64_t>(m0) * p.sa_pitch : nullptr;
-    j.sa_pitch = p.sa_pitch;
-    j.b = p.b + z * p.b_zstride + static_cast<int64_t>(n0) * p.b_pitch;
-    j.b_pitch = p.b_pitch;
-    j.sb = p.sb;
-    j.sb_pitch = p.sb_pitch;
-    j.n0 = n0;
-    j.c = p.c + z * p.c_zstride + static_cast<int64_t>(m0) * p.c_pitch + static_cast<int64_t>(n0) * kOut;
-    j.c_pitch = p.c_pitch;
+    dense_tile_job<kBM, C::kBN, kOutF32 ? 4 : 2>(p, j);
     j.c_pairs = p.c_pairs;
     j.scale_words = p.scale_words;
-    j.m_valid = min(kBM, p.M - m0);
-    j.n_valid = min(C::kBN, p.N - n0);
-    j.k = p.K;
     tile<C, kOutF32>(j, smem);
 #endif
 }
 
-// The routed experts' grouped GEMM (gemm_grouped.cuh).
+// The routed experts' grouped GEMM (gemm_params.cuh).
 template <class C>
 __global__ void __launch_bounds__(kThreads, 1) grouped_kernel(const __grid_constant__ GroupedParams p) {
 #if defined(DS4R_SM90A_DEVICE)
@@ -619,9 +579,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_kernel(const __grid_const
 bool aligned16(const void* p) {
     return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
-bool aligned4(const void* p) {
-    return reinterpret_cast<uintptr_t>(p) % 4 == 0;
-}
 
 // One instantiation (and one static attribute call) per kernel.
 template <class C, auto kKernel, class Params>
@@ -634,7 +591,7 @@ cudaError_t launch(const Params& p, dim3 grid, cudaStream_t stream) {
 }
 
 template <class C, bool kOutF32>
-cudaError_t launch_dense(DenseParams p, int64_t M, int64_t N, int64_t groups, cudaStream_t stream) {
+cudaError_t launch_dense(GemmParams p, int64_t M, int64_t N, int64_t groups, cudaStream_t stream) {
     if (M == 0 || N == 0 || groups == 0) return cudaSuccess;
     const int64_t gn = (N + C::kBN - 1) / C::kBN, gm = (M + kBM - 1) / kBM;
     if (gn * gm > 0x7fffffffLL || groups > 65535 || M > 0x7fffffffLL || N > 0x7fffffffLL)
@@ -647,31 +604,11 @@ cudaError_t launch_dense(DenseParams p, int64_t M, int64_t N, int64_t groups, cu
         p, dim3(static_cast<unsigned>(gm * gn), 1, static_cast<unsigned>(groups)), stream);
 }
 
-// Stores of two adjacent outputs at once need the row pitch and base aligned to the pair.
-bool pairs_aligned(const void* c, int64_t c_pitch_bytes, int64_t z_stride_bytes, int out_bytes) {
-    const int64_t pair = 2 * out_bytes;
-    return reinterpret_cast<uintptr_t>(c) % pair == 0 && c_pitch_bytes % pair == 0 &&
-           z_stride_bytes % pair == 0;
-}
-
 template <Op kOp, bool kWiden>
 cudaError_t launch_scaled(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
                           uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
     if (K % 32 != 0 || K > 0x7fffffffLL || !aligned16(q) || !aligned16(w)) return cudaErrorInvalidValue;
-    DenseParams p{};
-    p.a = q;
-    p.a_pitch = K;
-    p.sa = sa;
-    p.sa_pitch = K / 32;
-    p.b = w;
-    p.b_pitch = kOp == Op::Fp4 ? K / 2 : K;
-    p.sb = sw;
-    p.sb_pitch = K / 32;
-    p.c = reinterpret_cast<uint8_t*>(y);
-    p.c_pitch = ldc * 2;
-    p.c_pairs = pairs_aligned(y, p.c_pitch, 0, 2);
-    p.scale_words = (K / 32) % 4 == 0 && aligned4(sa) && aligned4(sw);
-    p.K = static_cast<int>(K);
+    const GemmParams p = scaled_params(q, sa, w, sw, kOp == Op::Fp4, y, ldc, M, N, K);
     return launch_dense<Cfg<kOp, kWiden>, false>(p, M, N, 1, stream);
 }
 
@@ -698,19 +635,7 @@ cudaError_t launch_gemm_bf16_sm90(const uint16_t* x, int64_t lda, int64_t x_goff
                                   int64_t y_goff, int64_t M, int64_t N, int64_t K, int64_t groups,
                                   cudaStream_t stream) {
     if (!gemm_bf16_supported(x, lda, x_goff, w, ldw, w_goff, K)) return cudaErrorInvalidValue;
-    const int64_t yb = y_f32 ? 4 : 2;
-    DenseParams p{};
-    p.a = reinterpret_cast<const uint8_t*>(x);
-    p.a_pitch = lda * 2;
-    p.a_zstride = x_goff * 2;
-    p.b = reinterpret_cast<const uint8_t*>(w);
-    p.b_pitch = ldw * 2;
-    p.b_zstride = w_goff * 2;
-    p.c = static_cast<uint8_t*>(y);
-    p.c_pitch = ldc * yb;
-    p.c_zstride = y_goff * yb;
-    p.c_pairs = pairs_aligned(y, p.c_pitch, p.c_zstride, static_cast<int>(yb));
-    p.K = static_cast<int>(K);
+    const GemmParams p = bf16_params(x, lda, x_goff, w, ldw, w_goff, y, y_f32, ldc, y_goff, M, N, K);
     using C = Cfg<Op::Bf16, false, 256>;
     if (y_f32) return launch_dense<C, true>(p, M, N, groups, stream);
     return launch_dense<C, false>(p, M, N, groups, stream);
