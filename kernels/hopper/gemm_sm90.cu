@@ -442,23 +442,20 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
             promote<C>(acc, P, stage_of(g), q0 + q, q0, r0, lane);
             if (q == C::kKb - 1 || g == KB - 1) mbar_arrive(bars.empty(i % C::kStages));
         };
-        if (KB > 0) issue(PA, 0);
+        // Pairs of blocks: both wgmmas in flight, the first one's promotion overlapping the second's
+        // wgmma. (Keeping a wgmma in flight across the loop's back edge instead makes ptxas serialize
+        // every wgmma: its C7514 advisory, checked by scripts/gpu_hopper.sh's build log.)
         for (int g = 0; g < KB; g += 2) {
+            issue(PA, g);
             if (g + 1 < KB) {
                 issue(PB, g + 1);
                 wgmma_wait<1>();
+                finish(PA, g);
+                wgmma_wait<0>();
+                finish(PB, g + 1);
             } else {
                 wgmma_wait<0>();
-            }
-            finish(PA, g);
-            if (g + 1 < KB) {
-                if (g + 2 < KB) {
-                    issue(PA, g + 2);
-                    wgmma_wait<1>();
-                } else {
-                    wgmma_wait<0>();
-                }
-                finish(PB, g + 1);
+                finish(PA, g);
             }
         }
     } else {
