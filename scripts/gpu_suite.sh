@@ -3,7 +3,8 @@
 # golden tests on the GPU, selftest, and compute-sanitizer memcheck/racecheck on the kernel tests.
 # Logs go to $OUT (or ./gpu-out). Usage: scripts/gpu_suite.sh [quick|full|gpu]
 # On compute capability 9.0 the CUDA tests run twice: Hopper kernels (auto) and DS4R_TEST_KERNELS=portable.
-# DS4R_SANITIZER_FILTER narrows the compute-sanitizer runs (gtest filter; default every Cuda* test but golden).
+# DS4R_SANITIZER_FILTER narrows the compute-sanitizer runs (gtest filter; default every Cuda* test but golden),
+# DS4R_PORTABLE_FILTER the portable rerun (default all).
 # (gpu: everything of full but the CPU unit and golden suites, which are CI's job).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +35,7 @@ run() {  # name, command...
 run cuda_tests ./tests/ds4r_cuda_tests
 # On an H100 / H200 the run above used the Hopper wgmma kernels (--kernels auto); the portable ones too:
 if nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | grep -q '^9\.0'; then
-  DS4R_TEST_KERNELS=portable run cuda_tests_portable ./tests/ds4r_cuda_tests
+  DS4R_TEST_KERNELS=portable run cuda_tests_portable ./tests/ds4r_cuda_tests --gtest_filter="${DS4R_PORTABLE_FILTER:-*}"
 fi
 run selftest ./ds4replay selftest --backend cuda
 if [ "$MODE" != quick ]; then
