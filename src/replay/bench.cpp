@@ -280,9 +280,8 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
     std::string how;
     const double projected = project_40(
         ck, timings, [&](size_t i) { return timings[i].wait_s + timings[i].compute_s; }, &how);
-    const double host_per_token =
-        static_cast<double>(c.hc_mult * c.dim * 2 + c.hc_mult * 4 +
-                            static_cast<int64_t>(c.engram_layer_ids.size()) * c.engram_hash_cols() * 8);
+    // At most, as `score` sizes passes (with --engram-next-pass's share).
+    const double host_per_token = static_cast<double>(pass_host_bytes_per_token(c, opt.io.engram_next_pass));
     std::fprintf(
         out,
         "  total %.2f s, %.0f tokens/s; %.2f s per layer (overlap wall/max(read,upload,compute) %.2f); "
@@ -304,11 +303,12 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
                      ? 100.0 * static_cast<double>(st.bytes_read_direct) / static_cast<double>(st.bytes_read)
                      : 0.0,
                  opt.prefetch ? po.read_threads : 1);
-    std::fprintf(out,
-                 "  GPU memory high-water %.2f GB (weights slots %.2f GB); host state %.1f KB/token + %.2f "
-                 "GB pinned staging\n",
-                 gpu_hw / 1e9, static_cast<double>(st.device_bytes) / 1e9, host_per_token / 1024,
-                 static_cast<double>(st.host_bytes) / 1e9);
+    std::fprintf(
+        out,
+        "  GPU memory high-water %.2f GB (weights slots %.2f GB); host state <= %.1f KB/token + %.2f "
+        "GB pinned staging\n",
+        gpu_hw / 1e9, static_cast<double>(st.device_bytes) / 1e9, host_per_token / 1024,
+        static_cast<double>(st.host_bytes) / 1e9);
     if (profiling_enabled()) {
         auto prof = be.profile_totals();
         std::sort(prof.begin(), prof.end(), [](const auto& a, const auto& b) { return a.second > b.second; });

@@ -27,7 +27,7 @@ DiskRates bench_measure_disk(const Checkpoint& ck, double seconds, const IoSetti
     const PrefetchOptions po = prefetch_options(io);
     d = measure_disk(path, seconds, {po.read_request_bytes, po.read_threads});
     std::fprintf(out,
-                 "\ndisk (%s, %.1f GB, %s): sequential %.0f MB/s (%.0f MiB reads, %d in flight: the weight "
+                 "\ndisk (%s, %.1f GB, %s): sequential %.0f MB/s (%.4g MiB reads, %d in flight: the weight "
                  "reader's); random 4 KiB reads/s: %.0f at QD 1, %.0f at QD 32, %.0f at QD 256 (%s)\n",
                  path.c_str(), best / 1e9, d.direct ? "O_DIRECT" : "buffered: page cache, not the disk",
                  d.seq_mb_s, d.seq_request_bytes / 1048576.0, d.seq_in_flight, d.iops_qd1, d.iops_qd32,
@@ -64,10 +64,11 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
         csv("engram_stall_s", eg.wait_s, "s");
     }
     if (eg.next_pass_gathers > 0)
-        std::fprintf(out,
-                     "  next-pass gathers (--engram-next-pass): %llu passes' rows gathered during the pass "
-                     "before; %llu tables' rows all in when their pass began\n",
-                     (unsigned long long)eg.next_pass_gathers, (unsigned long long)eg.tables_ready_at_start);
+        std::fprintf(
+            out,
+            "  next-pass gathers (--engram-next-pass): passes whose rows were gathered during the pass "
+            "before %llu; tables whose rows were all in when their pass began %llu\n",
+            (unsigned long long)eg.next_pass_gathers, (unsigned long long)eg.tables_ready_at_start);
     csv("engram_next_pass_gathers", static_cast<double>(eg.next_pass_gathers), "passes");
     csv("engram_tables_ready_at_start", static_cast<double>(eg.tables_ready_at_start), "tables");
     // The disk's busy time: each is the union of the intervals with a request of that kind in flight
@@ -112,12 +113,13 @@ int64_t workload_d_sequences(const ModelConfig& cfg, double host_gb, int64_t tok
     const double budget = host_gb > 0 ? host_gb * 1e9 : avail / 2;
     const int64_t seqs =
         std::max<int64_t>(1, static_cast<int64_t>(budget / static_cast<double>(per_token * tokens_per_seq)));
-    std::fprintf(out,
-                 "\nworkload d: %lld x %lld tokens = %.2f GB of host state at %.1f KB per token (%s %.1f GB; "
-                 "MemAvailable %.1f GB)\n",
-                 (long long)seqs, (long long)tokens_per_seq,
-                 static_cast<double>(seqs * tokens_per_seq * per_token) / 1e9, per_token / 1024.0,
-                 host_gb > 0 ? "--d-host-gb" : "half of MemAvailable:", budget / 1e9, avail / 1e9);
+    std::fprintf(
+        out,
+        "\nworkload d sized: %lld x %lld tokens = %.2f GB of host state at %.1f KB per token (%s %.1f GB; "
+        "MemAvailable %.1f GB)\n",
+        (long long)seqs, (long long)tokens_per_seq,
+        static_cast<double>(seqs * tokens_per_seq * per_token) / 1e9, per_token / 1024.0,
+        host_gb > 0 ? "--d-host-gb" : "half of MemAvailable:", budget / 1e9, avail / 1e9);
     return seqs;
 }
 
