@@ -211,12 +211,14 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
     std::vector<LayerTiming> timings;
     double wall = 0, wall_all = 0;
     size_t first_record = 0;  // the last pass's first LayerLoadRecord
+    double stall_before = 0;  // Engram stall of the passes before the last
     for (int p = 0; p < passes; ++p) {
         std::vector<std::vector<int32_t>> next;
         if (p + 1 < passes) next = make_sequences(w, c.vocab_size, opt.seed + static_cast<uint64_t>(p) + 1);
         runner.set_next_pass(next);
         timings.clear();
         first_record = ws->stats().layers.size();
+        stall_before = runner.engram_stats().wait_s;
         const double t0 = now_s();
         runner.run(seqs, nullptr, [&](const LayerTiming& t) { timings.push_back(t); });
         wall = now_s() - t0;
@@ -325,7 +327,8 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
     const BenchCsvRow row = [&](const std::string& n, double v, const std::string& u) {
         csv.row("workload_" + w.name, n, -1, total, 0, 0, 0, v, u);
     };
-    bench_report_io(ck, timings, st, runner.engram_stats(), wall_all, disk, out, row);
+    const EngramGatherStats eg = runner.engram_stats();
+    bench_report_io(ck, timings, st, eg, eg.wait_s - stall_before, wall_all, disk, out, row);
     if (w.name == "d") {
         // What bounds a 40-layer pass of this size: the projection by role of the read and compute times.
         PassBoundInputs pb;

@@ -40,8 +40,8 @@ DiskRates bench_measure_disk(const Checkpoint& ck, double seconds, const IoSetti
 }
 
 void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timings,
-                     const WeightSourceStats& ws, const EngramGatherStats& eg, double wall,
-                     const DiskRates& disk, std::FILE* out, const BenchCsvRow& csv) {
+                     const WeightSourceStats& ws, const EngramGatherStats& eg, double last_pass_stall_s,
+                     double wall, const DiskRates& disk, std::FILE* out, const BenchCsvRow& csv) {
     const auto& roles = ck.roles();
     const double w_mb_s = ws.read_seconds > 0 ? ws.bytes_read / 1e6 / ws.read_seconds : 0;
     std::fprintf(out, "  weights: %.0f MB/s while reading (%s of the disk's sequential rate)\n", w_mb_s,
@@ -54,14 +54,16 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
             out,
             "  Engram gather (%s): %llu lookups -> %llu distinct rows, %llu requests, %.2f GB in %.2f s "
             "busy: %.0f rows/s, %.0f IOPS (%s of the disk's best random rate); scales loaded %.2f GB in "
-            "%.2f s; stall %.2f s\n",
+            "%.2f s; stall %.2f s (last pass %.2f s)\n",
             eg.engine.c_str(), (unsigned long long)eg.lookups, (unsigned long long)eg.unique_rows,
             (unsigned long long)eg.read_requests, eg.bytes_read / 1e9, eg.busy_s, rows_s, iops,
-            frac(iops, disk.best_iops()).c_str(), eg.scale_bytes_loaded / 1e9, eg.scale_load_s, eg.wait_s);
+            frac(iops, disk.best_iops()).c_str(), eg.scale_bytes_loaded / 1e9, eg.scale_load_s, eg.wait_s,
+            last_pass_stall_s);
         csv("engram_rows_per_s", rows_s, "rows/s");
         csv("engram_iops", iops, "reads/s");
         csv("engram_busy_s", eg.busy_s, "s");
-        csv("engram_stall_s", eg.wait_s, "s");
+        csv("engram_stall_s", last_pass_stall_s, "s");  // the last pass's
+        csv("engram_stall_all_passes_s", eg.wait_s, "s");
     }
     if (eg.next_pass_gathers > 0)
         std::fprintf(

@@ -27,9 +27,10 @@ DiskRates bench_measure_disk(const Checkpoint& ck, double seconds, const IoSetti
 
 // After a workload: weight read rate vs the disk's sequential rate, gather rows/s and IOPS vs its best
 // random rate, disk busy time (weights vs Engram rows), and the wall of Engram layers vs the others.
+// timings: the last pass's; eg, ws and wall: every pass's; last_pass_stall_s: the last pass's Engram stall.
 void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timings,
-                     const WeightSourceStats& ws, const EngramGatherStats& eg, double wall,
-                     const DiskRates& disk, std::FILE* out, const BenchCsvRow& csv);
+                     const WeightSourceStats& ws, const EngramGatherStats& eg, double last_pass_stall_s,
+                     double wall, const DiskRates& disk, std::FILE* out, const BenchCsvRow& csv);
 
 // Workload d's sequences of `tokens_per_seq`: the largest pass whose host state (pass_host_bytes_per_token
 // with io.engram_next_pass) fits in host_gb x 1e9 bytes, or in half of MemAvailable when host_gb <= 0 (as
