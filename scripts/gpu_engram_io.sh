@@ -60,7 +60,8 @@ run_bench next "$B_SEQ" 2 1 --engram-next-pass auto
 run_bench nonext "$B_SEQ" 1 0 --engram-next-pass off
 run_bench small "$B_SEQ_SMALL" 2 0 --engram-next-pass auto
 
-# Byte identity on the dense tables: a few sequences through both engines (weights through the page cache).
+# Byte identity on the dense tables: 6 sequences in 3 passes, next-pass gather on / off / the mmap engine
+# (weights through the page cache).
 python3 - "$OUT/tokens.jsonl" <<'PY'
 import json, random, sys
 r = random.Random(7)

@@ -107,7 +107,7 @@ public:
     void read_rows(EngramRowSet& set, EngramGatherStats& st, const std::atomic<bool>* stop = nullptr) const;
     // Convenience: out[i * head_dim + d] = bf16 bits of row ids[i] (any order, repeats allowed).
     void gather_bf16(const int64_t* ids, size_t n, uint16_t* out) const;
-    // The engine the next read_rows will use ("io_uring, 64 in flight", "pread, 64 threads", ...).
+    // The engine the next read_rows will use ("io_uring, 256 in flight", "pread, 64 threads", ...).
     std::string engine() const;
 
 private:
