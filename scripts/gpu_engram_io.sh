@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Issue 14 on the H200 machine: the Engram gather and the weight reads on DENSE data, page cache out of
 # the way. Builds build-gpu (-j16, sm_90), writes a full-width checkpoint with --layers $LAYERS (7.4 GB
-# per layer) and one dense Engram table of $ENGRAM_ROWS rows (264 B per row: 90M rows = 23.8 GB; total
-# ~42 GB, under 45 GB of the 64 GB disk), then, each after dropping the page cache (root):
-#   1. bench workload b with O_DIRECT weights and the new gather (--engram-io auto), with the disk
-#      measurements (sequential O_DIRECT MB/s; random 4 KiB reads/s at QD 1, 32, 256);
-#   2. the same with the earlier engine (--engram-io mmap --engram-scales disk: page faults, rows and
-#      scales each a random read);
-#   3. score of a few sequences with --engram-io auto and mmap: the output bytes must be identical.
+# per layer) and one dense Engram table of $ENGRAM_ROWS rows (264 B per row: 40M rows = 10.6 GB), then,
+# each after dropping the page cache (root):
+#   1. bench workload b, 2 passes, O_DIRECT weights, the gather at its default queue depth (256) with
+#      --engram-next-pass auto (pass 2's rows gathered during pass 1), with the disk measurements first
+#      (sequential O_DIRECT MB/s with the weight reader's requests; random 4 KiB reads/s at QD 1, 32, 256):
+#      pass 2's Engram layer wall vs the other layer, the gather's IOPS vs the disk's best, weight MB/s vs
+#      the disk's sequential rate, the disk's busy time split;
+#   2. the same with --engram-next-pass off, 1 pass (the gather inside its own pass, for comparison);
+#   3. SMALL: b with $B_SEQ_SMALL sequences, 2 passes, next pass auto: a pass whose gather fits behind
+#      the pass before (on 2 layers a full-size pass has only its head and layer 0 to hide pass 2's gather);
+#   4. score of a few sequences in several passes with --engram-next-pass on, off and --engram-io mmap:
+#      the output bytes must be identical.
 # Logs in $OUT; a short table last. Meant to finish in ~8 minutes (each bench run is capped by BENCH_TIMEOUT).
 #   OUT=/tmp/out scripts/gpu_engram_io.sh
 set -uo pipefail
@@ -16,10 +21,11 @@ OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 MODEL="${DS4R_ENGRAM_MODEL:-/tmp/ds4r-engram-dense}"
 LAYERS="${LAYERS:-2}"
-ENGRAM_ROWS="${ENGRAM_ROWS:-90000000}"
+ENGRAM_ROWS="${ENGRAM_ROWS:-40000000}"
 B_SEQ="${B_SEQ:-80}"
 B_TOK="${B_TOK:-1800}"
-BENCH_TIMEOUT="${BENCH_TIMEOUT:-150}"
+B_SEQ_SMALL="${B_SEQ_SMALL:-16}"
+BENCH_TIMEOUT="${BENCH_TIMEOUT:-130}"
 export PATH=/usr/local/cuda/bin:$PATH
 T0=$(date +%s)
 stamp() { echo "== $1 ($(( $(date +%s) - T0 ))s)"; }
@@ -40,49 +46,64 @@ fi
 stamp "make-tiny: $(du -sh --apparent-size "$MODEL" | cut -f1) apparent, $(du -sh "$MODEL" | cut -f1) on disk, $(df -h --output=avail "$MODEL" | tail -1) free"
 "$BIN" inspect --model "$MODEL" --pass-tokens $(( B_SEQ * B_TOK )) > "$OUT/inspect.txt" 2>&1
 
-run_bench() {  # NAME ENGRAM_IO DISK_SECONDS ENGRAM_SCALES
+run_bench() {  # NAME B_SEQUENCES PASSES DISK_SECONDS EXTRA_FLAGS...
+  local name=$1 seqs=$2 passes=$3 disk=$4
+  shift 4
   drop_caches
-  timeout "$BENCH_TIMEOUT" "$BIN" bench --model "$MODEL" --workloads b --b-sequences "$B_SEQ" --b-tokens "$B_TOK" \
-    --io direct --engram-io "$2" --disk-seconds "$3" --engram-scales "$4" --csv "$OUT/bench_$1.csv" \
-    > "$OUT/bench_$1.txt" 2> "$OUT/bench_$1.err"
+  timeout "$BENCH_TIMEOUT" "$BIN" bench --model "$MODEL" --workloads b --b-sequences "$seqs" --b-tokens "$B_TOK" \
+    --passes "$passes" --io direct --disk-seconds "$disk" --csv "$OUT/bench_$name.csv" "$@" \
+    > "$OUT/bench_$name.txt" 2> "$OUT/bench_$name.err"
   local rc=$?
-  stamp "bench $1 (--engram-io $2 --engram-scales $4) rc=$rc"
+  stamp "bench $name ($seqs x $B_TOK, $passes passes, $*) rc=$rc"
 }
-run_bench new auto 1 auto
-run_bench old mmap 0 disk
+run_bench next "$B_SEQ" 2 1 --engram-next-pass auto
+run_bench nonext "$B_SEQ" 1 0 --engram-next-pass off
+run_bench small "$B_SEQ_SMALL" 2 0 --engram-next-pass auto
 
-# Byte identity on the dense tables: a few sequences through both engines (weights through the page cache).
+# Byte identity on the dense tables: 6 sequences in 3 passes, next-pass gather on / off / the mmap engine
+# (weights through the page cache).
 python3 - "$OUT/tokens.jsonl" <<'PY'
 import json, random, sys
 r = random.Random(7)
 with open(sys.argv[1], "w") as f:
-    for i in range(4):
+    for i in range(6):
         f.write(json.dumps({"id": f"s{i}", "tokens": [r.randrange(129280) for _ in range(96)]}) + "\n")
 PY
-for m in auto mmap; do
-  rm -f "$OUT/score_$m.jsonl"
-  "$BIN" score --model "$MODEL" --input "$OUT/tokens.jsonl" --output "$OUT/score_$m.jsonl" --io buffered \
-    --engram-io "$m" --progress none 2> "$OUT/score_$m.err"
-  echo "   score --engram-io $m rc=$?"
+score_run() {  # NAME FLAGS...
+  local name=$1
+  shift
+  rm -f "$OUT/score_$name.jsonl"
+  "$BIN" score --model "$MODEL" --input "$OUT/tokens.jsonl" --output "$OUT/score_$name.jsonl" --io buffered \
+    --pass-tokens 200 --progress none "$@" 2> "$OUT/score_$name.err"
+  echo "   score $name ($*) rc=$?: $(grep -o 'in [0-9]* passes' "$OUT/score_$name.err" | tail -1)"
+}
+score_run on --engram-next-pass on
+score_run off --engram-next-pass off
+score_run mmap --engram-next-pass auto --engram-io mmap
+SAME=identical
+for n in off mmap; do
+  cmp -s "$OUT/score_on.jsonl" "$OUT/score_$n.jsonl" && [ -s "$OUT/score_on.jsonl" ] || SAME=DIFFERENT
 done
-if cmp -s "$OUT/score_auto.jsonl" "$OUT/score_mmap.jsonl" && [ -s "$OUT/score_auto.jsonl" ]; then SAME=identical; else SAME=DIFFERENT; fi
-stamp "score outputs: $SAME"
+stamp "score outputs (next pass on / off / mmap engine): $SAME"
 
 echo
 echo "---- inspect prediction (H200 defaults 1700 MB/s, 70k IOPS)"; tail -6 "$OUT/inspect.txt"
-for n in new old; do
+for n in next nonext small; do
   echo "---- bench $n"
-  grep -E "^disk|weights:|Engram gather|disk busy|Engram layers|total .* tokens/s" "$OUT/bench_$n.txt" | sed 's/^ *//'
+  grep -E "^disk|^workload|weights:|Engram gather|next-pass|disk busy|Engram layers|total .* tokens/s" "$OUT/bench_$n.txt" | sed 's/^ *//'
   grep -E "^  [0-9]+ |layer " "$OUT/bench_$n.txt" | head -4
   tail -2 "$OUT/bench_$n.err"
 done
 echo
-printf "%-6s %10s %10s %10s %12s %14s\n" run "rows/s" "IOPS" "stall s" "Engram/other" "weights MB/s"
-for n in new old; do
+printf "%-7s %10s %10s %9s %9s %13s %13s %8s %8s\n" run "rows/s" "IOPS" "stall s" "Engram/oth" "weights MB/s" "busy w/e s" "ready" "wall s"
+for n in next nonext small; do
   csv="$OUT/bench_$n.csv"
   v() { grep ",$1," "$csv" 2>/dev/null | head -1 | cut -d, -f8; }
-  printf "%-6s %10s %10s %10s %12s %14s\n" "$n" "$(v engram_rows_per_s)" "$(v engram_iops)" "$(v engram_stall_s)" \
-    "$(v engram_layer_wall_ratio)" "$(v weights_read_mb_s)"
+  printf "%-7s %10s %10s %9s %9s %13s %13s %8s %8s\n" "$n" "$(v engram_rows_per_s)" "$(v engram_iops)" "$(v engram_stall_s)" \
+    "$(v engram_layer_wall_ratio)" "$(v weights_read_mb_s)" "$(v disk_busy_weights_s)/$(v disk_busy_engram_s)" \
+    "$(v engram_tables_ready_at_start)" "$(grep -E '^  total' "$OUT/bench_$n.txt" | head -1 | awk '{print $2}')"
 done
-grep -E ",disk_(seq|iops_qd(1|32|256))," "$OUT/bench_new.csv" | cut -d, -f2,8,9 | tr '\n' ' '; echo
-echo "score --engram-io auto vs mmap on the dense tables: $SAME; total $(( $(date +%s) - T0 ))s"
+echo "disk (next run's probe): $(grep -E ",disk_(seq|iops_qd(1|32|256))," "$OUT/bench_next.csv" | cut -d, -f2,8,9 | tr '\n' ' ')"
+echo "(IOPS over the disk's best = the gather's fraction; weights MB/s over disk_seq <= 100% expected; stall and"
+echo " Engram/oth are pass 2's for next/small; ready = tables all in when pass 2 began)"
+echo "score --engram-next-pass on/off/mmap engine on the dense tables: $SAME; total $(( $(date +%s) - T0 ))s"

@@ -6,6 +6,9 @@
 //   a   4 sequences x 512 tokens
 //   b   80 x 1,800 tokens (scaled down with --b-sequences / --b-tokens when host memory bounds it)
 //   c   one 32,768-token sequence
+//   d   the largest pass host memory allows (issue 13): --d-tokens per sequence, as many sequences as
+//       half of MemAvailable (or --d-host-gb) holds at pass_host_bytes_per_token; reports tokens/s, the
+//       disk (weights + Engram rows) and compute times projected to 40 layers, and which one bounds it
 //   kernels  fp8 / fp4 dequant-GEMMs on the model's layer shapes vs cuBLAS bf16 on pre-dequantized
 //            weights of the same shapes, and cuBLAS's measured bf16 rate at 8192^3 (CUDA only)
 // Per layer: bytes and seconds read from disk, uploaded, computed, the stall, the overlap ratio
@@ -24,7 +27,7 @@ namespace ds4r {
 
 struct BenchOptions {
     std::string model_dir;
-    std::string workloads = "kernels,a,b,c";  // comma-separated subset
+    std::string workloads = "kernels,a,b,c";  // or d  // comma-separated subset
     std::string csv;                          // CSV output path (optional)
     std::string backend = "auto";
     int device = 0;
@@ -34,6 +37,9 @@ struct BenchOptions {
     bool prefetch = true;      // false: the synchronous weight source (no overlap), for comparison
     int64_t b_sequences = 80, b_tokens = 1800;
     int64_t c_tokens = 32768;
+    int64_t d_tokens = 1800;     // workload d: tokens per sequence
+    double d_host_gb = 0;        // workload d: host memory for the pass's state; 0: half of MemAvailable
+    int passes = 1;              // passes per workload (fresh tokens each); the last one is reported
     int64_t kernel_rows = 8192;  // M of the kernel benchmarks
     int iters = 10;
     uint64_t seed = 1;

@@ -5,6 +5,13 @@
 //  - the hash ids of the whole pass are known when it starts (PassRunner::begin), so every table's
 //    gather starts then, on one background thread, in engram_layer_ids order (layer 1's table first,
 //    the next behind it, hidden behind the layers before its own);
+//  - the hash ids depend on the tokens alone, so the next pass's gather (`--engram-next-pass`) starts
+//    during the current pass, as soon as the current pass's own gathers are done (one gather at a time
+//    shares the disk with the weight reads): at the next pass's start layer 1's rows are in memory. The
+//    first pass of a run has no previous one (its gather starts with it, layer 1's table first);
+//    nothing is gathered after the last pass. Each next-pass table is gathered once the current pass has
+//    freed the same table (one set of rows in memory: within 64 KB per token), or at once when the memory
+//    allows a second full set (`--engram-next-pass auto` decides per pass; `on` always does);
 //  - the ids of a table are deduplicated (repeated n-grams) and sorted by file offset; each distinct row
 //    costs one 4 KiB-aligned O_DIRECT read (adjacent rows share requests), issued with many requests in
 //    flight: io_uring (liburing, tested at run time; containers often refuse it with ENOSYS / EPERM) or a
@@ -40,15 +47,17 @@ class Checkpoint;
 
 // Counters of Engram gathers (summed over tables and passes by PassRunner::engram_stats()).
 struct EngramGatherStats {
-    uint64_t lookups = 0;             // hash ids looked up (pass rows x hash columns, per table)
-    uint64_t unique_rows = 0;         // distinct rows after deduplication
-    uint64_t read_requests = 0;       // random read calls (a request covers adjacent 4 KiB pages)
-    uint64_t bytes_read = 0;          // bytes those requests read (rows, per-row scales, alignment)
-    uint64_t scale_bytes_loaded = 0;  // scale tensors read sequentially into memory
-    double busy_s = 0;                // time with at least one row request in flight
-    double scale_load_s = 0;          // time of the sequential scale loads
-    double wait_s = 0;                // time the compute thread waited for rows (the stall)
-    std::string engine;               // e.g. "io_uring, 64 in flight"
+    uint64_t lookups = 0;                // hash ids looked up (pass rows x hash columns, per table)
+    uint64_t unique_rows = 0;            // distinct rows after deduplication
+    uint64_t read_requests = 0;          // random read calls (a request covers adjacent 4 KiB pages)
+    uint64_t bytes_read = 0;             // bytes those requests read (rows, per-row scales, alignment)
+    uint64_t scale_bytes_loaded = 0;     // scale tensors read sequentially into memory
+    double busy_s = 0;                   // time with at least one row request in flight
+    double scale_load_s = 0;             // time of the sequential scale loads
+    double wait_s = 0;                   // time the compute thread waited for rows (the stall)
+    uint64_t next_pass_gathers = 0;      // passes whose gather started during the previous pass
+    uint64_t tables_ready_at_start = 0;  // of those, tables whose rows were all in when their pass began
+    std::string engine;                  // e.g. "io_uring, 256 in flight"
     void add(const EngramGatherStats& o);
 };
 
@@ -70,7 +79,7 @@ EngramRowSet plan_engram_rows(const int64_t* lookups, size_t n, size_t stride, i
 
 struct EngramTableOptions {
     EngramIoMode io = EngramIoMode::Auto;
-    int queue_depth = 64;           // requests in flight (io_uring entries; pread threads, at most 64)
+    int queue_depth = 256;          // requests in flight (io_uring entries; pread threads, at most 64)
     bool scales_in_memory = false;  // read the scale tensor once, sequentially, at the first gather
     // Tests: replaces ::pread in the pread engine and in io_uring's retry path (short reads, EINTR).
     std::function<ssize_t(int fd, void* buf, size_t n, off_t off)> pread_for_test;
@@ -98,7 +107,7 @@ public:
     void read_rows(EngramRowSet& set, EngramGatherStats& st, const std::atomic<bool>* stop = nullptr) const;
     // Convenience: out[i * head_dim + d] = bf16 bits of row ids[i] (any order, repeats allowed).
     void gather_bf16(const int64_t* ids, size_t n, uint16_t* out) const;
-    // The engine the next read_rows will use ("io_uring, 64 in flight", "pread, 64 threads", ...).
+    // The engine the next read_rows will use ("io_uring, 256 in flight", "pread, 64 threads", ...).
     std::string engine() const;
 
 private:
@@ -113,12 +122,39 @@ struct EngramResources {
     EngramLayout layout;
     std::vector<std::unique_ptr<EngramTable>> tables;  // one per Engram layer, in engram_layer_ids order
     bool scales_in_memory = false;                     // as decided from IoSettings::engram_scales
+    EngramNextPassMode next_pass = EngramNextPassMode::Auto;  // IoSettings::engram_next_pass
 };
+// Host bytes of one pass's gathered rows per token, at most (every lookup distinct): per table, per hash
+// column, a stored row (head_dim e4m3 + head_dim / 32 e8m0), its id (8) and the lookup's index (4).
+// Released model: 2 tables x 24 x (256 + 8 + 8 + 4) = 13,248 bytes.
+uint64_t engram_rows_bytes_per_token(const ModelConfig& cfg);
 // Builds the token map from tokenizer.json (checked against engram_compressed_vocab_size), the
 // layout, and opens the table shards with the Engram settings of `io`. nullptr when the model has no
 // Engram layers. `--engram-scales auto` keeps the scales in memory when all tables' scale tensors take at
 // most a quarter of MemAvailable (logged with the memory it costs).
 std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt, const IoSettings& io = {});
+
+// What the next pass's gather waits for (EngramPassGather::done_gate of the current pass's): the current
+// gather's thread done (every table read, failed or stopped: one gather at a time competes with the
+// weight reads for the disk), and, unless the memory allows a second full set of rows, the current pass's
+// release of the same table (so that a table's rows are held for one pass at a time).
+class EngramGatherGate {
+public:
+    explicit EngramGatherGate(size_t tables) : released_(tables, 0) {}
+    void open();             // the gather's thread is done
+    void release(size_t e);  // the pass freed table e's rows (or never needed them)
+    void release_all();
+    // Block until open / table e freed, or until `stop` (polled every few ms); return whether the
+    // condition was met.
+    bool wait_open(const std::atomic<bool>& stop) const;
+    bool wait_released(size_t e, const std::atomic<bool>& stop) const;
+
+private:
+    mutable std::mutex mu_;
+    mutable std::condition_variable cv_;
+    bool open_ = false;
+    std::vector<char> released_;  // [tables]
+};
 
 // The gathers of one pass: a background thread gathers table 0, then 1, ... as soon as it is created.
 class EngramPassGather {
@@ -127,7 +163,14 @@ public:
     // first_table are not gathered (a pass continued from a saved layer has run their layers).
     EngramPassGather(const EngramResources& res, std::vector<int64_t> hashes, int64_t rows, int64_t cols,
                      int first_table = 0);
-    // Stops the thread at its next request boundary and joins it.
+    // The next pass's gather: its thread computes the hash ids with make_hashes (I64 [rows, n_tables,
+    // cols]; an exception there is every table's error), waits until `after` opens (the current pass's
+    // gather is done), then gathers every table, each once the current pass released it unless
+    // `second_full_set` (memory allows both passes' rows at once).
+    EngramPassGather(const EngramResources& res, std::function<std::vector<int64_t>()> make_hashes,
+                     int64_t rows, int64_t cols, std::shared_ptr<const EngramGatherGate> after,
+                     bool second_full_set);
+    // Stops the thread at its next request boundary (or its wait on `after`) and joins it.
     ~EngramPassGather();
     EngramPassGather(const EngramPassGather&) = delete;
     EngramPassGather& operator=(const EngramPassGather&) = delete;
@@ -136,13 +179,22 @@ public:
     const EngramRowSet& wait(int ei);
     void release(int ei);  // frees table ei's rows
     EngramGatherStats stats() const;
+    int tables_done() const;  // tables whose gather has ended (rows in, or failed)
+    int tables() const { return static_cast<int>(done_.size()); }
+    // Opens when this gather's thread is done (the next pass's gather starts behind it).
+    std::shared_ptr<const EngramGatherGate> done_gate() const { return gate_; }
 
 private:
     void run();
+    void gather_tables();
     const EngramResources& res_;
+    std::function<std::vector<int64_t>()> make_hashes_;  // the next pass's: run on the thread
+    std::shared_ptr<const EngramGatherGate> after_;      // the next pass's: start once it opens
+    bool second_full_set_ = false;                       // the next pass's: do not wait for releases
+    std::shared_ptr<EngramGatherGate> gate_;
     std::vector<int64_t> hashes_;
     int64_t rows_, cols_;
-    int first_table_;
+    int first_table_ = 0;
     std::atomic<bool> stop_{false};
     mutable std::mutex mu_;
     std::condition_variable cv_;

@@ -66,6 +66,8 @@ private:
 // fsync of the directory holding `path` (after a rename or a create).
 void fsync_parent_dir(const std::string& path);
 bool file_exists(const std::string& path);
+// MemAvailable of /proc/meminfo in bytes (0 when unknown): what sizes passes and in-memory I/O buffers.
+uint64_t mem_available_bytes();
 bool is_directory(const std::string& path);
 // mkdir -p; throws RuntimeError naming the path.
 void make_dirs(const std::string& path);

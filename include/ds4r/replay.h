@@ -40,6 +40,13 @@ int64_t default_chunk_rows(const ModelConfig& cfg, size_t free_bytes);
 // default_chunk_rows(cfg, free_bytes).
 int64_t resolve_chunk_rows(int64_t requested, const ModelConfig& cfg, size_t free_bytes);
 
+// Host bytes per pass token at most (docs/DESIGN.md 5: <= 64 KB): the residual stream (hc x dim bf16), the
+// pre-mix, the Engram hash ids, the gathered Engram rows as stored (engram_rows_bytes_per_token) and the
+// next pass's (--engram-next-pass): auto its hash ids (its rows replace the current pass's table by table,
+// or take memory found free at run time), on a second full set. Released model: 54,672 bytes (off),
+// 55,056 (auto), 68,304 (on: over the budget).
+int64_t pass_host_bytes_per_token(const ModelConfig& cfg, EngramNextPassMode next_pass);
+
 // EngramResources / load_engram_resources (the Engram tables of a run) and the pass gather: ds4r/engram_io.h.
 
 // Scores of one sequence of n tokens. Row t < n-1 scores tokens[t+1]; row n-1 is the distribution
@@ -102,6 +109,13 @@ public:
     int out_of_memory_retries() const { return oom_retries_; }
     // The Engram gathers of every pass so far (rows, requests, busy time, the stall at Engram layers).
     EngramGatherStats engram_stats() const;
+    // The pass after the next run()'s (score reads the input one pass ahead; empty: none, e.g. the last
+    // pass). During that run, once its own Engram gathers are done, this pass's rows are gathered
+    // (EngramResources::next_pass: on, off, or auto = when they take <= 1/4 of MemAvailable); the run()
+    // that follows with exactly these sequences finds them in memory. Anything else drops them.
+    void set_next_pass(std::vector<std::vector<int32_t>> seqs);
+    // Tables of the next pass's gather that have ended (rows in or failed); -1 when none is running.
+    int next_pass_tables_done() const;
 
     // --- mid-pass save (src/replay/pass_state.cpp) ---
     // The first layer not yet applied to the host state of the current pass.
@@ -186,12 +200,19 @@ private:
     std::shared_ptr<void> premix_;  // F32 [total_rows, hc]
     std::vector<Chunk> chunks_;
     int oom_retries_ = 0;
-    int next_layer_ = 0;                        // first layer not yet applied to the host state
+    int next_layer_ = 0;  // first layer not yet applied to the host state
     ChunkCallback on_chunk_;
     std::unique_ptr<CopyQueue> up_q_, down_q_;  // the state ring's host -> backend / backend -> host copies
     // The pass's Engram gathers (io/): every table's rows, started by begin() (docs/MODEL.md 4.8 step 1).
     std::unique_ptr<EngramPassGather> engram_gather_;
     EngramGatherStats engram_stats_;  // of the passes before the current one
+    void start_next_pass_gather();    // run_pass, after begin(): the gather of next_seqs_
+    std::vector<int64_t> engram_hashes(
+        const std::vector<std::vector<int32_t>>& seqs) const;  // [rows, ne, cols]
+    std::vector<std::vector<int32_t>> next_seqs_;              // set_next_pass's sequences
+    std::vector<std::vector<int32_t>> next_gather_seqs_;       // the sequences next_gather_ gathers for
+    std::unique_ptr<EngramPassGather> next_gather_;            // the next pass's gather, started by run_pass
+    bool next_pass_memory_note_ = false;                       // auto refused once (logged once)
 };
 
 }  // namespace ds4r

@@ -15,7 +15,8 @@ void add_bench_command(CLI::App& root, std::vector<Command>& out) {
                     "Model directory (make-tiny --preset full-width for real shapes)")
         ->capture_default_str();
     app->add_option("--workloads", opt->workloads,
-                    "Comma-separated: kernels, a (4x512), b (80x1800), c (1x32768)")
+                    "Comma-separated: kernels, a (4x512), b (80x1800), c (1x32768), d (the largest pass host "
+                    "memory allows)")
         ->capture_default_str();
     app->add_option("--csv", opt->csv, "Write every measurement as CSV here");
     app->add_option("--backend", opt->backend, "auto, cuda or cpu")
@@ -37,6 +38,19 @@ void add_bench_command(CLI::App& root, std::vector<Command>& out) {
         ->capture_default_str();
     app->add_option("--b-tokens", opt->b_tokens, "Workload b: tokens per sequence")->capture_default_str();
     app->add_option("--c-tokens", opt->c_tokens, "Workload c: tokens of the one sequence")
+        ->capture_default_str();
+    app->add_option("--d-tokens", opt->d_tokens, "Workload d: tokens per sequence")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    app->add_option("--d-host-gb", opt->d_host_gb,
+                    "Workload d: host memory in GB for the pass's state (0 = half of MemAvailable, as score)")
+        ->check(CLI::NonNegativeNumber)
+        ->capture_default_str();
+    app->add_option(
+           "--passes", opt->passes,
+           "Passes per workload (fresh tokens each; the last is reported: with --engram-next-pass its "
+           "Engram rows were gathered during the one before)")
+        ->check(CLI::Range(1, 100))
         ->capture_default_str();
     app->add_option("--kernel-rows", opt->kernel_rows, "M of the kernel benchmarks")->capture_default_str();
     app->add_option("--iters", opt->iters, "Timed iterations per kernel")->capture_default_str();

@@ -11,6 +11,7 @@ std::function<void()> add_io_flags(CLI::App* app, IoSettings* io) {
     auto weight_io = std::make_shared<std::string>(io->direct_weights ? "direct" : "buffered");
     auto engram_io = std::make_shared<std::string>(engram_io_name(io->engram_io));
     auto scales = std::make_shared<std::string>(engram_scales_name(io->engram_scales));
+    auto next_pass = std::make_shared<std::string>(engram_next_pass_name(io->engram_next_pass));
     app->add_option("--io", *weight_io,
                     "Weight reads: direct (O_DIRECT, page cache bypassed; buffered where the file system "
                     "refuses it) or buffered (through the page cache)")
@@ -37,10 +38,18 @@ std::function<void()> add_io_flags(CLI::App* app, IoSettings* io) {
                     "~3 GB per released table), memory, or disk (read next to each row)")
         ->check(CLI::IsMember({"auto", "memory", "disk"}))
         ->capture_default_str();
-    return [io, weight_io, engram_io, scales]() {
+    app->add_option("--engram-next-pass", *next_pass,
+                    "Gather the next pass's Engram rows while the current pass runs (hides layer 1's "
+                    "gather): auto (each table once this pass freed its own, or at once when a second full "
+                    "set takes <= 1/4 of available memory), on (at once: ~13 KB per token more), or off. "
+                    "Results do not depend on it")
+        ->check(CLI::IsMember({"auto", "on", "off"}))
+        ->capture_default_str();
+    return [io, weight_io, engram_io, scales, next_pass]() {
         io->direct_weights = *weight_io == "direct";
         io->engram_io = engram_io_from_name(*engram_io).value_or(EngramIoMode::Auto);
         io->engram_scales = engram_scales_from_name(*scales).value_or(EngramScalesMode::Auto);
+        io->engram_next_pass = engram_next_pass_from_name(*next_pass).value_or(EngramNextPassMode::Auto);
         validate_io_settings(*io);
     };
 }

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "ds4r/error.h"
 
@@ -149,6 +151,15 @@ void fsync_parent_dir(const std::string& path) {
         ::fsync(fd);
         ::close(fd);
     }
+}
+
+uint64_t mem_available_bytes() {
+    std::ifstream f("/proc/meminfo");
+    std::string key, unit;
+    uint64_t val = 0;
+    while (f >> key >> val >> unit)
+        if (key == "MemAvailable:") return val * 1024;
+    return 0;
 }
 
 bool file_exists(const std::string& path) {

@@ -58,24 +58,24 @@ void read_or_throw(int fd, uint8_t* buf, size_t n, uint64_t off, const std::stri
     }
 }
 
-double sequential_mb_s(int fd, uint64_t size, double seconds, const std::string& path) {
-    constexpr size_t kReq = 8u << 20;
-    constexpr int kThreads = 4;
-    const uint64_t blocks = std::max<uint64_t>(1, size / kReq);
+double sequential_mb_s(int fd, uint64_t size, double seconds, SequentialProbeShape shape,
+                       const std::string& path) {
+    const size_t req = shape.request_bytes;
+    const uint64_t blocks = std::max<uint64_t>(1, size / req);
     std::atomic<uint64_t> next{0}, bytes{0};
     const double t0 = now_s();
     std::vector<std::thread> pool;
     std::exception_ptr err;
     std::atomic<bool> failed{false};
-    for (int t = 0; t < kThreads; ++t)
+    for (int t = 0; t < shape.in_flight; ++t)
         pool.emplace_back([&] {
             try {
-                auto buf = aligned(kReq);
-                while (!failed && now_s() - t0 < seconds) {
+                auto buf = aligned(req);
+                for (int mine = 0; !failed && (mine < 2 || now_s() - t0 < seconds); ++mine) {
                     const uint64_t b = next.fetch_add(1);
                     if (b >= blocks) return;
-                    read_or_throw(fd, buf.get(), kReq, b * kReq, path);
-                    bytes += kReq;
+                    read_or_throw(fd, buf.get(), req, b * req, path);
+                    bytes += req;
                 }
             } catch (...) {
                 if (!failed.exchange(true)) err = std::current_exception();
@@ -163,7 +163,18 @@ double DiskRates::best_iops() const {
     return std::max({iops_qd1, iops_qd32, iops_qd256});
 }
 
-DiskRates measure_disk(const std::string& path, double seconds) {
+SequentialProbeShape sequential_probe_shape(size_t read_request_bytes, int read_threads, uint64_t file_size) {
+    constexpr size_t kPage = 4096;
+    SequentialProbeShape s;
+    s.in_flight = std::clamp(read_threads, 1, 32);
+    s.request_bytes = (std::max<size_t>(read_request_bytes, 1) + kPage - 1) / kPage * kPage;
+    const uint64_t per_request = file_size / (static_cast<uint64_t>(s.in_flight) * 2);
+    if (per_request < s.request_bytes)
+        s.request_bytes = std::max<size_t>(kPage, static_cast<size_t>(per_request / kPage * kPage));
+    return s;
+}
+
+DiskRates measure_disk(const std::string& path, double seconds, SequentialProbeShape seq) {
     DiskRates d;
     d.file = path;
     Fd f;
@@ -176,7 +187,10 @@ DiskRates measure_disk(const std::string& path, double seconds) {
         DS4R_THROW(RuntimeError, "%s: too small to measure the disk with", path.c_str());
     const uint64_t size = static_cast<uint64_t>(st.st_size);
     const uint64_t pages = size / 4096;
-    d.seq_mb_s = sequential_mb_s(f.fd, size, seconds, path);
+    seq = sequential_probe_shape(seq.request_bytes, seq.in_flight, size);
+    d.seq_request_bytes = seq.request_bytes;
+    d.seq_in_flight = seq.in_flight;
+    d.seq_mb_s = sequential_mb_s(f.fd, size, seconds, seq, path);
     double* out[] = {&d.iops_qd1, &d.iops_qd32, &d.iops_qd256};
     const int depths[] = {1, 32, 256};
     d.random_engine = "pread threads";

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 
 #include "ds4r/binding.h"
 #include "ds4r/checkpoint.h"
@@ -23,16 +22,6 @@ double now_s() {
     return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
-// MemAvailable from /proc/meminfo, in bytes (0 if unknown).
-uint64_t mem_available_bytes() {
-    std::ifstream f("/proc/meminfo");
-    std::string key, unit;
-    uint64_t val;
-    while (f >> key >> val >> unit)
-        if (key == "MemAvailable:") return val * 1024;
-    return 0;
-}
-
 }  // namespace
 
 std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt, const IoSettings& io) {
@@ -46,8 +35,7 @@ std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt, c
     res->layout = build_engram_layout(cfg);
     // Scales in memory: rows x head_dim / 32 bytes per table (released: 384M x 8 = 3.1 GB for layer 1).
     uint64_t scale_bytes = 0;
-    for (int L : cfg.engram_layer_ids)
-        scale_bytes += ckpt.at(engram_table_scale_tensor_name(L)).nbytes;
+    for (int L : cfg.engram_layer_ids) scale_bytes += ckpt.at(engram_table_scale_tensor_name(L)).nbytes;
     const uint64_t avail = mem_available_bytes();
     res->scales_in_memory =
         io.engram_scales == EngramScalesMode::Memory ||
@@ -56,6 +44,7 @@ std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt, c
     to.io = io.engram_io;
     to.queue_depth = io.engram_queue_depth;
     to.scales_in_memory = res->scales_in_memory;
+    res->next_pass = io.engram_next_pass;
     for (int L : cfg.engram_layer_ids) {
         const TensorLocation& w = ckpt.at(engram_table_tensor_name(L));
         const TensorLocation& s = ckpt.at(engram_table_scale_tensor_name(L));
@@ -73,10 +62,60 @@ std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt, c
     return res;
 }
 
+uint64_t engram_rows_bytes_per_token(const ModelConfig& cfg) {
+    const auto hd = static_cast<uint64_t>(cfg.engram_head_dim);
+    return static_cast<uint64_t>(cfg.engram_layer_ids.size()) *
+           static_cast<uint64_t>(cfg.engram_hash_cols()) * (hd + hd / 32 + 8 + 4);
+}
+
+void EngramGatherGate::open() {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        open_ = true;
+    }
+    cv_.notify_all();
+}
+
+void EngramGatherGate::release(size_t e) {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (e < released_.size()) released_[e] = 1;
+    }
+    cv_.notify_all();
+}
+
+void EngramGatherGate::release_all() {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        std::fill(released_.begin(), released_.end(), 1);
+    }
+    cv_.notify_all();
+}
+
+bool EngramGatherGate::wait_open(const std::atomic<bool>& stop) const {
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!open_ && !stop) cv_.wait_for(lk, std::chrono::milliseconds(5));
+    return open_;
+}
+
+bool EngramGatherGate::wait_released(size_t e, const std::atomic<bool>& stop) const {
+    std::unique_lock<std::mutex> lk(mu_);
+    const auto freed = [&] { return e >= released_.size() || released_[e] != 0; };
+    while (!freed() && !stop) cv_.wait_for(lk, std::chrono::milliseconds(5));
+    return freed();
+}
+
 EngramPassGather::EngramPassGather(const EngramResources& res, std::vector<int64_t> hashes, int64_t rows,
                                    int64_t cols, int first_table)
-    : res_(res), hashes_(std::move(hashes)), rows_(rows), cols_(cols), first_table_(first_table) {
+    : res_(res),
+      gate_(std::make_shared<EngramGatherGate>(res.tables.size())),
+      hashes_(std::move(hashes)),
+      rows_(rows),
+      cols_(cols),
+      first_table_(first_table) {
     const size_t n = res_.tables.size();
+    // A continued pass never holds the tables of the layers it skipped.
+    for (int e = 0; e < first_table_; ++e) gate_->release(static_cast<size_t>(e));
     DS4R_CHECK(hashes_.size() == static_cast<size_t>(rows_ * cols_) * n,
                "Engram gather: %zu hash ids for %lld rows x %zu tables x %lld columns", hashes_.size(),
                (long long)rows_, n, (long long)cols_);
@@ -86,15 +125,64 @@ EngramPassGather::EngramPassGather(const EngramResources& res, std::vector<int64
     thread_ = std::thread([this] { run(); });
 }
 
+EngramPassGather::EngramPassGather(const EngramResources& res,
+                                   std::function<std::vector<int64_t>()> make_hashes, int64_t rows,
+                                   int64_t cols, std::shared_ptr<const EngramGatherGate> after,
+                                   bool second_full_set)
+    : res_(res),
+      make_hashes_(std::move(make_hashes)),
+      after_(std::move(after)),
+      second_full_set_(second_full_set),
+      gate_(std::make_shared<EngramGatherGate>(res.tables.size())),
+      rows_(rows),
+      cols_(cols) {
+    const size_t n = res_.tables.size();
+    sets_.resize(n);
+    done_.assign(n, 0);
+    errors_.resize(n);
+    thread_ = std::thread([this] { run(); });
+}
+
 EngramPassGather::~EngramPassGather() {
     stop_ = true;
     if (thread_.joinable()) thread_.join();
+    gate_->release_all();  // its rows go with it
 }
 
 void EngramPassGather::run() {
+    gather_tables();
+    gate_->open();  // finished, failed or stopped: the next pass's gather may use the disk now
+}
+
+void EngramPassGather::gather_tables() {
     const size_t n = res_.tables.size();
+    if (make_hashes_) {
+        // The next pass's gather: its hash ids first (CPU only), then wait for the current pass's gather.
+        std::exception_ptr err;
+        try {
+            hashes_ = make_hashes_();
+            DS4R_CHECK(hashes_.size() == static_cast<size_t>(rows_ * cols_) * n,
+                       "Engram gather: %zu hash ids for %lld rows x %zu tables x %lld columns",
+                       hashes_.size(), (long long)rows_, n, (long long)cols_);
+        } catch (...) {
+            err = std::current_exception();
+        }
+        if (!err && after_ && !after_->wait_open(stop_))
+            return;  // stopped while waiting: nobody waits for it
+        if (err) {
+            std::lock_guard<std::mutex> lk(mu_);
+            for (size_t j = 0; j < n; ++j) {
+                errors_[j] = err;
+                done_[j] = 1;
+            }
+            cv_.notify_all();
+            return;
+        }
+    }
     // Table 0 (layer 1's) first: it has the fewest layers to hide behind; each next one behind it.
     for (size_t ei = static_cast<size_t>(std::max(first_table_, 0)); ei < n; ++ei) {
+        // The next pass's table: once the current pass freed its rows (one set in memory at a time).
+        if (after_ && !second_full_set_ && !after_->wait_released(ei, stop_)) return;
         EngramRowSet set;
         EngramGatherStats st;
         std::exception_ptr err;
@@ -132,8 +220,8 @@ void EngramPassGather::run() {
 
 const EngramRowSet& EngramPassGather::wait(int ei) {
     const auto i = static_cast<size_t>(ei);
-    DS4R_CHECK(i < sets_.size() && ei >= first_table_, "Engram gather: table %d of %zu (first gathered: %d)", ei,
-               sets_.size(), first_table_);
+    DS4R_CHECK(i < sets_.size() && ei >= first_table_, "Engram gather: table %d of %zu (first gathered: %d)",
+               ei, sets_.size(), first_table_);
     const double t0 = now_s();
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return done_[i] != 0; });
@@ -143,13 +231,21 @@ const EngramRowSet& EngramPassGather::wait(int ei) {
 }
 
 void EngramPassGather::release(int ei) {
-    std::lock_guard<std::mutex> lk(mu_);
-    sets_.at(static_cast<size_t>(ei)) = EngramRowSet{};
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        sets_.at(static_cast<size_t>(ei)) = EngramRowSet{};
+    }
+    gate_->release(static_cast<size_t>(ei));
 }
 
 EngramGatherStats EngramPassGather::stats() const {
     std::lock_guard<std::mutex> lk(mu_);
     return stats_;
+}
+
+int EngramPassGather::tables_done() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return static_cast<int>(std::count(done_.begin(), done_.end(), 1));
 }
 
 struct TokenEmbeddingReader::Impl {

@@ -64,6 +64,8 @@ void EngramGatherStats::add(const EngramGatherStats& o) {
     busy_s += o.busy_s;
     scale_load_s += o.scale_load_s;
     wait_s += o.wait_s;
+    next_pass_gathers += o.next_pass_gathers;
+    tables_ready_at_start += o.tables_ready_at_start;
     if (!o.engine.empty()) engine = o.engine;
 }
 

@@ -44,6 +44,24 @@ std::optional<EngramScalesMode> engram_scales_from_name(std::string_view s) {
     return std::nullopt;
 }
 
+const char* engram_next_pass_name(EngramNextPassMode m) {
+    switch (m) {
+        case EngramNextPassMode::Auto:
+            return "auto";
+        case EngramNextPassMode::On:
+            return "on";
+        case EngramNextPassMode::Off:
+            return "off";
+    }
+    return "?";
+}
+
+std::optional<EngramNextPassMode> engram_next_pass_from_name(std::string_view s) {
+    for (EngramNextPassMode m : {EngramNextPassMode::Auto, EngramNextPassMode::On, EngramNextPassMode::Off})
+        if (s == engram_next_pass_name(m)) return m;
+    return std::nullopt;
+}
+
 void validate_io_settings(const IoSettings& io) {
     if (io.read_threads < 1 || io.read_threads > 32)
         DS4R_THROW(InputError, "--read-threads %d: expected 1..32", io.read_threads);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <sstream>
@@ -177,6 +178,38 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
     }
 }
 
+// A per-layer figure (metric(i) of timings[i]; the head last) projected to the released 40 layers by role
+// (docs/MODEL.md 2.4): 2 window-only layers (one with Engram), 8 layers that run an indexer (4 KV + index
+// sources, 4 reindex), 30 consumers, and Engram once more at layer 14. With the default 4-layer full-width
+// checkpoint (window, window + Engram, KV + index source, consumer) each term is measured; otherwise the
+// mean layer x 40. Plus the head.
+double project_40(const Checkpoint& ck, const std::vector<LayerTiming>& timings,
+                  const std::function<double(size_t)>& metric, std::string* how = nullptr) {
+    double sum = 0, head = 0;
+    int n = 0;
+    for (size_t i = 0; i < timings.size(); ++i) {
+        if (timings[i].layer < 0) {
+            head = metric(i);
+            continue;
+        }
+        sum += metric(i);
+        ++n;
+    }
+    auto at = [&](int L) {
+        for (size_t i = 0; i < timings.size(); ++i)
+            if (timings[i].layer == L) return metric(i);
+        return 0.0;
+    };
+    const auto& roles = ck.roles();
+    if (roles.size() >= 4 && roles[0].ratio == 0 && !roles[0].engram && roles[1].engram &&
+        roles[2].index_source && roles[3].ratio > 0 && !roles[3].index_source) {
+        if (how) *how = "by role: L0 + L1 + 8 x L2 + 30 x L3 + Engram(L1 - L0) + head";
+        return at(0) + at(1) + 8 * at(2) + 30 * at(3) + std::max(0.0, at(1) - at(0)) + head;
+    }
+    if (how) *how = "mean layer x 40";
+    return (n ? sum / n * 40 : 0.0) + head;
+}
+
 void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const EngramResources* eng,
                     const Workload& w, const BenchOptions& opt, double bf16_peak, const DiskRates& disk,
                     Csv& csv, std::FILE* out) {
@@ -191,14 +224,34 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
     if (kb) kb->reset_memory_high_water();
     PassRunner runner(be, ck, *ws, eng, ro);
     be.profile_reset();
+    // --passes N: N passes of fresh tokens (seeds seed, seed + 1, ...); the figures below are the last
+    // pass's (steady state: with --engram-next-pass its rows were gathered during the previous pass).
+    const int passes = std::max(1, opt.passes);
     std::vector<LayerTiming> timings;
-    const double t0 = now_s();
-    runner.run(seqs, nullptr, [&](const LayerTiming& t) { timings.push_back(t); });
-    const double wall = now_s() - t0;
+    double wall = 0, wall_all = 0;
+    size_t first_record = 0;  // the last pass's first LayerLoadRecord
+    double stall_before = 0;  // Engram stall of the passes before the last
+    for (int p = 0; p < passes; ++p) {
+        std::vector<std::vector<int32_t>> next;
+        if (p + 1 < passes) next = make_sequences(w, c.vocab_size, opt.seed + static_cast<uint64_t>(p) + 1);
+        runner.set_next_pass(next);
+        timings.clear();
+        first_record = ws->stats().layers.size();
+        stall_before = runner.engram_stats().wait_s;
+        const double t0 = now_s();
+        runner.run(seqs, nullptr, [&](const LayerTiming& t) { timings.push_back(t); });
+        wall = now_s() - t0;
+        wall_all += wall;
+        seqs = std::move(next);
+    }
     const WeightSourceStats st = ws->stats();
-    std::fprintf(out, "\nworkload %s: %lld x %lld tokens (%lld), chunks of %lld rows, %s weights\n",
+    std::fprintf(out, "\nworkload %s: %lld x %lld tokens (%lld), chunks of %lld rows, %s weights%s\n",
                  w.name.c_str(), (long long)w.sequences, (long long)w.tokens, (long long)total,
-                 (long long)ro.chunk_rows, opt.prefetch ? "prefetched" : "synchronous");
+                 (long long)ro.chunk_rows, opt.prefetch ? "prefetched" : "synchronous",
+                 passes > 1 ? strfmt("; pass %d of %d (the figures below; earlier passes %.2f s)", passes,
+                                     passes, wall_all - wall)
+                                  .c_str()
+                            : "");
     std::fprintf(out, "  %-6s %9s %8s %8s %8s %8s %8s %7s %9s %7s\n", "layer", "GB", "read s", "upload s",
                  "compute s", "stall s", "wall s", "overlap", "TFLOP/s", "of bf16");
     double sum_wall = 0, sum_bound = 0, sum_compute = 0, sum_flops = 0;
@@ -207,7 +260,8 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
                          std::min<double>(static_cast<double>(c.index_topk), static_cast<double>(w.tokens));
     for (size_t i = 0; i < timings.size(); ++i) {
         const LayerTiming& t = timings[i];
-        const LayerLoadRecord* rec = i < st.layers.size() ? &st.layers[i] : nullptr;
+        const LayerLoadRecord* rec =
+            first_record + i < st.layers.size() ? &st.layers[first_record + i] : nullptr;
         const double read_s = rec ? rec->read_s : 0, up_s = rec ? rec->upload_s : 0;
         const double gb = rec ? static_cast<double>(rec->bytes) / 1e9 : 0;
         const double lwall = t.wait_s + t.compute_s;
@@ -240,28 +294,15 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
     }
     const double tps = static_cast<double>(total) / wall;
     const double per_layer = n_layers ? sum_wall / n_layers : 0;
-    const double head_s = timings.empty() ? 0 : timings.back().wait_s + timings.back().compute_s;
     // Projection to the released 40 layers by role (docs/MODEL.md 2.4): 2 window-only layers (one with
     // Engram), 8 layers that run an indexer (4 KV + index sources, 4 reindex), 30 consumers, and
     // Engram once more at layer 14. With the default 4-layer full-width checkpoint (window,
     // window + Engram, KV + index source, consumer) each term is measured; otherwise the mean.
-    double projected = per_layer * 40 + head_s;
-    std::string how = "mean layer x 40";
-    auto lw = [&](int L) {
-        for (const auto& t : timings)
-            if (t.layer == L) return t.wait_s + t.compute_s;
-        return 0.0;
-    };
-    const auto& roles = ck.roles();
-    if (roles.size() >= 4 && roles[0].ratio == 0 && !roles[0].engram && roles[1].engram &&
-        roles[2].index_source && roles[3].ratio > 0 && !roles[3].index_source) {
-        const double engram_extra = std::max(0.0, lw(1) - lw(0));
-        projected = lw(0) + lw(1) + 8 * lw(2) + 30 * lw(3) + engram_extra + head_s;
-        how = "by role: L0 + L1 + 8 x L2 + 30 x L3 + Engram(L1 - L0) + head";
-    }
-    const double host_per_token =
-        static_cast<double>(c.hc_mult * c.dim * 2 + c.hc_mult * 4 +
-                            static_cast<int64_t>(c.engram_layer_ids.size()) * c.engram_hash_cols() * 8);
+    std::string how;
+    const double projected = project_40(
+        ck, timings, [&](size_t i) { return timings[i].wait_s + timings[i].compute_s; }, &how);
+    // At most, as `score` sizes passes (with --engram-next-pass's share).
+    const double host_per_token = static_cast<double>(pass_host_bytes_per_token(c, opt.io.engram_next_pass));
     std::fprintf(
         out,
         "  total %.2f s, %.0f tokens/s; %.2f s per layer (overlap wall/max(read,upload,compute) %.2f); "
@@ -283,11 +324,12 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
                      ? 100.0 * static_cast<double>(st.bytes_read_direct) / static_cast<double>(st.bytes_read)
                      : 0.0,
                  opt.prefetch ? po.read_threads : 1);
-    std::fprintf(out,
-                 "  GPU memory high-water %.2f GB (weights slots %.2f GB); host state %.1f KB/token + %.2f "
-                 "GB pinned staging\n",
-                 gpu_hw / 1e9, static_cast<double>(st.device_bytes) / 1e9, host_per_token / 1024,
-                 static_cast<double>(st.host_bytes) / 1e9);
+    std::fprintf(
+        out,
+        "  GPU memory high-water %.2f GB (weights slots %.2f GB); host state <= %.1f KB/token + %.2f "
+        "GB pinned staging\n",
+        gpu_hw / 1e9, static_cast<double>(st.device_bytes) / 1e9, host_per_token / 1024,
+        static_cast<double>(st.host_bytes) / 1e9);
     if (profiling_enabled()) {
         auto prof = be.profile_totals();
         std::sort(prof.begin(), prof.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
@@ -301,10 +343,28 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
             csv.row("profile_" + w.name, n, -1, total, 0, 0, 0, v, "s");
         }
     }
-    bench_report_io(ck, timings, st, runner.engram_stats(), wall, disk, out,
-                    [&](const std::string& n, double v, const std::string& u) {
-                        csv.row("workload_" + w.name, n, -1, total, 0, 0, 0, v, u);
-                    });
+    const BenchCsvRow row = [&](const std::string& n, double v, const std::string& u) {
+        csv.row("workload_" + w.name, n, -1, total, 0, 0, 0, v, u);
+    };
+    const EngramGatherStats eg = runner.engram_stats();
+    bench_report_io(ck, timings, st, eg, eg.wait_s - stall_before, wall_all, disk, out, row);
+    if (w.name == "d") {
+        // What bounds a 40-layer pass of this size: the projection by role of the read and compute times.
+        PassBoundInputs pb;
+        pb.tokens = total;
+        pb.wall_s = projected;
+        pb.read_s = project_40(ck, timings, [&](size_t i) {
+            return first_record + i < st.layers.size() ? st.layers[first_record + i].read_s : 0.0;
+        });
+        pb.compute_s = project_40(ck, timings, [&](size_t i) { return timings[i].compute_s; });
+        pb.weight_bytes = project_40(ck, timings, [&](size_t i) {
+            return first_record + i < st.layers.size()
+                       ? static_cast<double>(st.layers[first_record + i].bytes_read)
+                       : 0.0;
+        });
+        pb.scales_in_memory = eng ? eng->scales_in_memory : true;
+        bench_report_pass_bound(ck, pb, disk, out, row);
+    }
     csv.row("workload_" + w.name, "tokens_per_s", -1, total, 0, 0, 0, tps, "tokens/s");
     csv.row("workload_" + w.name, "s_per_layer", -1, total, 0, 0, 0, per_layer, "s");
     csv.row("workload_" + w.name, "overlap", -1, total, 0, 0, 0, sum_bound > 0 ? sum_wall / sum_bound : 0,
@@ -353,7 +413,7 @@ int run_bench(const BenchOptions& opt, std::FILE* out) {
     auto eng = load_engram_resources(ck, opt.io);
     DiskRates disk;
     if (std::any_of(wl.begin(), wl.end(), [](const std::string& x) { return x != "kernels"; }))
-        disk = bench_measure_disk(ck, opt.disk_seconds, out,
+        disk = bench_measure_disk(ck, opt.disk_seconds, opt.io, out,
                                   [&](const std::string& n, double v, const std::string& u) {
                                       csv.row("disk", n, -1, 0, 0, 0, 0, v, u);
                                   });
@@ -365,10 +425,12 @@ int run_bench(const BenchOptions& opt, std::FILE* out) {
             wk = {"b", opt.b_sequences, opt.b_tokens};
         else if (w == "c")
             wk = {"c", 1, opt.c_tokens};
+        else if (w == "d")
+            wk = {"d", workload_d_sequences(c, opt.d_host_gb, opt.d_tokens, opt.io, out), opt.d_tokens};
         else if (w == "kernels")
             continue;
         else
-            throw InputError("bench: unknown workload '" + w + "' (kernels, a, b, c)");
+            throw InputError("bench: unknown workload '" + w + "' (kernels, a, b, c, d)");
         bench_workload(*be, kb.get(), ck, eng.get(), wk, opt, bf16_peak, disk, csv, out);
         std::fflush(out);
     }

@@ -4,6 +4,8 @@
 #include <algorithm>
 
 #include "ds4r/checkpoint.h"
+#include "ds4r/file_util.h"
+#include "ds4r/inspect.h"
 #include "ds4r/log.h"
 
 namespace ds4r {
@@ -14,19 +16,22 @@ std::string frac(double v, double ref) {
 }
 }  // namespace
 
-DiskRates bench_measure_disk(const Checkpoint& ck, double seconds, std::FILE* out, const BenchCsvRow& csv) {
+DiskRates bench_measure_disk(const Checkpoint& ck, double seconds, const IoSettings& io, std::FILE* out,
+                             const BenchCsvRow& csv) {
     DiskRates d;
     if (seconds <= 0) return d;
     std::string path;
     uint64_t best = 0;
     for (const auto& sh : ck.shards())
         if (sh.file_size > best) best = sh.file_size, path = sh.path;
-    d = measure_disk(path, seconds);
+    const PrefetchOptions po = prefetch_options(io);
+    d = measure_disk(path, seconds, {po.read_request_bytes, po.read_threads});
     std::fprintf(out,
-                 "\ndisk (%s, %.1f GB, %s): sequential %.0f MB/s (8 MiB reads, 4 in flight); random 4 KiB "
-                 "reads/s: %.0f at QD 1, %.0f at QD 32, %.0f at QD 256 (%s)\n",
+                 "\ndisk (%s, %.1f GB, %s): sequential %.0f MB/s (%.4g MiB reads, %d in flight: the weight "
+                 "reader's); random 4 KiB reads/s: %.0f at QD 1, %.0f at QD 32, %.0f at QD 256 (%s)\n",
                  path.c_str(), best / 1e9, d.direct ? "O_DIRECT" : "buffered: page cache, not the disk",
-                 d.seq_mb_s, d.iops_qd1, d.iops_qd32, d.iops_qd256, d.random_engine.c_str());
+                 d.seq_mb_s, d.seq_request_bytes / 1048576.0, d.seq_in_flight, d.iops_qd1, d.iops_qd32,
+                 d.iops_qd256, d.random_engine.c_str());
     csv("disk_seq", d.seq_mb_s, "MB/s");
     csv("disk_iops_qd1", d.iops_qd1, "reads/s");
     csv("disk_iops_qd32", d.iops_qd32, "reads/s");
@@ -35,8 +40,8 @@ DiskRates bench_measure_disk(const Checkpoint& ck, double seconds, std::FILE* ou
 }
 
 void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timings,
-                     const WeightSourceStats& ws, const EngramGatherStats& eg, double wall,
-                     const DiskRates& disk, std::FILE* out, const BenchCsvRow& csv) {
+                     const WeightSourceStats& ws, const EngramGatherStats& eg, double last_pass_stall_s,
+                     double wall, const DiskRates& disk, std::FILE* out, const BenchCsvRow& csv) {
     const auto& roles = ck.roles();
     const double w_mb_s = ws.read_seconds > 0 ? ws.bytes_read / 1e6 / ws.read_seconds : 0;
     std::fprintf(out, "  weights: %.0f MB/s while reading (%s of the disk's sequential rate)\n", w_mb_s,
@@ -49,21 +54,33 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
             out,
             "  Engram gather (%s): %llu lookups -> %llu distinct rows, %llu requests, %.2f GB in %.2f s "
             "busy: %.0f rows/s, %.0f IOPS (%s of the disk's best random rate); scales loaded %.2f GB in "
-            "%.2f s; stall %.2f s\n",
+            "%.2f s; stall %.2f s (last pass %.2f s)\n",
             eg.engine.c_str(), (unsigned long long)eg.lookups, (unsigned long long)eg.unique_rows,
             (unsigned long long)eg.read_requests, eg.bytes_read / 1e9, eg.busy_s, rows_s, iops,
-            frac(iops, disk.best_iops()).c_str(), eg.scale_bytes_loaded / 1e9, eg.scale_load_s, eg.wait_s);
+            frac(iops, disk.best_iops()).c_str(), eg.scale_bytes_loaded / 1e9, eg.scale_load_s, eg.wait_s,
+            last_pass_stall_s);
         csv("engram_rows_per_s", rows_s, "rows/s");
         csv("engram_iops", iops, "reads/s");
         csv("engram_busy_s", eg.busy_s, "s");
-        csv("engram_stall_s", eg.wait_s, "s");
+        csv("engram_stall_s", last_pass_stall_s, "s");  // the last pass's
+        csv("engram_stall_all_passes_s", eg.wait_s, "s");
     }
-    // The disk's busy time: each is the union of the intervals with a request of that kind in flight.
-    std::fprintf(
-        out,
-        "  disk busy: weights (sequential) %.2f s, Engram rows (random) %.2f s + scales %.2f s, of %.2f s "
-        "wall\n",
-        ws.read_seconds, eg.busy_s, eg.scale_load_s, wall);
+    if (eg.next_pass_gathers > 0)
+        std::fprintf(
+            out,
+            "  next-pass gathers (--engram-next-pass): passes whose rows were gathered during the pass "
+            "before %llu; tables whose rows were all in when their pass began %llu\n",
+            (unsigned long long)eg.next_pass_gathers, (unsigned long long)eg.tables_ready_at_start);
+    csv("engram_next_pass_gathers", static_cast<double>(eg.next_pass_gathers), "passes");
+    csv("engram_tables_ready_at_start", static_cast<double>(eg.tables_ready_at_start), "tables");
+    // The disk's busy time: each is the union of the intervals with a request of that kind in flight
+    // (every pass of the workload).
+    const double engram_busy = eg.busy_s + eg.scale_load_s;
+    std::fprintf(out,
+                 "  disk busy: weights (sequential) %.2f s = %s, Engram rows (random) %.2f s + scales %.2f s "
+                 "= %s, of %.2f s wall (the two overlap where both kinds are in flight)\n",
+                 ws.read_seconds, frac(ws.read_seconds, wall).c_str(), eg.busy_s, eg.scale_load_s,
+                 frac(engram_busy, wall).c_str(), wall);
     csv("disk_busy_weights_s", ws.read_seconds, "s");
     csv("disk_busy_engram_s", eg.busy_s + eg.scale_load_s, "s");
     double eng = 0, other = 0;
@@ -83,6 +100,61 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
                      eng / n_eng, other / n_other, ratio);
         csv("engram_layer_wall_ratio", ratio, "ratio");
     }
+}
+
+}  // namespace ds4r
+
+namespace ds4r {
+
+int64_t workload_d_sequences(const ModelConfig& cfg, double host_gb, int64_t tokens_per_seq,
+                             const IoSettings& io, std::FILE* out) {
+    if (tokens_per_seq < 1)
+        throw InputError(strfmt("--d-tokens %lld: expected >= 1", (long long)tokens_per_seq));
+    const int64_t per_token = pass_host_bytes_per_token(cfg, io.engram_next_pass);
+    const double avail = static_cast<double>(mem_available_bytes());
+    const double budget = host_gb > 0 ? host_gb * 1e9 : avail / 2;
+    const int64_t seqs =
+        std::max<int64_t>(1, static_cast<int64_t>(budget / static_cast<double>(per_token * tokens_per_seq)));
+    std::fprintf(
+        out,
+        "\nworkload d sized: %lld x %lld tokens = %.2f GB of host state at %.1f KB per token (%s %.1f GB; "
+        "MemAvailable %.1f GB)\n",
+        (long long)seqs, (long long)tokens_per_seq,
+        static_cast<double>(seqs * tokens_per_seq * per_token) / 1e9, per_token / 1024.0,
+        host_gb > 0 ? "--d-host-gb" : "half of MemAvailable:", budget / 1e9, avail / 1e9);
+    return seqs;
+}
+
+void bench_report_pass_bound(const Checkpoint& ck, const PassBoundInputs& p, const DiskRates& disk,
+                             std::FILE* out, const BenchCsvRow& csv) {
+    // Weights: at the disk's sequential rate when measured, else at the rate the reads ran.
+    const double seq_mb_s =
+        disk.seq_mb_s > 0 ? disk.seq_mb_s : (p.read_s > 0 ? p.weight_bytes / 1e6 / p.read_s : 0);
+    const double weights_s = seq_mb_s > 0 ? p.weight_bytes / 1e6 / seq_mb_s : p.read_s;
+    // Engram rows of this checkpoint's tables for a pass of this size (inspect's expected distinct rows and
+    // 4 KiB requests) at the disk's best random rate (0 without a disk measurement).
+    const PassIoPrediction io = predict_pass_io(ck, p.tokens, seq_mb_s > 0 ? seq_mb_s : 1,
+                                                std::max(disk.best_iops(), 1.0), p.scales_in_memory);
+    const double engram_s = disk.best_iops() > 0 ? io.engram_requests / disk.best_iops() : 0;
+    const double disk_s = weights_s + engram_s;
+    const bool disk_bound = disk_s >= p.compute_s;
+    const double tps = p.wall_s > 0 ? static_cast<double>(p.tokens) / p.wall_s : 0;
+    std::fprintf(
+        out,
+        "  pass of %lld tokens projected to 40 layers: %.1f s = %.0f tokens/s end to end; disk %.1f s "
+        "(weights %.1f GB at %.0f MB/s = %.1f s, Engram rows %.0f random reads at %.0f/s = %.1f s); "
+        "compute %.1f s: bound by %s (%.2fx the other)\n",
+        (long long)p.tokens, p.wall_s, tps, disk_s, p.weight_bytes / 1e9, seq_mb_s, weights_s,
+        io.engram_requests, disk.best_iops(), engram_s, p.compute_s, disk_bound ? "the disk" : "compute",
+        disk_bound ? (p.compute_s > 0 ? disk_s / p.compute_s : 0.0)
+                   : (disk_s > 0 ? p.compute_s / disk_s : 0.0));
+    csv("d_tokens_per_s", tps, "tokens/s");
+    csv("d_pass_s", p.wall_s, "s");
+    csv("d_disk_s", disk_s, "s");
+    csv("d_disk_weights_s", weights_s, "s");
+    csv("d_disk_engram_s", engram_s, "s");
+    csv("d_compute_s", p.compute_s, "s");
+    csv("d_disk_bound", disk_bound ? 1 : 0, "bool");
 }
 
 }  // namespace ds4r

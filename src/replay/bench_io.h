@@ -20,13 +20,37 @@ class Checkpoint;
 using BenchCsvRow = std::function<void(const std::string&, double, const std::string&)>;
 
 // Measures the disk under the checkpoint's largest shard (a dense Engram table when there is one) and
-// prints the rates. seconds <= 0: nothing measured (all rates 0).
-DiskRates bench_measure_disk(const Checkpoint& ck, double seconds, std::FILE* out, const BenchCsvRow& csv);
+// prints the rates; the sequential test reads as the weight reader does with `io` (request size, requests
+// in flight, O_DIRECT). seconds <= 0: nothing measured (all rates 0).
+DiskRates bench_measure_disk(const Checkpoint& ck, double seconds, const IoSettings& io, std::FILE* out,
+                             const BenchCsvRow& csv);
 
 // After a workload: weight read rate vs the disk's sequential rate, gather rows/s and IOPS vs its best
 // random rate, disk busy time (weights vs Engram rows), and the wall of Engram layers vs the others.
+// timings: the last pass's; eg, ws and wall: every pass's; last_pass_stall_s: the last pass's Engram stall.
 void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timings,
-                     const WeightSourceStats& ws, const EngramGatherStats& eg, double wall,
-                     const DiskRates& disk, std::FILE* out, const BenchCsvRow& csv);
+                     const WeightSourceStats& ws, const EngramGatherStats& eg, double last_pass_stall_s,
+                     double wall, const DiskRates& disk, std::FILE* out, const BenchCsvRow& csv);
+
+// Workload d's sequences of `tokens_per_seq`: the largest pass whose host state (pass_host_bytes_per_token
+// with io.engram_next_pass) fits in host_gb x 1e9 bytes, or in half of MemAvailable when host_gb <= 0 (as
+// `score` sizes passes); at least 1. Prints how it was sized.
+int64_t workload_d_sequences(const ModelConfig& cfg, double host_gb, int64_t tokens_per_seq,
+                             const IoSettings& io, std::FILE* out);
+
+// Workload d's 40-layer pass, projected from the measured layers (bench.cpp's project_40).
+struct PassBoundInputs {
+    int64_t tokens = 0;
+    double wall_s = 0;        // the pass's projected wall
+    double read_s = 0;        // weight reads (wall of each layer's reads, summed)
+    double compute_s = 0;     // compute
+    double weight_bytes = 0;  // weight bytes read
+    bool scales_in_memory = true;
+};
+// Prints tokens/s, the disk time (weights at the disk's sequential rate, or at the measured read rate
+// without a disk measurement; the Engram rows of this checkpoint's tables at its best random rate,
+// inspect's prediction), the compute time, and which one bounds the pass.
+void bench_report_pass_bound(const Checkpoint& ck, const PassBoundInputs& p, const DiskRates& disk,
+                             std::FILE* out, const BenchCsvRow& csv);
 
 }  // namespace ds4r

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "ds4r/checkpoint.h"
+#include "ds4r/file_util.h"
 #include "ds4r/log.h"
 #include "ds4r/numeric.h"
 #include "ds4r/replay.h"
@@ -26,6 +27,17 @@ int64_t default_chunk_rows(const ModelConfig& cfg, size_t free_bytes) {
     const int64_t activations = (14 + cfg.hc_mult) * cfg.dim * 4 + cfg.n_heads * cfg.head_dim * 8;
     const int64_t ring = 2 * cfg.hc_mult * (cfg.dim * 2 + 4);  // the state ring's 2 extra buffers
     return std::clamp<int64_t>(static_cast<int64_t>(free_bytes / 4) / (activations + ring), 64, 8192);
+}
+
+int64_t pass_host_bytes_per_token(const ModelConfig& cfg, EngramNextPassMode next_pass) {
+    const int64_t hashes = static_cast<int64_t>(cfg.engram_layer_ids.size()) * cfg.engram_hash_cols() * 8;
+    const int64_t rows = static_cast<int64_t>(engram_rows_bytes_per_token(cfg));
+    // auto: the next pass's hash ids; its rows replace the current pass's table by table unless memory
+    // allows more (checked per pass). on: a second full set.
+    const int64_t next = next_pass == EngramNextPassMode::Off  ? 0
+                         : next_pass == EngramNextPassMode::On ? hashes + rows
+                                                               : hashes;
+    return cfg.hc_mult * cfg.dim * 2 + cfg.hc_mult * 4 + hashes + 64 + rows + next;
 }
 
 int64_t resolve_chunk_rows(int64_t requested, const ModelConfig& cfg, size_t free_bytes) {
@@ -54,12 +66,67 @@ PassRunner::PassRunner(Backend& be, const Checkpoint& ckpt, WeightSource& weight
     weights_.set_schedule(order);
 }
 
-PassRunner::~PassRunner() = default;  // engram_gather_ stops and joins its thread
+PassRunner::~PassRunner() = default;  // next_gather_ and engram_gather_ stop and join their threads
 
 EngramGatherStats PassRunner::engram_stats() const {
     EngramGatherStats st = engram_stats_;
     if (engram_gather_) st.add(engram_gather_->stats());
     return st;
+}
+
+void PassRunner::set_next_pass(std::vector<std::vector<int32_t>> seqs) {
+    next_seqs_ = std::move(seqs);
+}
+
+int PassRunner::next_pass_tables_done() const {
+    return next_gather_ ? next_gather_->tables_done() : -1;
+}
+
+std::vector<int64_t> PassRunner::engram_hashes(const std::vector<std::vector<int32_t>>& seqs) const {
+    const int64_t ne = static_cast<int64_t>(cfg_.engram_layer_ids.size()), cols = cfg_.engram_hash_cols();
+    int64_t rows = 0;
+    for (const auto& s : seqs) rows += static_cast<int64_t>(s.size());
+    std::vector<int64_t> hashes(static_cast<size_t>(rows * ne * cols));  // [rows, ne, cols]
+    int64_t r0 = 0;
+    for (const auto& s : seqs) {
+        std::vector<int64_t> h = engram_hash_ids(s, engram_->map, engram_->layout, cfg_);
+        std::copy(h.begin(), h.end(), hashes.begin() + r0 * ne * cols);
+        r0 += static_cast<int64_t>(s.size());
+    }
+    return hashes;
+}
+
+void PassRunner::start_next_pass_gather() {
+    next_gather_.reset();
+    next_gather_seqs_.clear();
+    if (!engram_ || !engram_gather_ || next_seqs_.empty() || engram_->next_pass == EngramNextPassMode::Off)
+        return;
+    int64_t rows = 0;
+    for (const auto& s : next_seqs_) {
+        for (int32_t t : s)
+            if (t < 0 || t >= cfg_.vocab_size) return;  // the next pass's begin() reports it
+        rows += static_cast<int64_t>(s.size());
+    }
+    // A second full set of rows next to the current pass's (`on`, or `auto` when it takes at most a
+    // quarter of MemAvailable); otherwise each table is gathered once the current pass freed its rows.
+    bool full_set = engram_->next_pass == EngramNextPassMode::On;
+    if (engram_->next_pass == EngramNextPassMode::Auto) {
+        const uint64_t need = static_cast<uint64_t>(rows) * engram_rows_bytes_per_token(cfg_);
+        const uint64_t avail = mem_available_bytes();
+        full_set = avail > 0 && need <= avail / 4;
+        if (!full_set && !next_pass_memory_note_)
+            log_info(
+                strfmt("Engram: the next pass's rows (%.2f GB) are gathered table by table as this pass "
+                       "frees its own (a second full set would take more than a quarter of the "
+                       "available %.2f GB)",
+                       need / 1e9, avail / 1e9));
+        next_pass_memory_note_ = next_pass_memory_note_ || !full_set;
+    }
+    next_gather_seqs_ = next_seqs_;
+    // The hash ids are computed on the gather's thread (the tokens are copied: the runner may change).
+    next_gather_ = std::make_unique<EngramPassGather>(
+        *engram_, [this, seqs = next_seqs_] { return engram_hashes(seqs); }, rows, cfg_.engram_hash_cols(),
+        engram_gather_->done_gate(), full_set);
 }
 
 uint16_t* PassRunner::stream(int seq) {
@@ -77,6 +144,11 @@ void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs, int first_
     // The previous pass's gather (finished, or stopped at its next request) goes with its rows.
     if (engram_gather_) engram_stats_.add(engram_gather_->stats());
     engram_gather_.reset();
+    // The gather started during the previous pass is this pass's when it gathered exactly these tokens
+    // from the first layer; otherwise it is dropped (stopped at its next request).
+    std::unique_ptr<EngramPassGather> prepared = std::move(next_gather_);
+    if (prepared && !(first_layer == 0 && next_gather_seqs_ == seqs)) prepared.reset();
+    next_gather_seqs_.clear();
     tokens_ = seqs;
     next_layer_ = 0;
     row0_.clear();
@@ -115,19 +187,21 @@ void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs, int first_
 
     // Engram hash ids of every row (docs/MODEL.md 4.2), computed once per pass; every table's gather starts
     // now, in the background (io/), layer 1's table first.
-    if (engram_) {
+    if (engram_ && prepared) {
+        // Gathered (or being gathered) during the previous pass: the first pass of a run never is.
+        EngramGatherStats st;
+        st.next_pass_gathers = 1;
+        st.tables_ready_at_start = static_cast<uint64_t>(prepared->tables_done());
+        engram_stats_.add(st);
+        engram_gather_ = std::move(prepared);
+    } else if (engram_) {
         const int64_t ne = static_cast<int64_t>(cfg_.engram_layer_ids.size()), cols = cfg_.engram_hash_cols();
-        std::vector<int64_t> hashes(static_cast<size_t>(total_rows_ * ne * cols));  // [rows, ne, cols]
-        for (size_t i = 0; i < seqs.size(); ++i) {
-            std::vector<int64_t> h = engram_hash_ids(seqs[i], engram_->map, engram_->layout, cfg_);
-            std::copy(h.begin(), h.end(), hashes.begin() + row0_[i] * ne * cols);
-        }
         // A pass continued from a saved layer (first_layer > 0) skips the tables of the layers it ran.
         int first_table = 0;
         while (first_table < ne && cfg_.engram_layer_ids[static_cast<size_t>(first_table)] < first_layer)
             ++first_table;
         engram_gather_ =
-            std::make_unique<EngramPassGather>(*engram_, std::move(hashes), total_rows_, cols, first_table);
+            std::make_unique<EngramPassGather>(*engram_, engram_hashes(seqs), total_rows_, cols, first_table);
     }
     plan_chunks();
 }
@@ -442,9 +516,24 @@ std::vector<SequenceScores> PassRunner::finish(const GlobalWeights& g, HiddenSin
 std::vector<SequenceScores> PassRunner::run(const std::vector<std::vector<int32_t>>& seqs, HiddenSink* sink,
                                             const std::function<void(const LayerTiming&)>& on_layer,
                                             const Continuation* from) {
+    // set_next_pass applies to this run only; a run that fails or is interrupted stops the next pass's
+    // gather (its thread ends at its next request; the error of this pass is what is reported).
+    struct NextPassScope {
+        PassRunner& r;
+        bool ok = false;
+        ~NextPassScope() {
+            r.next_seqs_.clear();
+            if (!ok) {
+                r.next_gather_.reset();
+                r.next_gather_seqs_.clear();
+            }
+        }
+    } next_scope{*this};
     for (;;) {
         try {
-            return run_pass(seqs, sink, on_layer, from);
+            auto out = run_pass(seqs, sink, on_layer, from);
+            next_scope.ok = true;
+            return out;
         } catch (const OutOfMemoryError& e) {
             // docs/DESIGN.md section 6: shrink the chunks and go on, never return wrong data. Nothing of
             // the pass has left the runner (its captured rows are dropped by the sink).
@@ -468,6 +557,7 @@ std::vector<SequenceScores> PassRunner::run_pass(const std::vector<std::vector<i
                                                  const std::function<void(const LayerTiming&)>& on_layer,
                                                  const Continuation* from) {
     begin(seqs, from ? from->next_layer : 0);
+    start_next_pass_gather();  // behind this pass's own gathers (docs/PERFORMANCE.md, Engram)
     if (from) {
         from->load(*this);
         next_layer_ = from->next_layer;

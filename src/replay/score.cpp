@@ -19,6 +19,7 @@
 
 #include "ds4r/checkpoint.h"
 #include "ds4r/engram.h"
+#include "ds4r/file_util.h"
 #include "ds4r/input.h"
 #include "ds4r/log.h"
 #include "ds4r/output.h"
@@ -35,17 +36,6 @@ namespace {
 double now_s() {
     using namespace std::chrono;
     return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-
-// MemAvailable from /proc/meminfo, in bytes (0 if unknown).
-uint64_t host_available_bytes() {
-    std::ifstream f("/proc/meminfo");
-    std::string key;
-    uint64_t val;
-    std::string unit;
-    while (f >> key >> val >> unit)
-        if (key == "MemAvailable:") return val * 1024;
-    return 0;
 }
 
 bool same_file(const std::string& a, const std::string& b) {
@@ -145,13 +135,8 @@ int64_t check_options_against_model(const ScoreOptions& opt, const Checkpoint& c
 // Pass size: host state ~ hc*D*2 + hashes per token (<= 64 KB, docs/DESIGN.md 5), half of MemAvailable.
 int64_t pass_tokens_for(const ScoreOptions& opt, const ModelConfig& cfg) {
     if (opt.pass_tokens > 0) return opt.pass_tokens;
-    const int64_t host_per_token =
-        cfg.hc_mult * cfg.dim * 2 + cfg.hc_mult * 4 +
-        static_cast<int64_t>(cfg.engram_layer_ids.size()) * cfg.engram_hash_cols() * 8 + 64 +
-        // the gathered Engram rows as stored (e4m3 row + e8m0 scales) and their index, every table
-        static_cast<int64_t>(cfg.engram_layer_ids.size()) * cfg.engram_hash_cols() *
-            (cfg.engram_head_dim + cfg.engram_head_dim / 32 + 8 + 4);
-    const uint64_t avail = host_available_bytes();
+    const int64_t host_per_token = pass_host_bytes_per_token(cfg, opt.io.engram_next_pass);
+    const uint64_t avail = mem_available_bytes();
     const int64_t n = avail ? static_cast<int64_t>(avail / 2) / host_per_token : (1 << 20);
     return std::clamp<int64_t>(n, 1024, 1 << 20);
 }
@@ -425,12 +410,37 @@ void ScoreJob::run(PassRunner& runner, WeightSource& weights, Progress& progress
     log_info(strfmt("chunks of <= %lld rows, passes of <= %lld tokens", (long long)runner.chunk_rows(),
                     (long long)pass_tokens));
     const SavedPass* saved = check_.saved_pass ? &*check_.saved_pass : nullptr;
-    Pass pass;
+    // The input is read one pass ahead when the next pass's Engram rows are gathered during the current
+    // pass (--engram-next-pass; include/ds4r/engram_io.h). Reading ahead changes no output: a pass is
+    // committed only after it ran, and an input error of the pass read ahead surfaces when that pass
+    // would have been read (after the current one is committed).
+    const bool read_ahead =
+        !cfg_.engram_layer_ids.empty() && opt_.io.engram_next_pass != EngramNextPassMode::Off;
+    Pass pass, ahead;
+    bool have_ahead = false;
+    std::exception_ptr ahead_error;
     try {
-        while (!eof_) {
+        while (!eof_ || have_ahead) {
             throw_if_interrupted();  // between passes: everything so far is committed
-            pass = collect_pass(pass_tokens, saved ? saved->items.back().pos : -1, progress, sum);
+            if (have_ahead) {
+                have_ahead = false;
+                if (ahead_error) std::rethrow_exception(ahead_error);
+                pass = std::move(ahead);
+                ahead = Pass{};
+            } else {
+                pass = collect_pass(pass_tokens, saved ? saved->items.back().pos : -1, progress, sum);
+            }
             if (pass.items.empty()) break;
+            if (read_ahead && !eof_ && !pass.seqs.empty()) {
+                try {
+                    ahead = collect_pass(pass_tokens, -1, progress, sum);
+                } catch (...) {
+                    ahead_error = std::current_exception();
+                }
+                have_ahead = true;
+            }
+            runner.set_next_pass(have_ahead && !ahead_error ? ahead.seqs
+                                                            : std::vector<std::vector<int32_t>>{});
             PassRunner::Continuation cont;
             if (saved) {
                 check_saved_pass(pass, *saved);

@@ -8,11 +8,14 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ds4r/engram_io.h"
@@ -272,4 +275,125 @@ TEST(EngramPassGather, GathersEveryTableOfThePass) {
     EXPECT_THROW(bad.wait(1), CheckpointError);
     // Destroyed without waiting: the thread stops and joins.
     { EngramPassGather dropped(res, hashes, rows, cols); }
+}
+
+namespace {
+
+// Two tables and a pass's hash ids [rows, 2, cols] into them (as GathersEveryTableOfThePass).
+struct TwoTables {
+    EngramResources res;
+    std::vector<TableFile> files;
+    std::vector<int64_t> hashes;
+    int64_t rows = 120, cols = 6;
+    std::vector<int64_t> ids(int e) const {  // table e's lookups in pass order
+        std::vector<int64_t> v;
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < cols; ++c)
+                v.push_back(hashes[static_cast<size_t>((r * 2 + e) * cols + c)]);
+        return v;
+    }
+};
+
+std::unique_ptr<TwoTables> two_tables(const std::string& tag, uint64_t seed) {
+    auto t = std::make_unique<TwoTables>();
+    t->files = {make_table_file(tag + "0", 1200, 64, seed), make_table_file(tag + "1", 700, 64, seed + 1)};
+    for (const auto& f : t->files)
+        t->res.tables.push_back(
+            std::make_unique<EngramTable>(f.path, f.weight_offset, f.scale_offset, f.rows, f.hd));
+    std::mt19937_64 rng(seed);
+    t->hashes.resize(static_cast<size_t>(t->rows * 2 * t->cols));
+    for (int64_t r = 0; r < t->rows; ++r)
+        for (int64_t e = 0; e < 2; ++e)
+            for (int64_t c = 0; c < t->cols; ++c)
+                t->hashes[static_cast<size_t>((r * 2 + e) * t->cols + c)] = static_cast<int64_t>(
+                    rng() % static_cast<uint64_t>(t->files[static_cast<size_t>(e)].rows));
+    return t;
+}
+
+void expect_rows(EngramPassGather& g, const TwoTables& t, int e) {
+    const std::vector<int64_t> ids = t.ids(e);
+    std::vector<uint16_t> out(ids.size() * 64);
+    g.wait(e).dequant_bf16(0, ids.size(), out.data());
+    EXPECT_EQ(out, expected_bf16(t.files[static_cast<size_t>(e)], ids)) << "table " << e;
+}
+
+}  // namespace
+
+// The next pass's gather (--engram-next-pass): nothing is read before the current pass's gather is done
+// (its gate opens); each table then waits for the current pass to free the same table unless a second full
+// set is allowed. tables_done() shows it without timing: a table whose release never came cannot be done.
+TEST(EngramPassGather, NextPassWaitsForTheGateAndEachRelease) {
+    const auto t = two_tables("eg-next", 21);
+    auto gate = std::make_shared<EngramGatherGate>(2);
+    const auto hashes = t->hashes;
+    EngramPassGather g(
+        t->res, [hashes] { return hashes; }, t->rows, t->cols, gate, /*second_full_set=*/false);
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    EXPECT_EQ(g.tables_done(), 0) << "read before the current pass's gather was done";
+    gate->open();
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    EXPECT_EQ(g.tables_done(), 0) << "table 0 read before the current pass freed its own";
+    gate->release(0);
+    expect_rows(g, *t, 0);
+    EXPECT_EQ(g.tables_done(), 1) << "table 1 read before the current pass freed its own";
+    gate->release(1);
+    expect_rows(g, *t, 1);
+
+    // A second full set: both tables once the gate opens, no release needed.
+    auto gate2 = std::make_shared<EngramGatherGate>(2);
+    EngramPassGather full(
+        t->res, [hashes] { return hashes; }, t->rows, t->cols, gate2, /*second_full_set=*/true);
+    gate2->open();
+    expect_rows(full, *t, 0);
+    expect_rows(full, *t, 1);
+    EXPECT_EQ(full.stats().lookups, static_cast<uint64_t>(2 * t->rows * t->cols));
+
+    // The current pass's gate: opens when its thread is done; release() and destruction free the tables.
+    std::shared_ptr<const EngramGatherGate> done;
+    {
+        EngramPassGather current(t->res, hashes, t->rows, t->cols);
+        done = current.done_gate();
+        std::atomic<bool> never{false};
+        EXPECT_TRUE(done->wait_open(never));
+        current.release(0);
+        EXPECT_TRUE(done->wait_released(0, never));
+    }
+    std::atomic<bool> never{false};
+    EXPECT_TRUE(done->wait_released(1, never)) << "destroyed without release: its rows are gone too";
+}
+
+// Errors of the next pass's gather surface at its pass's wait() of the table, never earlier, naming the
+// shard; a failing hash computation too; a gather destroyed while waiting on the gate stops (no hang).
+TEST(EngramPassGather, NextPassErrorsSurfaceAtTheirWait) {
+    const auto t = two_tables("eg-next-err", 31);
+    const auto hashes = t->hashes;
+    auto gate = std::make_shared<EngramGatherGate>(2);
+    EngramPassGather g(
+        t->res, [hashes] { return hashes; }, t->rows, t->cols, gate, /*second_full_set=*/true);
+    // Cut after the table was opened (and after the gather was created): read when the gate opens.
+    std::filesystem::resize_file(t->files[0].path, t->files[0].weight_offset + 10);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(g.tables_done(), 0);
+    gate->open();
+    try {
+        g.wait(0);
+        ADD_FAILURE() << "truncated table read without error";
+    } catch (const CheckpointError& e) {
+        EXPECT_NE(std::string(e.what()).find(t->files[0].path), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(g.wait(1), CheckpointError);  // the pass stops at its first failed table
+
+    EngramPassGather bad_hashes(
+        t->res, []() -> std::vector<int64_t> { throw InputError("hashing failed"); }, t->rows, t->cols, gate,
+        true);
+    EXPECT_THROW(bad_hashes.wait(0), InputError);
+    EXPECT_THROW(bad_hashes.wait(1), InputError);
+
+    // Never opened: destruction stops the wait.
+    auto closed = std::make_shared<EngramGatherGate>(2);
+    {
+        EngramPassGather waiting(
+            t->res, [hashes] { return hashes; }, t->rows, t->cols, closed, false);
+    }
+    SUCCEED();
 }

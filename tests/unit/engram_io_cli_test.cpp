@@ -57,7 +57,7 @@ TEST(EngramIoCli, EveryEngineGivesTheSameBytes) {
 TEST(EngramIoCli, BadValuesAreUsageErrors) {
     const std::string dir = temp_dir("engram-io-cli-bad");
     for (const char* bad : {"--engram-io fast", "--io cached", "--read-threads 0", "--read-request-mb 5000",
-                            "--engram-queue-depth 0", "--engram-scales some"}) {
+                            "--engram-queue-depth 0", "--engram-scales some", "--engram-next-pass maybe"}) {
         std::string log;
         const int rc =
             run_ds4replay("score --model " + golden_model_dir() + " --backend cpu --input " + data_dir() +

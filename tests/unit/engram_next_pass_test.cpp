@@ -1,0 +1,257 @@
+// The next pass's Engram gather during the current pass (--engram-next-pass; include/ds4r/engram_io.h) on a
+// tiny checkpoint with dense tables (make-tiny --engram-rows): scores byte-identical with it off, auto and on
+// over several passes; the next pass's rows all in before the pass ends (observed through the runner's
+// counter, not timed); a next pass that is not the one run is dropped; an exception mid-pass with a next
+// gather in flight neither hangs nor spoils the runner; `score` gives the same bytes with every mode. And the
+// I/O sizing helpers: the disk probe's sequential request shape, workload d's pass size.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli_run_util.h"
+#include "ds4r/backend.h"
+#include "ds4r/binding.h"
+#include "ds4r/checkpoint.h"
+#include "ds4r/disk_probe.h"
+#include "ds4r/error.h"
+#include "ds4r/make_tiny.h"
+#include "ds4r/progress.h"
+#include "ds4r/replay.h"
+#include "replay/bench_io.h"
+#include "test_util.h"
+
+using namespace ds4r;
+using namespace ds4r::test;
+
+namespace {
+
+// Made once per process: the tiny preset's layers, dense tables of ~20,000 rows.
+const std::string& dense_model() {
+    static const std::string dir = [] {
+        const std::string d = temp_dir("next-pass-model") + "/model";
+        MakeTinyOptions o;
+        o.engram_rows = 20000;
+        o.seed = 5;
+        o.threads = 2;
+        make_tiny(d, o);
+        return d;
+    }();
+    return dir;
+}
+
+using Pass = std::vector<std::vector<int32_t>>;
+
+std::vector<Pass> random_passes(int n, int64_t vocab, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<Pass> out(static_cast<size_t>(n));
+    for (auto& p : out)
+        for (int s = 0; s < 3; ++s) {
+            std::vector<int32_t> seq(static_cast<size_t>(3 + rng() % 20));
+            for (auto& t : seq) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+            p.push_back(seq);
+        }
+    return out;
+}
+
+bool same_scores(const std::vector<SequenceScores>& a, const std::vector<SequenceScores>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+        if (a[i].n != b[i].n || a[i].logprob != b[i].logprob || a[i].rank != b[i].rank ||
+            a[i].entropy != b[i].entropy || a[i].topk_ids != b[i].topk_ids ||
+            a[i].topk_logprobs != b[i].topk_logprobs)
+            return false;
+    return true;
+}
+
+// Waits (up to 60 s) until the runner's next-pass gather has ended for every table; false if it never does.
+bool wait_next_pass_done(const PassRunner& r, int tables) {
+    for (int i = 0; i < 6000; ++i) {
+        if (r.next_pass_tables_done() == tables) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+}
+
+struct ModeRun {
+    std::vector<std::vector<SequenceScores>> scores;  // [pass]
+    EngramGatherStats stats;
+    int overlapped = 0;  // passes whose next pass's rows were all in before they ended
+};
+
+ModeRun run_passes(const Checkpoint& ck, EngramNextPassMode mode, const std::vector<Pass>& passes) {
+    IoSettings io;
+    io.engram_next_pass = mode;
+    auto eng = load_engram_resources(ck, io);
+    auto be = make_cpu_backend();
+    auto ws = make_sync_weight_source(*be, ck);
+    ReplayOptions ro;
+    ro.chunk_rows = 16;
+    PassRunner runner(*be, ck, *ws, eng.get(), ro);
+    const int tables = static_cast<int>(ck.config().engram_layer_ids.size());
+    ModeRun out;
+    for (size_t p = 0; p < passes.size(); ++p) {
+        const bool has_next = p + 1 < passes.size();
+        runner.set_next_pass(has_next ? passes[p + 1] : Pass{});
+        out.scores.push_back(runner.run(passes[p], nullptr, [&](const LayerTiming& t) {
+            // At the head, every layer of this pass has run: the next pass's gather ends during this pass.
+            if (t.layer == kHeadLayer && has_next && mode != EngramNextPassMode::Off)
+                out.overlapped += wait_next_pass_done(runner, tables) ? 1 : 0;
+        }));
+    }
+    out.stats = runner.engram_stats();
+    return out;
+}
+
+}  // namespace
+
+TEST(EngramNextPass, ByteIdenticalOffAutoOnAndGatheredDuringThePassBefore) {
+    Checkpoint ck = Checkpoint::open(dense_model());
+    const uint64_t tables = ck.config().engram_layer_ids.size();
+    ASSERT_GE(tables, 1u);
+    const std::vector<Pass> passes = random_passes(4, ck.config().vocab_size, 3);
+    const ModeRun off = run_passes(ck, EngramNextPassMode::Off, passes);
+    EXPECT_EQ(off.stats.next_pass_gathers, 0u);
+    for (EngramNextPassMode mode : {EngramNextPassMode::Auto, EngramNextPassMode::On}) {
+        const ModeRun r = run_passes(ck, mode, passes);
+        for (size_t p = 0; p < passes.size(); ++p)
+            EXPECT_TRUE(same_scores(r.scores[p], off.scores[p]))
+                << engram_next_pass_name(mode) << ": pass " << p << " differs from --engram-next-pass off";
+        // Passes 2..4 were gathered during the pass before, all their tables in before they began.
+        EXPECT_EQ(r.overlapped, 3) << engram_next_pass_name(mode);
+        EXPECT_EQ(r.stats.next_pass_gathers, 3u) << engram_next_pass_name(mode);
+        EXPECT_EQ(r.stats.tables_ready_at_start, 3 * tables) << engram_next_pass_name(mode);
+        EXPECT_EQ(r.stats.lookups, off.stats.lookups) << engram_next_pass_name(mode);
+    }
+}
+
+// The pass announced is not the pass run: its rows are dropped and the run gathers its own.
+TEST(EngramNextPass, AnotherPassThanAnnouncedGathersItsOwn) {
+    Checkpoint ck = Checkpoint::open(dense_model());
+    const std::vector<Pass> passes = random_passes(3, ck.config().vocab_size, 4);
+    const ModeRun off = run_passes(ck, EngramNextPassMode::Off, {passes[0], passes[2]});
+    IoSettings io;
+    io.engram_next_pass = EngramNextPassMode::On;
+    auto eng = load_engram_resources(ck, io);
+    auto be = make_cpu_backend();
+    auto ws = make_sync_weight_source(*be, ck);
+    PassRunner runner(*be, ck, *ws, eng.get(), ReplayOptions{});
+    runner.set_next_pass(passes[1]);
+    EXPECT_TRUE(same_scores(runner.run(passes[0], nullptr), off.scores[0]));
+    EXPECT_TRUE(same_scores(runner.run(passes[2], nullptr), off.scores[1]));
+    EXPECT_EQ(runner.engram_stats().next_pass_gathers, 0u);
+    EXPECT_EQ(runner.next_pass_tables_done(), -1) << "set_next_pass applies to one run only";
+}
+
+// An exception in the middle of a pass (a Ctrl-C, a failed layer) while the next pass's gather waits or
+// reads: run() throws it promptly, the gather stops, and the runner scores the next passes correctly.
+TEST(EngramNextPass, ExceptionWithTheNextGatherInFlightDoesNotHang) {
+    Checkpoint ck = Checkpoint::open(dense_model());
+    const std::vector<Pass> passes = random_passes(2, ck.config().vocab_size, 5);
+    const ModeRun off = run_passes(ck, EngramNextPassMode::Off, passes);
+    IoSettings io;
+    io.engram_next_pass = EngramNextPassMode::Auto;
+    auto eng = load_engram_resources(ck, io);
+    auto be = make_cpu_backend();
+    auto ws = make_sync_weight_source(*be, ck);
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+        PassRunner runner(*be, ck, *ws, eng.get(), ReplayOptions{});
+        for (int stop_at : {0, 2}) {
+            runner.set_next_pass(passes[1]);
+            EXPECT_THROW(runner.run(passes[0], nullptr,
+                                    [&](const LayerTiming& t) {
+                                        if (t.layer == stop_at) throw Interrupted(0, "test");
+                                    }),
+                         Interrupted);
+            EXPECT_EQ(runner.next_pass_tables_done(), -1) << "the next pass's gather outlived its run";
+        }
+        runner.set_next_pass(passes[1]);
+        EXPECT_TRUE(same_scores(runner.run(passes[0], nullptr), off.scores[0]));
+        EXPECT_TRUE(same_scores(runner.run(passes[1], nullptr), off.scores[1]));
+        // Destroyed with a next pass's gather started and never used.
+        runner.set_next_pass(passes[0]);
+        EXPECT_TRUE(same_scores(runner.run(passes[1], nullptr), off.scores[1]));
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(120)) << "a gather thread hung";
+}
+
+// score: identical bytes with every --engram-next-pass mode over several passes.
+TEST(EngramNextPass, ScoreBytesDoNotDependOnIt) {
+    const std::string dir = temp_dir("next-pass-score");
+    Checkpoint ck = Checkpoint::open(dense_model());
+    std::mt19937_64 rng(9);
+    std::string input;
+    for (int i = 0; i < 8; ++i) {
+        input += "{\"id\": \"s" + std::to_string(i) + "\", \"tokens\": [";
+        for (int k = 0; k < 12; ++k)
+            input += (k ? ", " : "") + std::to_string(rng() % static_cast<uint64_t>(ck.config().vocab_size));
+        input += "]}\n";
+    }
+    write_text(dir + "/in.jsonl", input);
+    std::string want;
+    for (const char* mode : {"off", "auto", "on"}) {
+        std::string log;
+        const std::string out = dir + "/" + mode + ".jsonl";
+        ASSERT_EQ(
+            run_ds4replay("score --model " + dense_model() + " --backend cpu --progress none --input " + dir +
+                              "/in.jsonl --output " + out + " --pass-tokens 30 --engram-next-pass " + mode,
+                          &log),
+            0)
+            << log;
+        EXPECT_NE(log.find("in 3 passes"), std::string::npos) << log;
+        if (want.empty())
+            want = slurp(out);
+        else
+            EXPECT_EQ(slurp(out), want) << "--engram-next-pass " << mode;
+    }
+    EXPECT_EQ(split_lines(want).size(), 8u);
+}
+
+// The sequential disk test reads as the weight reader does: its request size (rounded up to 4 KiB) and its
+// number of requests in flight; a small file gets smaller requests so that every reader has two.
+TEST(DiskProbe, SequentialTestUsesTheWeightReadersRequests) {
+    const uint64_t big = uint64_t{10} << 30;
+    SequentialProbeShape s = sequential_probe_shape(size_t{64} << 20, 4, big);
+    EXPECT_EQ(s.request_bytes, size_t{64} << 20);
+    EXPECT_EQ(s.in_flight, 4);
+    s = sequential_probe_shape(5000000, 7, big);
+    EXPECT_EQ(s.request_bytes, 5001216u);  // 1221 pages
+    EXPECT_EQ(s.in_flight, 7);
+    s = sequential_probe_shape(size_t{64} << 20, 4, uint64_t{1} << 20);
+    EXPECT_EQ(s.request_bytes, size_t{128} << 10);
+    s = sequential_probe_shape(size_t{64} << 20, 4, 10000);
+    EXPECT_EQ(s.request_bytes, 4096u);
+
+    const std::string f = temp_dir("disk-probe") + "/data";
+    write_text(f, std::string(3 << 20, 'x'));
+    const DiskRates d = measure_disk(f, 0.05, {size_t{1} << 20, 2});
+    EXPECT_EQ(d.seq_request_bytes, size_t{3} << 20 >> 2 >> 12 << 12);  // 3 MiB / (2 x 2), whole pages
+    EXPECT_EQ(d.seq_in_flight, 2);
+    EXPECT_GT(d.seq_mb_s, 0);
+    EXPECT_GT(d.iops_qd32, 0);
+}
+
+// Workload d: as many sequences as the host budget holds at score's bytes per token.
+TEST(BenchWorkloadD, SizedFromTheHostBudget) {
+    Checkpoint ck = Checkpoint::open(dense_model());
+    const ModelConfig& c = ck.config();
+    IoSettings io;
+    std::FILE* null = std::fopen("/dev/null", "w");
+    ASSERT_NE(null, nullptr);
+    const int64_t per_token = pass_host_bytes_per_token(c, io.engram_next_pass);
+    EXPECT_EQ(workload_d_sequences(c, 0.5, 100, io, null), static_cast<int64_t>(0.5e9 / (per_token * 100)));
+    EXPECT_EQ(workload_d_sequences(c, 1e-9, 100, io, null), 1);
+    EXPECT_GT(workload_d_sequences(c, 0, 100, io, null), 0);  // half of MemAvailable
+    EXPECT_THROW(workload_d_sequences(c, 1, 0, io, null), InputError);
+    std::fclose(null);
+    // The next pass's share: auto its hash ids, on a second full set of rows.
+    const int64_t off = pass_host_bytes_per_token(c, EngramNextPassMode::Off);
+    const int64_t hashes = static_cast<int64_t>(c.engram_layer_ids.size()) * c.engram_hash_cols() * 8;
+    EXPECT_EQ(pass_host_bytes_per_token(c, EngramNextPassMode::Auto), off + hashes);
+    EXPECT_EQ(pass_host_bytes_per_token(c, EngramNextPassMode::On),
+              off + hashes + static_cast<int64_t>(engram_rows_bytes_per_token(c)));
+}
