@@ -183,6 +183,8 @@ void check_hidden_files(const ScoreOptions& opt, const ModelConfig& cfg,
                            path.c_str(), (long long)(rows + extra)));
             continue;
         }
+        // No row referenced and none held (a run stopped while creating it): open_layer rewrites it.
+        if (rows + extra == 0 && FileHandle(path, O_RDONLY).size() <= kHiddenHeaderBytes) continue;
         NpyHeader h;
         try {
             h = read_npy_header(path);
@@ -334,11 +336,27 @@ OutputCheck check_outputs(const ScoreOptions& opt, const RunManifest& now, const
                  "input's hash, "
                  "--max-seq-len and --skip-bad cannot be checked");
         if (st.records.empty())
-            for (const auto& p : hidden_existing)
+            for (const auto& p : hidden_existing) {
+                // A run killed at its very start (the hidden files are created before the output and
+                // its sidecar) leaves them empty or header-only: no row of data to lose; resuming
+                // rewrites them. Anything else may be somebody's file.
+                const uint64_t size = FileHandle(p, O_RDONLY).size();
+                std::string magic(6, '\0');
+                if (size > 0) {
+                    FileHandle f(p, O_RDONLY);
+                    const ssize_t n = ::pread(f.fd(), magic.data(), magic.size(), 0);
+                    if (n != static_cast<ssize_t>(magic.size())) magic.clear();
+                }
+                if (size <= kHiddenHeaderBytes && (size == 0 || magic == std::string("\x93NUMPY", 6))) {
+                    log_warn("resume: " + p +
+                             " holds no rows (a run stopped before its first output): rewritten");
+                    continue;
+                }
                 throw InputError(
                     p +
                     ": exists, and no results file or sidecar says which run wrote it; remove it, use "
                     "another --hidden-dir, or --overwrite without --resume");
+            }
     }
     // The records tell the same where the sidecar agrees (and all there is without one).
     if (!then || diffs.empty()) check_records(st, opt, opt.output, diffs);
