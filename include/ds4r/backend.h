@@ -239,6 +239,10 @@ std::unique_ptr<Backend> make_cpu_backend();
 // whatever the GPU (the product targets a 24 GB card, docs/DESIGN.md 5).
 std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, double gpu_memory_gb = 0);
 
+// The CUDA devices this process sees (0 when CUDA is not compiled in or no GPU is usable): what
+// score --devices all means.
+int cuda_device_count();
+
 // --backend: "cpu"; "cuda" (throws RuntimeError without a usable GPU, the message says why); "auto":
 // CUDA when a usable GPU is present, else the CPU backend (logged). gpu_memory_gb: as above.
 std::unique_ptr<Backend> select_backend(const std::string& kind, int device, double gpu_memory_gb = 0);

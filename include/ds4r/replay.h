@@ -30,6 +30,9 @@ struct ReplayOptions {
     int top_k = 8;                    // alternatives per position
     std::vector<int> capture_layers;  // 0..n_layers (n_layers = collapsed final hidden state)
     HiddenMode hidden_mode = HiddenMode::Mean;
+    // PassRunner::run shrinks the chunks and runs the pass again on OutOfMemoryError; false: it throws
+    // (the multi-device runner restarts the pass of every worker instead, src/replay/multi_device_runner.h).
+    bool retry_out_of_memory = true;
 };
 
 // Rows per chunk that keep a chunk's activations (~ (14 + hc) * D * 4 bytes per row plus attention
@@ -100,6 +103,9 @@ public:
     void set_on_chunk(ChunkCallback f) { on_chunk_ = std::move(f); }
     int64_t chunk_rows() const { return opt_.chunk_rows; }  // the current chunk size
     int out_of_memory_retries() const { return oom_retries_; }
+    // After an OutOfMemoryError: halves the chunks (logged with `why`); false when they are at
+    // kMinChunkRows already (nothing left to shrink).
+    bool shrink_chunks(const std::string& why);
     // The Engram gathers of every pass so far (rows, requests, busy time, the stall at Engram layers).
     EngramGatherStats engram_stats() const;
 
@@ -186,7 +192,7 @@ private:
     std::shared_ptr<void> premix_;  // F32 [total_rows, hc]
     std::vector<Chunk> chunks_;
     int oom_retries_ = 0;
-    int next_layer_ = 0;                        // first layer not yet applied to the host state
+    int next_layer_ = 0;  // first layer not yet applied to the host state
     ChunkCallback on_chunk_;
     std::unique_ptr<CopyQueue> up_q_, down_q_;  // the state ring's host -> backend / backend -> host copies
     // The pass's Engram gathers (io/): every table's rows, started by begin() (docs/MODEL.md 4.8 step 1).
