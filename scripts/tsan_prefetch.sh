@@ -4,7 +4,9 @@
 # churn, a failed request stopping the other readers, stop mid-read, DirectReader used by several
 # threads) and of the pass runner's chunk state ring and out-of-memory retry on that asynchronous queue
 # (ChunkRing, ChunkRetry), and the Engram gather's engines (the pread pool, io_uring, mmap threads, the
-# pass gather's background thread: EngramGather, EngramPassGather, EngramRowPlan). CPU only: configures build-tsan with -DDS4R_SANITIZE=thread -DDS4R_CUDA=OFF,
+# pass gather's background thread: EngramGather, EngramPassGather, EngramRowPlan), and score --devices
+# (the worker threads behind one fan-out weight reader: MultiDevice, ScoreDevices). CPU only: configures
+# build-tsan with -DDS4R_SANITIZE=thread -DDS4R_CUDA=OFF,
 # builds ds4r_unit_tests and runs those tests through CTest; any TSan report fails the run (exit != 0).
 #
 #   scripts/tsan_prefetch.sh            # JOBS=2 by default; BUILD_DIR=... to build elsewhere
@@ -23,5 +25,5 @@ cmake --build "$build" -j"$jobs" --target ds4r_unit_tests
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 ${TSAN_OPTIONS:-}"
 
 start=$(date +%s)
-ctest --test-dir "$build" -R 'Prefetch|DirectReader|Chunk|EngramGather|EngramPassGather|EngramRowPlan' --output-on-failure --repeat until-fail:"$repeat"
+ctest --test-dir "$build" -R 'Prefetch|DirectReader|Chunk|EngramGather|EngramPassGather|EngramRowPlan|MultiDevice|ScoreDevices' --output-on-failure --repeat until-fail:"$repeat"
 echo "tsan_prefetch: passed in $(( $(date +%s) - start )) s (build dir $build)"
