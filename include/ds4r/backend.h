@@ -107,6 +107,10 @@ public:
     virtual std::shared_ptr<void> alloc_host(size_t bytes);
     // A new asynchronous copy channel (see CopyQueue). Default: synchronous memcpy (host memory).
     virtual std::unique_ptr<CopyQueue> make_copy_queue();
+    // Makes the calling host thread ready to issue this backend's work: call it on a thread before it
+    // uses a backend that another thread created (score --devices workers). CUDA: selects the
+    // backend's device (the current device is per host thread). Default: nothing.
+    virtual void use_on_this_thread() {}
 
     // Profiling (opt-in with DS4R_PROFILE=1, see ds4r/settings.h; used by `ds4replay bench`): the backend
     // time of named, non-nested regions of the forward, summed per name. No effect on results; no-ops by

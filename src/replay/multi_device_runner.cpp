@@ -152,12 +152,22 @@ MultiDeviceRunner::MultiDeviceRunner(std::vector<Backend*> backends, std::vector
         w->device = devices[i];
         w->be = backends[i];
         opts[i].retry_out_of_memory = false;
+        backends[i]->use_on_this_thread();  // the runner allocates on its backend
         w->runner = std::make_unique<PassRunner>(*backends[i], ckpt, weights.target(i), engram, opts[i]);
         workers_.push_back(std::move(w));
     }
 }
 
-MultiDeviceRunner::~MultiDeviceRunner() = default;
+MultiDeviceRunner::~MultiDeviceRunner() {
+    for (auto& w : workers_) {
+        try {
+            w->be->use_on_this_thread();  // its memory is freed on its device
+        } catch (const std::exception& e) {
+            log_warn(strfmt("device %d: %s", w->device, e.what()));
+        }
+        w->runner.reset();
+    }
+}
 
 int64_t MultiDeviceRunner::chunk_rows() const {
     int64_t r = workers_.front()->runner->chunk_rows();
@@ -209,6 +219,7 @@ std::vector<SequenceScores> MultiDeviceRunner::run(const std::vector<std::vector
         auto body = [&](size_t w) {
             Worker& wk = *workers_[w];
             try {
+                wk.be->use_on_this_thread();
                 std::vector<std::vector<int32_t>> group(seqs.begin() + split_[w],
                                                         seqs.begin() + split_[w + 1]);
                 std::unique_ptr<WorkerSink> ws =
@@ -313,7 +324,10 @@ std::vector<SequenceScores> MultiDeviceRunner::run(const std::vector<std::vector
                 // As the one-device runner: the whole pass again (every worker: they advance together).
                 ++oom_retries_;
                 if (sink) sink->restart_pass();
-                for (auto& w : workers_) w->be->synchronize();
+                for (auto& w : workers_) {
+                    w->be->use_on_this_thread();
+                    w->be->synchronize();
+                }
                 continue;
             }
             std::rethrow_exception(with_device(wk.error, who));

@@ -591,6 +591,7 @@ ScoreSummary run_score(const ScoreOptions& opt) {
         std::vector<ReplayOptions> ros;
         for (const auto& b : bes) {
             targets.push_back(b.get());
+            b->use_on_this_thread();  // free_memory asks the current device
             ros.push_back(ro);
             ros.back().chunk_rows = resolve_chunk_rows(opt.chunk_rows, cfg, b->free_memory());
         }

@@ -1,6 +1,7 @@
-// The number of CUDA devices this process sees (score --devices all).
+// The CUDA devices this process sees (score --devices all), and a worker thread's device selection.
 #include <cuda_runtime.h>
 
+#include "backend/cuda/cuda_backend.h"
 #include "ds4r/backend.h"
 
 namespace ds4r {
@@ -12,6 +13,10 @@ int cuda_device_count() {
         return 0;
     }
     return n;
+}
+
+void CudaBackend::use_on_this_thread() {
+    DS4R_CUDA_CHECK(cudaSetDevice(device_));
 }
 
 }  // namespace ds4r
