@@ -260,7 +260,7 @@ void ScoreJob::open_outputs() {
         // Its rows in the hidden files are cut back below (open_layer keeps no pending rows).
         log_warn(strfmt("%s: --devices cannot continue a pass saved mid-way: it runs again from its start",
                         pass_file.c_str()));
-        if (::unlink(pass_file.c_str()) != 0)
+        if (::unlink(pass_file.c_str()) != 0 && errno != ENOENT)
             throw RuntimeError(
                 strfmt("%s: cannot remove (%s)", pass_file.c_str(), errno_text(errno).c_str()));
         fsync_parent_dir(pass_file);
