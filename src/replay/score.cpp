@@ -17,6 +17,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "ds4r/borrowed_host_memory.h"
 #include "ds4r/checkpoint.h"
 #include "ds4r/engram.h"
 #include "ds4r/input.h"
@@ -583,8 +584,9 @@ ScoreSummary run_score(const ScoreOptions& opt) {
         job.run(PassEngine{&runner, nullptr, [&] { return weights->stats().bytes_read; }}, progress, sum);
     } else {
         // One reader for every worker: each layer is read once into host memory (the prefetching
-        // source in direct mode, layer L+1 while L computes) and handed to every worker's backend.
-        auto host_be = make_cpu_backend();
+        // source in direct mode, layer L+1 while L computes; pinned memory of the first GPU when the
+        // workers are GPUs) and handed to every worker's backend.
+        auto host_be = be.host_memory() ? make_cpu_backend() : make_cpu_backend_with_host_memory_of(be);
         PrefetchOptions po = prefetch_options(opt.io);
         po.mode = PrefetchOptions::Mode::Direct;
         std::vector<Backend*> targets;

@@ -18,6 +18,7 @@
 #include <random>
 #include <vector>
 
+#include "ds4r/borrowed_host_memory.h"
 #include "ds4r/checkpoint.h"
 #include "ds4r/error.h"
 #include "ds4r/io_settings.h"
@@ -110,13 +111,13 @@ ReplayOptions options(int64_t chunk_rows) {
 
 // The workers, their one reader and the runner.
 struct Multi {
-    std::unique_ptr<Backend> host = make_cpu_backend();
     std::vector<std::unique_ptr<Backend>> owned;
+    std::unique_ptr<Backend> host;  // the reader's host memory: the first device's (as score does)
     std::unique_ptr<FanoutWeightSource> weights;
     std::unique_ptr<MultiDeviceRunner> runner;
     Multi(const Checkpoint& ck, const EngramResources* eng, std::vector<std::unique_ptr<Backend>> bes,
           int64_t chunk_rows)
-        : owned(std::move(bes)) {
+        : owned(std::move(bes)), host(make_cpu_backend_with_host_memory_of(*owned.front())) {
         std::vector<Backend*> targets;
         std::vector<int> devices;
         for (auto& b : owned) {
