@@ -67,6 +67,37 @@ struct GroupedFp4Gemm {
 };
 cudaError_t launch_grouped_gemm_fp4(const GroupedFp4Gemm& g, cudaStream_t stream);
 
+// The grouped launchers' common plan (gemm.cu, hopper/gemm_sm90.cu): validates g (cudaErrorInvalidValue:
+// K % 32, sizes, projections, 16-byte aligned codes and weights) and calls
+// launch(e0, e1, grid) for each batch [e0, e1) of at most kMaxGroupedExperts experts, with grid = (N tiles
+// of bn columns, a bound on the batch's tiles of bm rows, projections); stops at the first error.
+template <class Launch>
+inline cudaError_t for_each_grouped_batch(const GroupedFp4Gemm& g, int64_t bm, int64_t bn, Launch&& launch) {
+    auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (g.K % 32 != 0 || g.K > 0x7fffffffLL || g.N > 0x7fffffffLL || g.n_proj < 1 || g.n_proj > 2 ||
+        !aligned16(g.q) || g.n_experts < 0)
+        return cudaErrorInvalidValue;
+    if (g.n_experts == 0 || g.max_tiles <= 0 || g.N == 0) return cudaSuccess;
+    for (int z = 0; z < g.n_proj; ++z)
+        for (int e = 0; e < g.n_experts; ++e)
+            if (!aligned16(g.w[z][e])) return cudaErrorInvalidValue;
+    const int64_t gx = (g.N + bn - 1) / bn;
+    const int64_t rows_tiles = (g.max_rows_per_expert + bm - 1) / bm;
+    for (int e0 = 0; e0 < g.n_experts; e0 += kMaxGroupedExperts) {
+        const int e1 = g.n_experts - e0 < kMaxGroupedExperts ? g.n_experts : e0 + kMaxGroupedExperts;
+        // tiles of this batch <= min(all tiles, experts x tiles of one expert)
+        const int64_t batch_bound = static_cast<int64_t>(e1 - e0) * rows_tiles;
+        const int64_t gy = g.max_tiles < batch_bound ? g.max_tiles : batch_bound;
+        if (gy <= 0) continue;
+        if (gy > 65535 || gx > 0x7fffffffLL) return cudaErrorInvalidValue;
+        const cudaError_t err = launch(
+            e0, e1,
+            dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(g.n_proj)));
+        if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+}
+
 // mma.sync peak microbenchmark (kernels/gemm_peak.cu): `blocks` blocks of mma_peak_threads_per_block()
 // threads, each warp issuing iters x 16 independent m16n8k16 bf16 -> fp32 MMAs from registers;
 // out f32 [blocks * threads] receives a checksum. mma_peak_flops_per_launch = 2 * 16 * 8 * 16 * MMAs.

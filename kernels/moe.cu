@@ -171,8 +171,9 @@ __global__ void __launch_bounds__(kRouteThreads)
 // ------------------------------------------------------------------ SwiGLU + act quant
 constexpr int kQuantThreads = 256;
 
-// One thread per 8 codes (8 elements of one 32-block, in the GEMM fragment order); 4 lanes per block.
-template <bool kVec>
+// One thread per 8 codes (8 elements of one 32-block, in the GEMM fragment order, or in canonical
+// order for kCanonical); 4 lanes per block.
+template <bool kVec, bool kCanonical>
 __global__ void __launch_bounds__(kQuantThreads)
     swiglu_quant_kernel(const uint16_t* __restrict__ g, const uint16_t* __restrict__ u,
                         const float* __restrict__ weight, float limit, int64_t I, int64_t n_groups,
@@ -182,9 +183,14 @@ __global__ void __launch_bounds__(kQuantThreads)
     float v[8];
     if (active) {
         float gv[8], uv[8];
-        // the codes go to the down projection's GEMM: Fp8CodeOrder::GemmFragment (quant.cuh)
-        load_bf16x8_gemm_fragment<kVec>(g, gi, gv);
-        load_bf16x8_gemm_fragment<kVec>(u, gi, uv);
+        // the codes go to the down projection's GEMM in its operand order (quant.cuh Fp8CodeOrder)
+        if constexpr (kCanonical) {
+            load_bf16x8<kVec>(g + gi * 8, gv);
+            load_bf16x8<kVec>(u + gi * 8, uv);
+        } else {
+            load_bf16x8_gemm_fragment<kVec>(g, gi, gv);
+            load_bf16x8_gemm_fragment<kVec>(u, gi, uv);
+        }
         const float wrow = weight ? weight[gi * 8 / I] : 1.0f;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -311,19 +317,30 @@ cudaError_t launch_moe_routing(const int32_t* idx, const float* w, int64_t M, in
 }
 
 cudaError_t launch_swiglu_quant(const uint16_t* g, const uint16_t* u, const float* weight, float limit,
-                                int64_t P, int64_t I, uint8_t* q, uint8_t* s, cudaStream_t stream) {
+                                int64_t P, int64_t I, uint8_t* q, uint8_t* s, Fp8CodeOrder order,
+                                cudaStream_t stream) {
     if (I % 32 != 0 || I <= 0) return cudaErrorInvalidValue;
     const int64_t n_groups = P * I / 8;
     if (n_groups == 0) return cudaSuccess;
     const int64_t blocks = (n_groups + kQuantThreads - 1) / kQuantThreads;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
     const bool vec = aligned16(g) && aligned16(u) && reinterpret_cast<uintptr_t>(q) % 8 == 0;
-    if (vec)
-        swiglu_quant_kernel<true><<<static_cast<unsigned>(blocks), kQuantThreads, 0, stream>>>(
-            g, u, weight, limit, I, n_groups, q, s);
-    else
-        swiglu_quant_kernel<false><<<static_cast<unsigned>(blocks), kQuantThreads, 0, stream>>>(
-            g, u, weight, limit, I, n_groups, q, s);
+    const dim3 grid(static_cast<unsigned>(blocks));
+    if (order == Fp8CodeOrder::Canonical) {
+        if (vec)
+            swiglu_quant_kernel<true, true>
+                <<<grid, kQuantThreads, 0, stream>>>(g, u, weight, limit, I, n_groups, q, s);
+        else
+            swiglu_quant_kernel<false, true>
+                <<<grid, kQuantThreads, 0, stream>>>(g, u, weight, limit, I, n_groups, q, s);
+    } else {
+        if (vec)
+            swiglu_quant_kernel<true, false>
+                <<<grid, kQuantThreads, 0, stream>>>(g, u, weight, limit, I, n_groups, q, s);
+        else
+            swiglu_quant_kernel<false, false>
+                <<<grid, kQuantThreads, 0, stream>>>(g, u, weight, limit, I, n_groups, q, s);
+    }
     return cudaGetLastError();
 }
 

@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "quant.cuh"
+
 namespace ds4r::kern {
 
 // Router (docs/MODEL.md 4.7, 8.1, 8.2): logits f32 [M, E] (already x . gate^T); bias f32 [E].
@@ -35,10 +37,11 @@ cudaError_t launch_moe_routing(const int32_t* idx, const float* w, int64_t M, in
 // SwiGLU of the expert hidden rows + act quant for the down projection (docs/MODEL.md 4.7, 5.1):
 // g, u bf16 [P, I]; a = silu(min(g, limit)) * clamp(u, -limit, limit) in fp32, then a = weight[p] * a
 // when weight (f32 [P]) is non-null; bf16(a) quantized per 32 -> q e4m3 [P, I], s e8m0 [P, I / 32], the
-// block-scaled GEMM's A operand (quant.cuh: GemmNanMarker scale bytes, Fp8CodeOrder::GemmFragment
-// codes). I % 32 == 0.
+// block-scaled GEMM's A operand (quant.cuh: GemmNanMarker scale bytes, codes in `order`: GemmFragment
+// for the portable GEMMs, Canonical for the Hopper ones). I % 32 == 0.
 cudaError_t launch_swiglu_quant(const uint16_t* g, const uint16_t* u, const float* weight, float limit,
-                                int64_t P, int64_t I, uint8_t* q, uint8_t* s, cudaStream_t stream);
+                                int64_t P, int64_t I, uint8_t* q, uint8_t* s, Fp8CodeOrder order,
+                                cudaStream_t stream);
 
 // Combine (docs/MODEL.md 4.7): y bf16 [M, D] with y[r] = bf16(((0 + e_a) + e_b) ... + shared[r]) in fp32,
 // the routed terms out_e bf16 [M * k, D] at pair positions slot_pos [M, k], added in ascending

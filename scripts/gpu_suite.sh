@@ -2,6 +2,8 @@
 # The CUDA test suite on a GPU machine, in one call: build (sm_90 unless DS4R_ARCHS is set), CUDA op tests,
 # golden tests on the GPU, selftest, and compute-sanitizer memcheck/racecheck on the kernel tests.
 # Logs go to $OUT (or ./gpu-out). Usage: scripts/gpu_suite.sh [quick|full|gpu]
+# On compute capability 9.0 the CUDA tests run twice: Hopper kernels (auto) and DS4R_TEST_KERNELS=portable.
+# DS4R_SANITIZER_FILTER narrows the compute-sanitizer runs (gtest filter; default every Cuda* test but golden).
 # (gpu: everything of full but the CPU unit and golden suites, which are CI's job).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +32,10 @@ run() {  # name, command...
   grep -E "^\[  FAILED  \]" "$OUT/$name.log" | head -20 | tee -a "$OUT/summary.txt"
 }
 run cuda_tests ./tests/ds4r_cuda_tests
+# On an H100 / H200 the run above used the Hopper wgmma kernels (--kernels auto); the portable ones too:
+if nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | grep -q '^9\.0'; then
+  DS4R_TEST_KERNELS=portable run cuda_tests_portable ./tests/ds4r_cuda_tests
+fi
 run selftest ./ds4replay selftest --backend cuda
 if [ "$MODE" != quick ]; then
   if [ "$MODE" != gpu ]; then
@@ -39,7 +45,7 @@ if [ "$MODE" != quick ]; then
   # kill -9 / SIGINT / SIGTERM and --resume with the CUDA backend (the unit suite runs them on the CPU)
   DS4R_RESUME_BACKEND=cuda run resume_cuda ./tests/ds4r_unit_tests --gtest_filter='Resume*'
   export DS4R_SANITIZER_RUN=1
-  FILTER='Cuda*:-CudaGolden*'
+  FILTER="${DS4R_SANITIZER_FILTER:-Cuda*:-CudaGolden*}"
   SAN_TIMEOUT="${DS4R_SANITIZER_TIMEOUT:-240}"
   run memcheck timeout "$SAN_TIMEOUT" compute-sanitizer --tool memcheck --error-exitcode 9 ./tests/ds4r_cuda_tests --gtest_filter="$FILTER"
   if [ "$MODE" = full ] || [ "$MODE" = gpu ]; then

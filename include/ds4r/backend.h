@@ -238,10 +238,20 @@ private:
 
 std::unique_ptr<Backend> make_cpu_backend();
 
+// The CUDA backend's GEMM kernels (`--kernels`): Auto = the Hopper wgmma kernels on compute
+// capability 9.0 GPUs (H100, H200), the portable mma.sync kernels elsewhere; Portable = the portable
+// kernels everywhere; Hopper = the wgmma kernels or an error; HopperFp8Partials = the wgmma kernels
+// with the block-scaled partials on fp8 wgmma (faster, not bit-identical: docs/PERFORMANCE.md). The CPU
+// backend ignores it.
+enum class GpuKernels : uint8_t { Auto = 0, Portable = 1, Hopper = 2, HopperFp8Partials = 3 };
+// "auto" | "portable" | "hopper" | "hopper-fp8"; InputError naming the flag otherwise.
+GpuKernels parse_gpu_kernels(const std::string& s);
+
 // CUDA backend, or nullptr with *why set when CUDA is not compiled in / no usable GPU is present.
 // gpu_memory_gb: the device memory budget in GB (--gpu-memory-gb); <= 0: the default, 22 GB
 // whatever the GPU (the product targets a 24 GB card, docs/DESIGN.md 5).
-std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, double gpu_memory_gb = 0);
+std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, double gpu_memory_gb = 0,
+                                           GpuKernels kernels = GpuKernels::Auto);
 
 // The CUDA devices this process sees (0 when CUDA is not compiled in or no GPU is usable): what
 // score --devices all means.
@@ -249,6 +259,8 @@ int cuda_device_count();
 
 // --backend: "cpu"; "cuda" (throws RuntimeError without a usable GPU, the message says why); "auto":
 // CUDA when a usable GPU is present, else the CPU backend (logged). gpu_memory_gb: as above.
-std::unique_ptr<Backend> select_backend(const std::string& kind, int device, double gpu_memory_gb = 0);
+// kernels: as make_cuda_backend (a Hopper choice on another GPU throws RuntimeError).
+std::unique_ptr<Backend> select_backend(const std::string& kind, int device, double gpu_memory_gb = 0,
+                                        GpuKernels kernels = GpuKernels::Auto);
 
 }  // namespace ds4r

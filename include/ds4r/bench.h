@@ -29,6 +29,7 @@ struct BenchOptions {
     std::string backend = "auto";
     int device = 0;
     double gpu_memory_gb = 0;  // CUDA memory budget (--gpu-memory-gb); 0: the default 22 GB
+    std::string kernels = "auto";  // CUDA GEMM kernels (--kernels auto|portable|hopper, ds4r/backend.h)
     int64_t chunk_rows = 0;    // 0: sized from free memory, as `score`
     bool prefetch = true;      // false: the synchronous weight source (no overlap), for comparison
     int64_t b_sequences = 80, b_tokens = 1800;

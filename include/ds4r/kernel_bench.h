@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "ds4r/backend.h"
 
@@ -35,6 +36,10 @@ public:
     // projections (2: w1 + w3, 1: w2). FLOPs: 2 * experts * rows_per_expert * N * K * n_proj.
     virtual double grouped_fp4_tflops(int experts, int64_t rows_per_expert, int64_t N, int64_t K, int n_proj,
                                       int iters) = 0;
+    // The output head's logits GEMM as head_stats runs it: x bf16 [M, D] . head bf16 [V, D]^T -> f32.
+    virtual double head_logits_tflops(int64_t M, int64_t V, int64_t D, int iters) = 0;
+    // The GEMM kernel family the backend runs (--kernels), e.g. "hopper wgmma".
+    virtual std::string gemm_family() const = 0;
     // The instruction-level ceiling of the portable tensor-core path: back-to-back independent
     // mma.sync.m16n8k16 bf16 -> fp32 from registers on every SM, in TFLOP/s.
     virtual double mma_sync_peak_tflops() = 0;

@@ -11,6 +11,7 @@ namespace ds4r {
 struct SelftestOptions {
     std::string backend = "auto";
     int device = 0;
+    std::string kernels = "auto";  // CUDA GEMM kernels (--kernels, ds4r/backend.h)
     std::string keep_dir;  // keep the tiny model here instead of a removed temp dir
 };
 

@@ -4,7 +4,7 @@
 
 namespace ds4r {
 
-std::unique_ptr<Backend> make_cuda_backend(int, std::string* why, double) {
+std::unique_ptr<Backend> make_cuda_backend(int, std::string* why, double, GpuKernels) {
     if (why)
         *why =
             "this ds4replay was built without the CUDA backend (-DDS4R_CUDA=OFF, or no nvcc at configure "

@@ -12,6 +12,12 @@ void add_selftest_command(CLI::App& root, std::vector<Command>& out) {
         ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
         ->capture_default_str();
     app->add_option("--device", opt->device, "CUDA device index")->capture_default_str();
+    app->add_option(
+           "--kernels", opt->kernels,
+           "CUDA GEMM kernels: auto (Hopper wgmma on H100/H200, portable elsewhere), portable "
+           "(mma.sync, every GPU), hopper, or hopper-fp8 (fp8 wgmma partials: faster, not bit-identical)")
+        ->check(CLI::IsMember({"auto", "portable", "hopper", "hopper-fp8"}))
+        ->capture_default_str();
     app->add_option("--keep", opt->keep_dir, "Write the tiny model here and keep it");
     Command c;
     c.app = app;

@@ -89,9 +89,9 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
     *bf16_peak = peak;
     std::fprintf(
         out,
-        "\nkernels (M = %lld rows): cuBLAS bf16 8192^3 measured %.1f TFLOP/s; mma.sync bf16 instruction "
-        "ceiling (the portable path's limit) %.1f TFLOP/s\n",
-        (long long)opt.kernel_rows, peak, mma_peak);
+        "\nkernels (M = %lld rows, %s kernels): cuBLAS bf16 8192^3 measured %.1f TFLOP/s; mma.sync bf16 "
+        "instruction ceiling (the portable path's limit) %.1f TFLOP/s\n",
+        (long long)opt.kernel_rows, kb.gemm_family().c_str(), peak, mma_peak);
     csv.row("kernels", "cublas_bf16_8192", -1, 0, 8192, 8192, 8192, peak, "TFLOP/s");
     csv.row("kernels", "mma_sync_peak", -1, 0, 0, 0, 0, mma_peak, "TFLOP/s");
     std::fprintf(out, "  %-32s %6s %6s %6s %10s %10s %8s %8s %9s\n", "shape", "M", "N", "K", "ours TF/s",
@@ -132,16 +132,35 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
         int64_t n, k;
         int proj;
     };
+    // Rows per expert: the chunk's average (M rows), workload (b)'s pass average (b_sequences x b_tokens
+    // routed to n_activated of n_routed experts: ~2,250), and 128 (one tile per expert).
+    const int64_t b_rows = std::max<int64_t>(
+        1, opt.b_sequences * opt.b_tokens * c.n_activated_experts / std::max<int64_t>(1, c.n_routed_experts));
     const Grouped grouped[] = {{"experts w1+w3 fp4 (grouped)", c.moe_inter_dim, c.dim, 2},
                                {"experts w2 fp4 (grouped)", c.dim, c.moe_inter_dim, 1}};
-    for (const Grouped& g : grouped) {
-        const double ours = kb.grouped_fp4_tflops(c.n_routed_experts, per_expert, g.n, g.k, g.proj, it);
-        const double ref = kb.cublas_bf16_tflops(per_expert, g.n, g.k, it);
-        std::fprintf(out, "  %-32s %6lld %6lld %6lld %10.1f %10.1f %7.0f%% %7.0f%% %8.0f%%\n", g.name,
-                     (long long)per_expert, (long long)g.n, (long long)g.k, ours, ref, 100 * ours / ref,
-                     100 * ours / peak, 100 * ours / mma_peak);
-        csv.row("kernels", g.name, -1, 0, per_expert, g.n, g.k, ours, "TFLOP/s",
-                strfmt("experts=%lld cublas_one_expert=%.3f", (long long)c.n_routed_experts, ref));
+    std::vector<int64_t> rows_cases{per_expert};
+    for (const int64_t r : {b_rows, int64_t{128}})
+        if (std::find(rows_cases.begin(), rows_cases.end(), r) == rows_cases.end()) rows_cases.push_back(r);
+    for (const int64_t rows : rows_cases) {
+        for (const Grouped& g : grouped) {
+            const double ours = kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it);
+            const double ref = kb.cublas_bf16_tflops(rows, g.n, g.k, it);
+            std::fprintf(out, "  %-32s %6lld %6lld %6lld %10.1f %10.1f %7.0f%% %7.0f%% %8.0f%%\n", g.name,
+                         (long long)rows, (long long)g.n, (long long)g.k, ours, ref, 100 * ours / ref,
+                         100 * ours / peak, 100 * ours / mma_peak);
+            csv.row("kernels", g.name, -1, 0, rows, g.n, g.k, ours, "TFLOP/s",
+                    strfmt("experts=%lld cublas_one_expert=%.3f", (long long)c.n_routed_experts, ref));
+        }
+    }
+    // The output head's logits (bf16 x bf16 -> f32), as head_stats runs them.
+    {
+        const double ours = kb.head_logits_tflops(M, c.vocab_size, c.dim, it);
+        const double ref = kb.cublas_bf16_tflops(M, c.vocab_size, c.dim, it);
+        std::fprintf(out, "  %-32s %6lld %6lld %6lld %10.1f %10.1f %7.0f%% %7.0f%% %8.0f%%\n",
+                     "head logits bf16->f32", (long long)M, (long long)c.vocab_size, (long long)c.dim, ours,
+                     ref, 100 * ours / ref, 100 * ours / peak, 100 * ours / mma_peak);
+        csv.row("kernels", "head logits bf16->f32", -1, 0, M, c.vocab_size, c.dim, ours, "TFLOP/s",
+                strfmt("cublas=%.3f", ref));
     }
     // The mHC mixes kernel's accumulation variants (issue 10): time per call at M rows and the model's
     // dim, hc = 4 (the kernel's only hc). "*" marks the variant the backend runs.
@@ -300,7 +319,7 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
 int run_bench(const BenchOptions& opt, std::FILE* out) {
     Checkpoint ck = Checkpoint::open(opt.model_dir);
     const ModelConfig& c = ck.config();
-    auto be = select_backend(opt.backend, opt.device, opt.gpu_memory_gb);
+    auto be = select_backend(opt.backend, opt.device, opt.gpu_memory_gb, parse_gpu_kernels(opt.kernels));
     std::fprintf(out, "ds4replay bench: %s, %lld layers, dim %lld, %lld experts; backend %s\n",
                  opt.model_dir.c_str(), (long long)c.n_layers, (long long)c.dim,
                  (long long)c.n_routed_experts, be->name().c_str());

@@ -546,9 +546,10 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     // One backend per worker: --device (one), or --devices (each entry; an index may repeat).
     const bool multi = !opt.devices.empty();
     std::vector<std::unique_ptr<Backend>> bes;
-    if (!multi) bes.push_back(select_backend(opt.backend, opt.device, opt.gpu_memory_gb));
+    const auto kernels = parse_gpu_kernels(opt.kernels);
+    if (!multi) bes.push_back(select_backend(opt.backend, opt.device, opt.gpu_memory_gb, kernels));
     for (int d : opt.devices) {
-        bes.push_back(select_backend(opt.backend, d, opt.gpu_memory_gb));
+        bes.push_back(select_backend(opt.backend, d, opt.gpu_memory_gb, kernels));
         // Every worker on the same kind of backend: the bytes must equal a one-device run's.
         if (bes.back()->host_memory() != bes.front()->host_memory())
             throw InputError(strfmt("--devices: device %d gives the %s backend, device %d the %s backend", d,

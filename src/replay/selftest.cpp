@@ -130,7 +130,7 @@ int run_selftest(const SelftestOptions& opt, std::FILE* out) {
             "Engram token map built from tokenizer.json",
             eng ? strfmt("%lld keys", (long long)eng->map.num_keys) : "");
 
-    auto be = select_backend(opt.backend, opt.device);
+    auto be = select_backend(opt.backend, opt.device, 0, parse_gpu_kernels(opt.kernels));
     std::fprintf(out, "  backend: %s\n", be->name().c_str());
     check_quantization(*be, r);
 

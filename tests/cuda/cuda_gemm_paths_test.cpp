@@ -1,4 +1,4 @@
-// The tensor-core GEMMs against their reference kernels, BITWISE (kernels/gemm_tile.cuh NUMERICS):
+// The portable tensor-core GEMMs against their reference kernels, BITWISE (kernels/gemm_tile.cuh NUMERICS):
 // every output element of linear_fp8 / linear_fp4 / linear_bf16 / linear_f32 / linear_wo_a and of the
 // experts' grouped kernel must equal, bit for bit, what tests/cuda/testkit/gemm_oracle.cu computes with the
 // plain per-element instruction sequence (one warp per 16 x 8 block, canonical activation codes, the
@@ -35,10 +35,12 @@ using namespace ds4r::test;
 
 namespace {
 
+// The portable kernels are the subject here whatever the GPU (the Hopper kernels are compared with
+// them in cuda_gemm_sm90_test.cpp): a backend of their own.
 CudaBackend& gpu() {
-    auto* be = dynamic_cast<CudaBackend*>(cuda());
-    if (!be) throw RuntimeError("the CUDA test backend is not a CudaBackend");
-    return *be;
+    if (!dynamic_cast<CudaBackend*>(cuda())) throw RuntimeError("the CUDA test backend is not a CudaBackend");
+    static CudaBackend portable(0, size_t{8} << 30, GpuKernels::Portable);
+    return portable;
 }
 
 Tensor upload(DType t, const Shape& shape, const void* host) {

@@ -21,7 +21,7 @@ struct Backends {
     std::string why;
     Backends() {
         c = make_cpu_backend();
-        g = make_cuda_backend(0, &why);
+        g = make_cuda_backend(0, &why, 0, test_kernels());
     }
 };
 Backends& bk() {

@@ -21,6 +21,14 @@ inline bool sanitizer_run() {
     return e && std::string(e) == "1";
 }
 
+// The GEMM kernels of the CUDA test backend: DS4R_TEST_KERNELS=auto|portable|hopper (default auto:
+// the Hopper wgmma kernels on an H100 / H200), so scripts/gpu_suite.sh runs every CUDA test on both
+// families there.
+inline GpuKernels test_kernels() {
+    const char* e = std::getenv("DS4R_TEST_KERNELS");
+    return e && *e ? parse_gpu_kernels(e) : GpuKernels::Auto;
+}
+
 // The two backends, created once per process. cuda() is nullptr when unavailable (see why()).
 Backend& cpu();
 Backend* cuda();

@@ -116,8 +116,9 @@ private:
 
 }  // namespace
 
-CudaBackend::CudaBackend(int device, size_t budget) : device_(device), budget_(budget) {
+CudaBackend::CudaBackend(int device, size_t budget, GpuKernels kernels) : device_(device), budget_(budget) {
     DS4R_CUDA_CHECK(cudaSetDevice(device));
+    gemm_ = select_gemm_kernels(kernels, device);
     DS4R_CUDA_CHECK(cudaGetDeviceProperties(&props_, device));
     DS4R_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DS4R_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device));
@@ -133,8 +134,9 @@ CudaBackend::~CudaBackend() {
 }
 
 std::string CudaBackend::name() const {
-    return strfmt("cuda:%d (%s, sm_%d%d, %.1f GiB, budget %.1f GB)", device_, props_.name, props_.major,
-                  props_.minor, props_.totalGlobalMem / 1073741824.0, budget_ / 1e9);
+    return strfmt("cuda:%d (%s, sm_%d%d, %.1f GiB, budget %.1f GB, %s kernels)", device_, props_.name,
+                  props_.major, props_.minor, props_.totalGlobalMem / 1073741824.0, budget_ / 1e9,
+                  gemm_.name());
 }
 
 Tensor CudaBackend::alloc(DType t, const Shape& shape) {
@@ -282,7 +284,8 @@ cublasHandle_t CudaBackend::cublas() {
     return cublas_;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, double gpu_memory_gb) {
+std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, double gpu_memory_gb,
+                                           GpuKernels kernels) {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess || n == 0) {
@@ -312,7 +315,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, double 
         return nullptr;
     }
     try {
-        return std::make_unique<CudaBackend>(device, memory_budget_bytes(gpu_memory_gb));
+        return std::make_unique<CudaBackend>(device, memory_budget_bytes(gpu_memory_gb), kernels);
     } catch (const Error& e) {
         if (why) *why = e.what();
         return nullptr;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_gemm_kernels.h"
 #include "ds4r/backend.h"
 #include "ds4r/error.h"
 
@@ -42,7 +43,7 @@ namespace ds4r {
 class CudaBackend : public Backend {
 public:
     // Throws RuntimeError if the device cannot be used.
-    CudaBackend(int device, size_t memory_budget_bytes);
+    CudaBackend(int device, size_t memory_budget_bytes, GpuKernels kernels = GpuKernels::Auto);
     ~CudaBackend() override;
 
     std::string name() const override;
@@ -117,6 +118,8 @@ public:
                      const Tensor& idx, float scale, const Tensor& o) override;
     void head_stats(const Tensor& x, const Tensor& head, const Tensor& targets, int k,
                     const HeadStatsOut& out) override;
+    // The head's logits GEMM: x bf16 [R, D] . head bf16 [V, D]^T -> logits f32 [R, V] (device pointers).
+    void head_logits(const uint16_t* x, const uint16_t* head, float* logits, int64_t R, int64_t V, int64_t D);
 
     // ---- for the ops and benchmarks ----
     cudaStream_t stream() const { return stream_; }
@@ -127,6 +130,7 @@ public:
     size_t high_water() const { return high_water_.load(); }
     void reset_high_water() { high_water_.store(in_use_.load()); }
     size_t memory_budget() const { return budget_; }
+    const GemmKernels& gemm() const { return gemm_; }  // the GEMM kernel family (--kernels)
 
 private:
     int device_;
@@ -135,6 +139,7 @@ private:
     cudaMemPool_t pool_ = nullptr;
     cublasHandle_t cublas_ = nullptr;
     size_t budget_;
+    GemmKernels gemm_;
     std::atomic<size_t> in_use_{0}, high_water_{0};
     struct Range {
         const char* name;
@@ -145,6 +150,7 @@ private:
 };
 
 // "cuda:0 (NVIDIA H200, sm_90, 139.8 GiB)"; nullptr + *why when no usable device (see ds4r/backend.h).
-std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, double gpu_memory_gb);
+std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, double gpu_memory_gb,
+                                           GpuKernels kernels);
 
 }  // namespace ds4r

@@ -177,7 +177,16 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
         g.y[z] = ys[static_cast<size_t>(z)].ptr<uint16_t>();
     }
     return time_tflops(be, P, N * n_proj, K, iters,
-                       [&] { DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4(g, be.stream())); });
+                       [&] { DS4R_CUDA_CHECK(be.gemm().grouped_fp4(g, be.stream())); });
+}
+
+double bench_head_logits_tflops(CudaBackend& be, int64_t M, int64_t V, int64_t D, int iters) {
+    Tensor x = random_bf16(be, M, D, 4.0f, 21);
+    Tensor w = random_bf16(be, V, D, 0.05f, 22);
+    Tensor y = be.alloc(DType::F32, {M, V});
+    return time_tflops(be, M, V, D, iters, [&] {
+        be.head_logits(x.ptr<uint16_t>(), w.ptr<uint16_t>(), y.ptr<float>(), M, V, D);
+    });
 }
 
 double bench_mma_sync_peak_tflops(CudaBackend& be) {
@@ -289,6 +298,10 @@ public:
                               int iters) override {
         return bench_grouped_fp4_tflops(be_, experts, rows_per_expert, N, K, n_proj, iters);
     }
+    double head_logits_tflops(int64_t M, int64_t V, int64_t D, int iters) override {
+        return bench_head_logits_tflops(be_, M, V, D, iters);
+    }
+    std::string gemm_family() const override { return be_.gemm().name(); }
     double mma_sync_peak_tflops() override { return bench_mma_sync_peak_tflops(be_); }
     double hc_mixes_ms(int variant, int64_t M, int64_t D, int iters) override {
         return bench_hc_mixes_ms(be_, variant, M, D, iters);

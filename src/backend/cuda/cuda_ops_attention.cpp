@@ -162,14 +162,23 @@ void CudaBackend::head_stats(const Tensor& x, const Tensor& head, const Tensor& 
     Tensor logits = alloc(DType::F32, {chunk, V});  // [chunk, V] fp32, reused by every chunk
     for (int64_t r0 = 0; r0 < M; r0 += chunk) {
         const int64_t R = std::min(chunk, M - r0);
-        DS4R_CUDA_CHECK(kern::launch_head_logits(x.ptr<uint16_t>() + r0 * D, head.ptr<uint16_t>(),
-                                                 logits.ptr<float>(), R, V, D, stream()));
+        head_logits(x.ptr<uint16_t>() + r0 * D, head.ptr<uint16_t>(), logits.ptr<float>(), R, V, D);
         DS4R_CUDA_CHECK(kern::launch_head_row_stats(
             logits.ptr<float>(), targets.ptr<int32_t>() + r0, R, V, k, out.lse.ptr<double>() + r0,
             out.entropy.ptr<double>() + r0, out.target_logit.ptr<float>() + r0, out.rank.ptr<int32_t>() + r0,
             k > 0 ? out.topk_ids.ptr<int32_t>() + r0 * k : nullptr,
             k > 0 ? out.topk_logit.ptr<float>() + r0 * k : nullptr, stream()));
     }
+}
+
+void CudaBackend::head_logits(const uint16_t* x, const uint16_t* head, float* logits, int64_t R, int64_t V,
+                              int64_t D) {
+    // Hopper: the bf16 wgmma GEMM (the same fp32 chain over k16 steps from +0, f32 out); else the
+    // head's own mma.sync kernel (kernels/head.cu)
+    if (gemm_.hopper && kern::gemm_bf16_supported(x, D, 0, head, D, 0, D))
+        DS4R_CUDA_CHECK(gemm_.bf16(x, D, 0, head, D, 0, logits, true, V, 0, R, V, D, 1, stream()));
+    else
+        DS4R_CUDA_CHECK(kern::launch_head_logits(x, head, logits, R, V, D, stream()));
 }
 
 }  // namespace ds4r

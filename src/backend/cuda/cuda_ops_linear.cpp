@@ -5,7 +5,8 @@
 // Numerics (the CPU backend is the oracle):
 // - act_quant_fp8 / act_quant_fp8_inplace / fp4_quant_inplace: bit exact.
 // - linear_fp8 / linear_fp4: act quant (bit exact; the codes in the GEMM's fragment order), then
-//   the block-scaled tensor-core GEMM of docs/MODEL.md 5.3: per 32-wide K block a fresh fp32 MMA partial
+//   the block-scaled tensor-core GEMM of docs/MODEL.md 5.3 (portable mma.sync or Hopper wgmma kernels,
+//   cuda_gemm_kernels.h): per 32-wide K block a fresh fp32 MMA partial
 //   P, acc = acc + (P * sa) * sw in K order (computed as one fma where that is the same number,
 //   kernels/gemm_tile.cuh), bf16 at the end. The CPU rounds the exact block sum once, the MMA rounds
 //   its two k16 halves: rarely an ulp of fp32 in P, so outputs match to 1 bf16 ulp, almost all
@@ -55,11 +56,11 @@ void CudaBackend::fp4_quant_inplace(const Tensor& x, Fp4Scale kind) {
 
 namespace {
 
-// kern::launch_gemm_fp8 or kern::launch_gemm_fp4 (the same parameters).
+// GemmKernels::fp8 or ::fp4 (the same parameters as kern::launch_gemm_fp8).
 using BlockScaledGemm = decltype(&kern::launch_gemm_fp8);
 static_assert(std::is_same_v<BlockScaledGemm, decltype(&kern::launch_gemm_fp4)>);
 
-// y BF16 [M, N] = act_quant(x BF16 [M, K]) . W^T: the activation codes in the GEMM's fragment order
+// y BF16 [M, N] = act_quant(x BF16 [M, K]) . W^T: the activation codes in the GEMM's operand order
 // (NaN blocks marked in the scale bytes), then the block-scaled GEMM with weight codes w, scales sw.
 void quantized_gemm(CudaBackend& be, const Tensor& x, const uint8_t* w, const uint8_t* sw, const Tensor& y,
                     int64_t M, int64_t N, int64_t K, BlockScaledGemm gemm) {
@@ -76,7 +77,7 @@ void CudaBackend::linear_fp8(const Tensor& x, const Fp8Linear& w, const Tensor& 
     const char* op = "linear_fp8";
     const auto [M, N, K] = opcheck::linear_fp8(x, w, y);
     check_aligned16(op, "w.w", w.w);
-    quantized_gemm(*this, x, w.w.ptr<uint8_t>(), w.s.ptr<uint8_t>(), y, M, N, K, kern::launch_gemm_fp8);
+    quantized_gemm(*this, x, w.w.ptr<uint8_t>(), w.s.ptr<uint8_t>(), y, M, N, K, gemm_.fp8);
 }
 
 void CudaBackend::linear_fp4(const Tensor& x, const Fp4Linear& w, const Tensor& y) {
@@ -84,7 +85,7 @@ void CudaBackend::linear_fp4(const Tensor& x, const Fp4Linear& w, const Tensor& 
     const char* op = "linear_fp4";
     const auto [M, N, K] = opcheck::linear_fp4(x, w, y);
     check_aligned16(op, "w.w", w.w);
-    quantized_gemm(*this, x, w.w.ptr<uint8_t>(), w.s.ptr<uint8_t>(), y, M, N, K, kern::launch_gemm_fp4);
+    quantized_gemm(*this, x, w.w.ptr<uint8_t>(), w.s.ptr<uint8_t>(), y, M, N, K, gemm_.fp4);
 }
 
 // ---------------------------------------------------------------------------- dense linears
@@ -98,9 +99,9 @@ void dense_gemm(CudaBackend& be, const void* x, bool x_f32, int64_t lda, int64_t
                 int64_t M, int64_t N, int64_t K, int64_t groups) {
     if (M == 0 || N == 0 || groups == 0) return;
     if (!x_f32 && !w_f32 && kern::gemm_bf16_supported(x, lda, x_goff, w, ldw, w_goff, K)) {
-        DS4R_CUDA_CHECK(kern::launch_gemm_bf16(static_cast<const uint16_t*>(x), lda, x_goff,
-                                               static_cast<const uint16_t*>(w), ldw, w_goff, y, y_f32, ldc,
-                                               y_goff, M, N, K, groups, be.stream()));
+        DS4R_CUDA_CHECK(be.gemm().bf16(static_cast<const uint16_t*>(x), lda, x_goff,
+                                       static_cast<const uint16_t*>(w), ldw, w_goff, y, y_f32, ldc, y_goff, M,
+                                       N, K, groups, be.stream()));
     } else {
         DS4R_CUDA_CHECK(kern::launch_gemm_simt(x, x_f32, lda, x_goff, w, w_f32, ldw, w_goff, y, y_f32, ldc,
                                                y_goff, M, N, K, groups, be.stream()));
@@ -147,8 +148,8 @@ CudaBackend::GemmActs CudaBackend::quantize_gemm_acts(const Tensor& x, int64_t M
     GemmActs a{alloc(DType::F8_E4M3, {M, K}), alloc(DType::F8_E8M0, {M, K / 32})};
     if (M > 0)
         DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(),
-                                                   M, K, kern::Fp8ScaleBytes::GemmNanMarker,
-                                                   kern::Fp8CodeOrder::GemmFragment, stream()));
+                                                   M, K, kern::Fp8ScaleBytes::GemmNanMarker, gemm_.act_order,
+                                                   stream()));
     return a;
 }
 

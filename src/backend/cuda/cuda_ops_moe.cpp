@@ -56,8 +56,8 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
     {
         Tensor logits = be.alloc(DType::F32, {Mc, E});
         if (kern::gemm_bf16_supported(x.data, D, 0, w.gate_w.data, D, 0, D))
-            DS4R_CUDA_CHECK(kern::launch_gemm_bf16(x.ptr<uint16_t>(), D, 0, w.gate_w.ptr<uint16_t>(), D, 0,
-                                                   logits.data, true, E, 0, Mc, E, D, 1, st));
+            DS4R_CUDA_CHECK(be.gemm().bf16(x.ptr<uint16_t>(), D, 0, w.gate_w.ptr<uint16_t>(), D, 0,
+                                           logits.data, true, E, 0, Mc, E, D, 1, st));
         else
             DS4R_CUDA_CHECK(kern::launch_gemm_simt(x.data, false, D, 0, w.gate_w.data, false, D, 0,
                                                    logits.data, true, E, 0, Mc, E, D, 1, st));
@@ -113,10 +113,10 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
         g.s[1] = ep.s3.data();
         g.y[0] = h1.ptr<uint16_t>();
         g.y[1] = h3.ptr<uint16_t>();
-        DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4(g, st));
+        DS4R_CUDA_CHECK(be.gemm().grouped_fp4(g, st));
         DS4R_CUDA_CHECK(kern::launch_swiglu_quant(h1.ptr<uint16_t>(), h3.ptr<uint16_t>(), pair_w.ptr<float>(),
                                                   p.swiglu_limit, P, I, q2.ptr<uint8_t>(), s2.ptr<uint8_t>(),
-                                                  st));
+                                                  be.gemm().act_order, st));
     }
 
     // 5. w2 per pair (activation rows = pair positions)
@@ -133,7 +133,7 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
     g.s[1] = nullptr;
     g.y[0] = out_e.ptr<uint16_t>();
     g.y[1] = nullptr;
-    DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4(g, st));
+    DS4R_CUDA_CHECK(be.gemm().grouped_fp4(g, st));
     q2 = Tensor();
     s2 = Tensor();
 
@@ -145,19 +145,16 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
         {
             Tensor gs = be.alloc(DType::BF16, {Mc, Is});
             Tensor us = be.alloc(DType::BF16, {Mc, Is});
-            DS4R_CUDA_CHECK(kern::launch_gemm_fp8(qx.ptr<uint8_t>(), sx.ptr<uint8_t>(),
-                                                  w.sw1.w.ptr<uint8_t>(), w.sw1.s.ptr<uint8_t>(),
-                                                  gs.ptr<uint16_t>(), Is, Mc, Is, D, st));
-            DS4R_CUDA_CHECK(kern::launch_gemm_fp8(qx.ptr<uint8_t>(), sx.ptr<uint8_t>(),
-                                                  w.sw3.w.ptr<uint8_t>(), w.sw3.s.ptr<uint8_t>(),
-                                                  us.ptr<uint16_t>(), Is, Mc, Is, D, st));
+            DS4R_CUDA_CHECK(be.gemm().fp8(qx.ptr<uint8_t>(), sx.ptr<uint8_t>(), w.sw1.w.ptr<uint8_t>(),
+                                          w.sw1.s.ptr<uint8_t>(), gs.ptr<uint16_t>(), Is, Mc, Is, D, st));
+            DS4R_CUDA_CHECK(be.gemm().fp8(qx.ptr<uint8_t>(), sx.ptr<uint8_t>(), w.sw3.w.ptr<uint8_t>(),
+                                          w.sw3.s.ptr<uint8_t>(), us.ptr<uint16_t>(), Is, Mc, Is, D, st));
             DS4R_CUDA_CHECK(kern::launch_swiglu_quant(gs.ptr<uint16_t>(), us.ptr<uint16_t>(), nullptr,
                                                       p.swiglu_limit, Mc, Is, q2s.ptr<uint8_t>(),
-                                                      s2s.ptr<uint8_t>(), st));
+                                                      s2s.ptr<uint8_t>(), be.gemm().act_order, st));
         }
-        DS4R_CUDA_CHECK(kern::launch_gemm_fp8(q2s.ptr<uint8_t>(), s2s.ptr<uint8_t>(), w.sw2.w.ptr<uint8_t>(),
-                                              w.sw2.s.ptr<uint8_t>(), shared.ptr<uint16_t>(), D, Mc, D, Is,
-                                              st));
+        DS4R_CUDA_CHECK(be.gemm().fp8(q2s.ptr<uint8_t>(), s2s.ptr<uint8_t>(), w.sw2.w.ptr<uint8_t>(),
+                                      w.sw2.s.ptr<uint8_t>(), shared.ptr<uint16_t>(), D, Mc, D, Is, st));
     }
 
     // 7. combine

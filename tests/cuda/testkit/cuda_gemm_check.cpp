@@ -154,8 +154,8 @@ void linear_fp4_grouped(CudaBackend& be, const Tensor& x, const Fp4Linear& w, co
     g.w[0] = &wp;
     g.s[0] = &sp;
     g.y[0] = y.ptr<uint16_t>();
-    DS4R_CUDA_CHECK(
-        kern::launch_grouped_gemm_fp4(g, be.stream()));  // the device tables are freed stream-ordered
+    // the backend's kernel family (the codes above are in its order); tables freed stream-ordered
+    DS4R_CUDA_CHECK(be.gemm().grouped_fp4(g, be.stream()));
 }
 
 }  // namespace ds4r

@@ -1,0 +1,57 @@
+// Launch wrappers of the Hopper (sm_90a) wgmma GEMMs (kernels/hopper/gemm_sm90.cu): the same
+// problems, parameters and numerics contracts as the portable kernels of gemm.cuh, run on wgmma.
+// Plain declarations: included by g++-compiled backend code.
+//
+// Chosen at run time (src/backend/cuda/cuda_gemm_kernels.cpp, `--kernels auto|portable`) on devices of
+// compute capability 9.0 only (sm_90a machine code only: elsewhere a launch fails with
+// cudaErrorNoKernelImageForDevice).
+//
+// Differences from the portable kernels' operands:
+// - the block-scaled GEMMs take the activation codes in Fp8CodeOrder::Canonical (quant.cuh), not in
+//   the portable kernels' fragment order;
+// - the block-scaled partial of each 32-wide K block: see Sm90Partials below.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "gemm.cuh"
+
+namespace ds4r::kern {
+
+// True when this build holds the sm_90a kernels and `device` is a compute capability 9.0 GPU.
+bool sm90_gemm_usable(int device);
+
+// As launch_gemm_bf16 (gemm.cuh), on bf16 wgmma. Same support condition (gemm_bf16_supported).
+cudaError_t launch_gemm_bf16_sm90(const uint16_t* x, int64_t lda, int64_t x_goff, const uint16_t* w,
+                                  int64_t ldw, int64_t w_goff, void* y, bool y_f32, int64_t ldc,
+                                  int64_t y_goff, int64_t M, int64_t N, int64_t K, int64_t groups,
+                                  cudaStream_t stream);
+
+// As launch_gemm_fp8 / launch_gemm_fp4 (gemm.cuh) with q in Fp8CodeOrder::Canonical.
+cudaError_t launch_gemm_fp8_sm90(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
+                                 uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K,
+                                 cudaStream_t stream);
+cudaError_t launch_gemm_fp4_sm90(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
+                                 uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K,
+                                 cudaStream_t stream);
+
+// As launch_grouped_gemm_fp4 (gemm.cuh) with g.q in Fp8CodeOrder::Canonical.
+cudaError_t launch_grouped_gemm_fp4_sm90(const GroupedFp4Gemm& g, cudaStream_t stream);
+
+// How the block-scaled kernels form each 32-wide K block's partial: one fp8 wgmma (k32) on the codes
+// (the tensor core's fp8 sum: not always the exact one, docs/PERFORMANCE.md), or two fp16 wgmma (k16)
+// on the codes widened to fp16 in shared memory (the portable kernels' arithmetic, bit for bit).
+// The launchers above use kSm90DefaultPartials; the *_partials variants take it (tests, bench).
+enum class Sm90Partials : int { Fp8Wgmma = 0, Fp16Widened = 1 };
+constexpr Sm90Partials kSm90DefaultPartials = Sm90Partials::Fp16Widened;
+cudaError_t launch_gemm_fp8_sm90_partials(Sm90Partials partials, const uint8_t* q, const uint8_t* sa,
+                                          const uint8_t* w, const uint8_t* sw, uint16_t* y, int64_t ldc,
+                                          int64_t M, int64_t N, int64_t K, cudaStream_t stream);
+cudaError_t launch_gemm_fp4_sm90_partials(Sm90Partials partials, const uint8_t* q, const uint8_t* sa,
+                                          const uint8_t* w, const uint8_t* sw, uint16_t* y, int64_t ldc,
+                                          int64_t M, int64_t N, int64_t K, cudaStream_t stream);
+cudaError_t launch_grouped_gemm_fp4_sm90_partials(Sm90Partials partials, const GroupedFp4Gemm& g,
+                                                  cudaStream_t stream);
+
+}  // namespace ds4r::kern

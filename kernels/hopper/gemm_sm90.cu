@@ -1,0 +1,682 @@
+// Hopper (sm_90a) GEMMs on wgmma: the block-scaled fp8 / fp4 linears, the routed experts' grouped fp4
+// GEMM and the bf16 GEMMs, with the problems and numerics contracts of the portable kernels
+// (kernels/gemm.cuh; declarations in kernels/gemm_sm90.cuh). Compiled for sm_90a only.
+//
+// STRUCTURE (one 128 x 128 output tile per CTA, 384 threads):
+// - warpgroup 2 is the producer: thread p owns tile row p of A and row p of B. Per pipeline stage
+//   (128 bytes of K per row: 128 fp8 codes, 64 packed fp4 bytes -> 128 codes, 64 bf16) it copies
+//   both rows with cp.async into kStages-deep 128-byte-swizzled shared tiles, two stages ahead of
+//   the stage it publishes; the e2m1 weights land in a staging row and are widened to e4m3 codes
+//   (exact) by the same thread; the stage's e8m0 scale bytes follow through registers. A stage is
+//   published on its `full` mbarrier after an async-proxy fence; consumers free it on `empty`.
+// - warpgroups 0 and 1 are the consumers, rows 64 g .. 64 g + 63 each, all 128 columns (m64n128).
+//   A thread's accumulator fragment is sm90_ptx.cuh's (rows r0 = 16 warp + lane / 4 and r0 + 8).
+//
+// NUMERICS (gemm_tile.cuh NUMERICS, per output element; no tile shape or row count changes them):
+// - block-scaled (docs/MODEL.md 5.3): per 32-wide K block a fresh partial P = one fp8 wgmma k32 on
+//   the codes (scale-d 0), then acc = fma(P, sa * sw, acc) where the scale bytes lie in the window
+//   of gemm_tile.cuh (kSaLo .. / kSwLo ..), else RN(acc + RN(RN(P * sa) * sw)): the same number
+//   as the portable kernels for the same P, in K order, acc from +0, one bf16 rounding at the end.
+//   The two consumer warpgroups overlap one's promotion with the other's wgmma.
+// - bf16: acc from +0 (zeroed registers, scale-d 1), wgmma k16 steps in K order, zero-filled K
+//   tails; bf16 (one RNE rounding) or f32 out.
+#include "../common.cuh"
+#include "../gemm_params.cuh"
+#include "../gemm_sm90.cuh"
+#include "../gemm_tile.cuh"
+#include "sm90_ptx.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DS4R_SM90A_DEVICE 1
+#endif
+
+namespace ds4r::kern {
+
+namespace {
+
+using namespace sm90;
+
+enum class Op : int { Fp8 = 0, Fp4 = 1, Bf16 = 2 };
+
+constexpr int kBM = 128;        // output tile rows (two consumer warpgroups of 64); columns: Cfg::kBN
+constexpr int kRowBytes = 128;  // bytes of one MMA operand tile row per stage (the 128-byte swizzle)
+constexpr int kThreads = 384;   // two consumer warpgroups + one producer warpgroup
+constexpr int kConsumers = 256;
+constexpr int kProducers = kThreads - kConsumers;
+// Register split (setmaxnreg): 2 x 128 x 224 + 128 x 56 = 64,512 of the SM's 65,536.
+constexpr int kConsumerRegs = 224, kProducerRegs = 56;
+constexpr int kSmemLimit = 227 * 1024;
+
+// The operands of a kernel: kOp and, for the block-scaled ones, kWiden: partials on fp16 wgmma (k16,
+// two per 32-wide K block) over the codes widened to fp16 in shared memory (the portable kernels'
+// arithmetic), instead of one fp8 wgmma (k32) on the codes.
+//
+// One pipeline stage in shared memory (bytes; tiles 1024-aligned):
+//   A tile [128][128] | B tile [128][128]      swizzled MMA operands (codes, fp16 or bf16)
+//   raw A [128][kRawA] | raw B [128][kRawB]    rows as read, for the converter (widened / fp4 only)
+//   sa [128] u32 | sw [128] u32                e8m0 scale words (4 bytes of a row's K/32 scales)
+//   (fp4) saf [4][128] f32 | swf [4][128] f32 | flags [2] u32   the converter's scales and window flags
+template <Op kOp_, bool kWiden_, int kBN_ = 128>
+struct Cfg {
+    static constexpr Op kOp = kOp_;
+    // output tile columns: 128 (m64n128 per consumer warpgroup); bf16 also 256 (m64n256: fewer bytes
+    // per FLOP, the accumulators need no second copy there)
+    static constexpr int kBN = kBN_;
+    static_assert(kBN == 128 || (kBN == 256 && kOp_ == Op::Bf16), "tile columns");
+    static constexpr bool kQuant = kOp != Op::Bf16;
+    static constexpr bool kWiden = kQuant && kWiden_;
+    // a converter role (half the producer warpgroup): fp4 weights -> codes, or widening to fp16
+    static constexpr bool kConvert = kWiden || kOp == Op::Fp4;
+    static constexpr int kLoaders = kConvert ? kProducers / 2 : kProducers;
+    static constexpr int kRowsPerLoader = kBM / kLoaders;
+    static constexpr int kKs = (kOp == Op::Bf16 || kWiden) ? 64 : 128;  // K elements per stage
+    static constexpr int kKb = kKs / 32;                                // 32-wide K blocks per stage
+    static_assert(kKb >= 2, "K blocks per stage");
+    static constexpr int kABytes = kOp == Op::Bf16 ? 2 * kKs : kKs;  // bytes of a stage's A row as read
+    static constexpr int kBBytes = kOp == Op::Bf16 ? 2 * kKs : (kOp == Op::Fp4 ? kKs / 2 : kKs);
+    static constexpr int kRawA = kWiden ? kABytes : 0;
+    static constexpr int kRawB = kConvert ? kBBytes : 0;
+    static constexpr int kA = 0, kB = kBM * kRowBytes;
+    static constexpr int kRawAOff = kB + kBN * kRowBytes;
+    static constexpr int kRawBOff = kRawAOff + kBM * kRawA;
+    static constexpr int kSa = kRawBOff + kBN * kRawB;
+    static constexpr int kSw = kSa + (kQuant ? 4 * kBM : 0);
+    // fp4: the converter's f32 scales [4][128] (sa by row, sw by column) and its window flags [2]
+    static constexpr bool kScaleF = kOp == Op::Fp4;
+    static constexpr int kSaF = kSw + (kQuant ? 4 * kBN : 0);
+    static constexpr int kSwF = kSaF + (kScaleF ? 4 * 4 * kBM : 0);
+    static constexpr int kFlags = kSwF + (kScaleF ? 4 * 4 * kBN : 0);
+    static constexpr int kEnd = kFlags + (kScaleF ? 16 : 0);
+    static constexpr int kStage = (kEnd + 1023) / 1024 * 1024;
+    static constexpr int kBarBytes = 3 * 8 * 8 + 4 * kBM;  // loaded, full, empty (<= 8 stages); A row table
+    static constexpr int kStages =
+        (kSmemLimit - 1024 - kBarBytes) / kStage < 8 ? (kSmemLimit - 1024 - kBarBytes) / kStage : 8;
+    static constexpr int kBarriers = kStages * kStage;
+    static constexpr int kBytes = 1024 /* base alignment slack */ + kBarriers + kBarBytes;
+    static_assert(kStages >= 3, "pipeline depth");
+    static_assert(kBytes <= kSmemLimit, "Hopper allows 227 KB of shared memory per block");
+};
+
+// One output tile's operands: gemm_tile.cuh's TileJob (sb: the weight scales' base; fp8 [ceil(N / 32),
+// K / 32], fp4 [N, K / 32], the tile's rows from n0) and two layout facts of the launch.
+struct Job : gemm::TileJob {
+    bool c_pairs;      // pairs of adjacent outputs may be stored as one aligned access
+    bool scale_words;  // scale rows are 4-byte aligned with K / 32 % 4 == 0: 4-byte async copies
+};
+
+#if defined(DS4R_SM90A_DEVICE)
+
+// Two e2m1 codes per byte (even element in the low nibble, docs/MODEL.md 3.2) -> e4m3 codes, exact:
+// magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 are the e4m3 codes 0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48,
+// 0x4C; the sign moves from bit 3 to bit 7. nib16: 4 codes in its low 16 bits (code j at bits 4j..).
+__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t nib16) {
+    const uint32_t mag = __byte_perm(0x3C383000u, 0x4C484440u, nib16 & 0x7777u);
+    const uint32_t s = nib16 & 0x8888u;
+    const uint32_t sign =
+        ((s & 0x8u) << 4) | ((s & 0x80u) << 8) | ((s & 0x800u) << 12) | ((s & 0x8000u) << 16);
+    return mag | sign;
+}
+
+__device__ __forceinline__ bool sa_in_window(uint32_t b) {
+    return b - gemm::kSaLo <= gemm::kSaSpan;
+}
+__device__ __forceinline__ bool sw_in_window(uint32_t b) {
+    return b - gemm::kSwLo <= gemm::kSwSpan;
+}
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(a));
+    return v;
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ void sts128(uint32_t a, uint4 v) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+__device__ __forceinline__ void sts32(uint32_t a, uint32_t v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+}
+
+// Barrier addresses: loaded[s] (loaders' copies landed), full[s] (stage ready for the MMAs), empty[s].
+struct Bars {
+    uint32_t base;
+    __device__ uint32_t loaded(int s) const { return base + 8 * s; }
+    __device__ uint32_t full(int s) const { return base + 64 + 8 * s; }
+    __device__ uint32_t empty(int s) const { return base + 128 + 8 * s; }
+    __device__ uint32_t rows() const { return base + 192; }  // i32 [128]: A row of each tile row, -1 beyond
+};
+
+// ------------------------------------------------------------------ loaders
+// The loaders copy every stage's A and B rows, kStages ahead of the consumers, with coalesced 16-byte
+// cp.async (the lanes of a warp cover whole 128-byte row segments), and the rows' scale words (loader
+// p: tile rows p + kLoaders t); completion arrives on loaded[s] through cp.async itself.
+template <class C>
+__device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int n_stages, int p) {
+    constexpr int kWarps = C::kLoaders / 32;
+    const int lw = p / 32, lane = p % 32;
+    for (int r = p; r < kBM; r += C::kLoaders)
+        sts32(bars.rows() + 4 * r, r < j.m_valid ? (j.a_rows ? j.a_rows[r] : r) : -1);
+    named_barrier(1, C::kLoaders);
+
+    constexpr int kR = C::kRowsPerLoader;
+    const uint8_t* sa_row[kR];
+    const uint8_t* sw_row[kR];
+    bool a_ok[kR], sw_ok[kR];
+    const int a_bytes = C::kOp == Op::Bf16 ? 2 * j.k : j.k;  // bytes of one A row
+    const int b_bytes = C::kOp == Op::Bf16 ? 2 * j.k : (C::kOp == Op::Fp4 ? j.k / 2 : j.k);
+#pragma unroll
+    for (int t = 0; t < kR; ++t) {
+        const int r = p + C::kLoaders * t;
+        const int32_t ar = static_cast<int32_t>(lds32(bars.rows() + 4 * r));
+        a_ok[t] = ar >= 0;
+        sa_row[t] = C::kQuant ? j.sa + static_cast<int64_t>(a_ok[t] ? ar : 0) * j.sa_pitch : nullptr;
+        // weight scales: fp8 one row per 32-column block (rows 0..3 of the tile's blocks), fp4 one per column
+        if constexpr (C::kOp == Op::Fp8) {
+            sw_ok[t] = r < 4 && 32 * r < j.n_valid;
+            sw_row[t] = j.sb + static_cast<int64_t>(j.n0 / 32 + (sw_ok[t] ? r : 0)) * j.sb_pitch;
+        } else {
+            sw_ok[t] = r < j.n_valid;
+            sw_row[t] =
+                C::kQuant ? j.sb + (j.n0 + (sw_ok[t] ? static_cast<int64_t>(r) : 0)) * j.sb_pitch : nullptr;
+        }
+    }
+    constexpr int kCprA = C::kABytes / 16, kRpwA = 32 / kCprA;  // chunks per row, rows per warp
+    constexpr int kCprB = C::kBBytes / 16, kRpwB = 32 / kCprB;
+    const int ca = lane % kCprA, ra = lane / kCprA, cb = lane % kCprB, rb = lane / kCprB;
+    const int KB = j.k / 32;
+    for (int i = 0; i < n_stages; ++i) {
+        const int s = i % C::kStages;
+        if (i >= C::kStages) mbar_wait(bars.empty(s), ((i / C::kStages) - 1) & 1);
+        const uint32_t st = base + s * C::kStage;
+        // A: straight into the swizzled tile, or (widened) into the raw rows
+        {
+            const int off = i * C::kABytes + ca * 16;
+#pragma unroll 4
+            for (int r = lw * kRpwA + ra; r < kBM; r += kWarps * kRpwA) {
+                const int32_t ar = static_cast<int32_t>(lds32(bars.rows() + 4 * r));
+                const int n = ar >= 0 && off < a_bytes ? 16 : 0;
+                const uint32_t dst =
+                    C::kWiden ? st + C::kRawAOff + r * C::kRawA + ca * 16 : st + C::kA + swz128(r, ca);
+                cp_async16(dst, n ? j.a + static_cast<int64_t>(ar) * j.a_pitch + off : j.a, n);
+            }
+        }
+        {
+            const int off = i * C::kBBytes + cb * 16;
+#pragma unroll 4
+            for (int r = lw * kRpwB + rb; r < C::kBN; r += kWarps * kRpwB) {
+                const int n = r < j.n_valid && off < b_bytes ? 16 : 0;
+                const uint32_t dst =
+                    C::kConvert ? st + C::kRawBOff + r * C::kRawB + cb * 16 : st + C::kB + swz128(r, cb);
+                cp_async16(dst, n ? j.b + static_cast<int64_t>(r) * j.b_pitch + off : j.b, n);
+            }
+        }
+        if constexpr (C::kQuant) {
+#pragma unroll
+            for (int t = 0; t < kR; ++t) {
+                const int r = p + C::kLoaders * t;
+                // the aligned 4-byte word holding the stage's first K block's scale (widened stages
+                // hold 2 blocks: word offset (2 i) & ~3, the stage's bytes at (2 i) & 3)
+                const int w0 = (i * C::kKb) & ~3;
+                if (j.scale_words) {
+                    if (a_ok[t]) cp_async4(st + C::kSa + 4 * r, sa_row[t] + w0);
+                    if (sw_ok[t]) cp_async4(st + C::kSw + 4 * r, sw_row[t] + w0);
+                } else {
+                    uint32_t wa = 0, ww = 0;
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        if (w0 + q < KB) {
+                            if (a_ok[t]) wa |= static_cast<uint32_t>(__ldg(sa_row[t] + w0 + q)) << (8 * q);
+                            if (sw_ok[t]) ww |= static_cast<uint32_t>(__ldg(sw_row[t] + w0 + q)) << (8 * q);
+                        }
+                    }
+                    sts32(st + C::kSa + 4 * r, wa);
+                    sts32(st + C::kSw + 4 * r, ww);
+                }
+            }
+        }
+        if (C::kQuant && !j.scale_words) {
+            // plain stores above: publish them with the copies (rare shapes: K / 32 % 4 != 0)
+            cp_async_wait_all();
+            fence_proxy_async();
+            mbar_arrive(bars.loaded(s));
+        } else {
+            cp_async_arrive(bars.loaded(s));
+        }
+    }
+}
+
+// ------------------------------------------------------------------ converters (fp4 / widened)
+// Converter p widens tile rows p + kLoaders * t of the stage's raw rows into the swizzled tiles:
+// fp4 -> e4m3 codes (fp8 MMA), or codes -> fp16 (widened MMA, the portable kernels' conversions: the
+// weights by gemm_tile's bit trick, the activation codes by cvt).
+template <class C>
+__device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, int p) {
+    for (int i = 0; i < n_stages; ++i) {
+        const int s = i % C::kStages;
+        mbar_wait(bars.loaded(s), (i / C::kStages) & 1);
+        const uint32_t st = base + s * C::kStage;
+#pragma unroll
+        for (int t = 0; t < C::kRowsPerLoader; ++t) {
+            const int r = p + C::kLoaders * t;
+            if constexpr (C::kWiden) {
+                // A: 64 codes -> 64 fp16 = 8 chunks of the swizzled row
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const uint4 raw = lds128(st + C::kRawAOff + r * C::kRawA + c * 16);
+                    uint4 lo, hi;
+                    gemm::e4m3x4_to_f16x2x2(raw.x, lo.x, lo.y);
+                    gemm::e4m3x4_to_f16x2x2(raw.y, lo.z, lo.w);
+                    gemm::e4m3x4_to_f16x2x2(raw.z, hi.x, hi.y);
+                    gemm::e4m3x4_to_f16x2x2(raw.w, hi.z, hi.w);
+                    sts128(st + C::kA + swz128(r, 2 * c), lo);
+                    sts128(st + C::kA + swz128(r, 2 * c + 1), hi);
+                }
+                if constexpr (C::kOp == Op::Fp8) {
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) {
+                        const uint4 raw = lds128(st + C::kRawBOff + r * C::kRawB + c * 16);
+                        sts128(st + C::kB + swz128(r, 2 * c), gemm::e4m3x8_to_f16x8(raw.x, raw.y));
+                        sts128(st + C::kB + swz128(r, 2 * c + 1), gemm::e4m3x8_to_f16x8(raw.z, raw.w));
+                    }
+                } else {
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {  // 32 bytes = 64 codes -> 8 chunks
+                        const uint4 raw = lds128(st + C::kRawBOff + r * C::kRawB + c * 16);
+                        sts128(st + C::kB + swz128(r, 4 * c), gemm::e2m1x8_to_f16x8(raw.x));
+                        sts128(st + C::kB + swz128(r, 4 * c + 1), gemm::e2m1x8_to_f16x8(raw.y));
+                        sts128(st + C::kB + swz128(r, 4 * c + 2), gemm::e2m1x8_to_f16x8(raw.z));
+                        sts128(st + C::kB + swz128(r, 4 * c + 3), gemm::e2m1x8_to_f16x8(raw.w));
+                    }
+                }
+            } else {
+                // fp4 -> e4m3: 64 bytes = 128 codes -> 8 chunks
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const uint4 raw = lds128(st + C::kRawBOff + r * C::kRawB + c * 16);
+                    sts128(st + C::kB + swz128(r, 2 * c),
+                           make_uint4(e2m1x4_to_e4m3x4(raw.x & 0xFFFFu), e2m1x4_to_e4m3x4(raw.x >> 16),
+                                      e2m1x4_to_e4m3x4(raw.y & 0xFFFFu), e2m1x4_to_e4m3x4(raw.y >> 16)));
+                    sts128(st + C::kB + swz128(r, 2 * c + 1),
+                           make_uint4(e2m1x4_to_e4m3x4(raw.z & 0xFFFFu), e2m1x4_to_e4m3x4(raw.z >> 16),
+                                      e2m1x4_to_e4m3x4(raw.w & 0xFFFFu), e2m1x4_to_e4m3x4(raw.w >> 16)));
+                }
+            }
+        }
+        if constexpr (C::kScaleF) {
+            // fp4: the stage's scales as f32 ([K block][row / column]) and whether all lie in the
+            // fused form's window (one flag word per converter warp; nonzero: not all)
+            const int q0 = C::kWiden ? (2 * i) & 3 : 0;
+            bool ok = true;
+#pragma unroll
+            for (int t = 0; t < C::kRowsPerLoader; ++t) {
+                const int r = p + C::kLoaders * t;
+                const uint32_t wa = lds32(st + C::kSa + 4 * r), ww = lds32(st + C::kSw + 4 * r);
+#pragma unroll
+                for (int q = 0; q < C::kKb; ++q) {
+                    const uint32_t ba = (wa >> (8 * (q0 + q))) & 0xFFu, bw = (ww >> (8 * (q0 + q))) & 0xFFu;
+                    ok = ok && sa_in_window(ba) && sw_in_window(bw);
+                    sts32(st + C::kSaF + 4 * (q * kBM + r),
+                          __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(ba))));
+                    sts32(st + C::kSwF + 4 * (q * C::kBN + r),
+                          __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(bw))));
+                }
+            }
+            const unsigned bad = __ballot_sync(0xffffffffu, !ok);
+            if ((p & 31) == 0) sts32(st + C::kFlags + 4 * (p / 32), bad);
+        }
+        fence_proxy_async();
+        mbar_arrive(bars.full(s));
+    }
+}
+
+// ------------------------------------------------------------------ consumers (warpgroups 0, 1)
+// acc += P * scales of K block q (byte q of the stage's scale words; the stage's first block is byte
+// q0) (see NUMERICS). fp8: from the scale bytes; fp4: the converter's f32 scales and window flags.
+template <class C>
+__device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], uint32_t st, int q, int q0,
+                                        int r0, int lane) {
+    if constexpr (C::kOp == Op::Fp8) {
+        const uint32_t sa0b = (lds32(st + C::kSa + 4 * r0) >> (8 * q)) & 0xFFu;
+        const uint32_t sa1b = (lds32(st + C::kSa + 4 * (r0 + 8)) >> (8 * q)) & 0xFFu;
+        const float sa0 = e8m0_to_f32(static_cast<uint8_t>(sa0b)),
+                    sa1 = e8m0_to_f32(static_cast<uint8_t>(sa1b));
+        bool fast = sa_in_window(sa0b) && sa_in_window(sa1b);
+        float sw[4];
+#pragma unroll
+        for (int cb = 0; cb < 4; ++cb) {
+            const uint32_t b = (lds32(st + C::kSw + 4 * cb) >> (8 * q)) & 0xFFu;
+            fast = fast && sw_in_window(b);
+            sw[cb] = e8m0_to_f32(static_cast<uint8_t>(b));
+        }
+        if (fast) {
+            float s[2][4];
+#pragma unroll
+            for (int cb = 0; cb < 4; ++cb) {
+                s[0][cb] = __fmul_rn(sa0, sw[cb]);
+                s[1][cb] = __fmul_rn(sa1, sw[cb]);
+            }
+#pragma unroll
+            for (int i = 0; i < 64; ++i) acc[i] = __fmaf_rn(P[i], s[(i >> 1) & 1][i >> 4], acc[i]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 64; ++i)
+                acc[i] =
+                    __fadd_rn(acc[i], __fmul_rn(__fmul_rn(P[i], ((i >> 1) & 1) ? sa1 : sa0), sw[i >> 4]));
+        }
+    } else {
+        // fp4: one scale per column; the thread's columns 8 jj + 2 (lane % 4) + {0, 1}, jj = 0 .. 15
+        // (accumulators 4 jj .. 4 jj + 3: rows r0, r0, r0 + 8, r0 + 8)
+        const int kq = q - q0;  // the block's index inside the stage
+        const float fa0 = __uint_as_float(lds32(st + C::kSaF + 4 * (kq * kBM + r0)));
+        const float fa1 = __uint_as_float(lds32(st + C::kSaF + 4 * (kq * kBM + r0 + 8)));
+        const bool all_fast = (lds32(st + C::kFlags) | lds32(st + C::kFlags + 4)) == 0;
+#pragma unroll
+        for (int jj = 0; jj < 16; ++jj) {
+            const int col = 8 * jj + 2 * (lane & 3);
+            uint2 w2;
+            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+                         : "=r"(w2.x), "=r"(w2.y)
+                         : "r"(st + C::kSwF + 4 * (kq * C::kBN + col)));
+            const float w0 = __uint_as_float(w2.x), w1 = __uint_as_float(w2.y);
+            const int i = 4 * jj;
+            if (all_fast) {
+                acc[i] = __fmaf_rn(P[i], __fmul_rn(fa0, w0), acc[i]);
+                acc[i + 1] = __fmaf_rn(P[i + 1], __fmul_rn(fa0, w1), acc[i + 1]);
+                acc[i + 2] = __fmaf_rn(P[i + 2], __fmul_rn(fa1, w0), acc[i + 2]);
+                acc[i + 3] = __fmaf_rn(P[i + 3], __fmul_rn(fa1, w1), acc[i + 3]);
+            } else {
+                acc[i] = __fadd_rn(acc[i], __fmul_rn(__fmul_rn(P[i], fa0), w0));
+                acc[i + 1] = __fadd_rn(acc[i + 1], __fmul_rn(__fmul_rn(P[i + 1], fa0), w1));
+                acc[i + 2] = __fadd_rn(acc[i + 2], __fmul_rn(__fmul_rn(P[i + 2], fa1), w0));
+                acc[i + 3] = __fadd_rn(acc[i + 3], __fmul_rn(__fmul_rn(P[i + 3], fa1), w1));
+            }
+        }
+    }
+}
+
+template <class C, bool kOutF32>
+__device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, int n_stages, int wg, int t) {
+    const int warp = t / 32, lane = t % 32;
+    const int r0 = 64 * wg + 16 * warp + lane / 4;  // tile rows r0, r0 + 8
+    const int KB = j.k / 32;
+    constexpr int kAcc = C::kBN / 2;  // accumulators per thread (m64nN: N / 2)
+    float acc[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+
+    if constexpr (C::kQuant) {
+        // Two partial buffers: the wgmma of K block g + 1 runs while block g's partial is promoted.
+        // Block g lies in stage g / kKb (its scale byte (stage's q0) + g % kKb); a stage is freed once
+        // its last block's partial is promoted (its scales are read then).
+        float PA[64], PB[64];
+        auto stage_of = [&](int g) { return base + ((g / C::kKb) % C::kStages) * C::kStage; };
+        auto issue = [&](float(&P)[64], int g) {
+            const int i = g / C::kKb, q = g % C::kKb, s = i % C::kStages;
+            if (q == 0) {
+                mbar_wait(C::kConvert ? bars.full(s) : bars.loaded(s), (i / C::kStages) & 1);
+                fence_proxy_async();  // the cp.async rows (generic proxy) before the wgmma reads (async
+                                      // proxy)
+            }
+            const uint32_t a_k = stage_of(g) + C::kA + wg * 64 * kRowBytes, b_k = stage_of(g) + C::kB;
+            fence_regs(P);
+            wgmma_fence();
+            if constexpr (C::kWiden) {
+                // the block's fresh partial: two fp16 k16 steps (64 bytes of the row)
+                wgmma_m64n128k16_f16(P, desc_k128(a_k + q * 64), desc_k128(b_k + q * 64), 0u);
+                wgmma_m64n128k16_f16(P, desc_k128(a_k + q * 64 + 32), desc_k128(b_k + q * 64 + 32), 1u);
+            } else {
+                wgmma_m64n128k32_e4m3(P, desc_k128(a_k + q * 32), desc_k128(b_k + q * 32), 0u);
+            }
+            wgmma_commit();
+        };
+        auto finish = [&](float(&P)[64], int g) {
+            fence_regs(P);
+            const int i = g / C::kKb, q = g % C::kKb;
+            const int q0 = C::kWiden ? (2 * i) & 3 : 0;  // the stage's first byte in its scale words
+            promote<C>(acc, P, stage_of(g), q0 + q, q0, r0, lane);
+            if (q == C::kKb - 1 || g == KB - 1) mbar_arrive(bars.empty(i % C::kStages));
+        };
+        if (KB > 0) issue(PA, 0);
+        for (int g = 0; g < KB; g += 2) {
+            if (g + 1 < KB) {
+                issue(PB, g + 1);
+                wgmma_wait<1>();
+            } else {
+                wgmma_wait<0>();
+            }
+            finish(PA, g);
+            if (g + 1 < KB) {
+                if (g + 2 < KB) {
+                    issue(PA, g + 2);
+                    wgmma_wait<1>();
+                } else {
+                    wgmma_wait<0>();
+                }
+                finish(PB, g + 1);
+            }
+        }
+    } else {
+        for (int i = 0; i < n_stages; ++i) {
+            const int s = i % C::kStages;
+            mbar_wait(bars.loaded(s), (i / C::kStages) & 1);
+            fence_proxy_async();
+            const uint32_t st = base + s * C::kStage;
+            fence_regs(acc);
+            wgmma_fence();
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const uint64_t da = desc_k128(st + C::kA + wg * 64 * kRowBytes + q * 32);
+                const uint64_t db = desc_k128(st + C::kB + q * 32);
+                if constexpr (C::kBN == 256)
+                    wgmma_m64n256k16_bf16(acc, da, db, 1u);
+                else
+                    wgmma_m64n128k16_bf16(acc, da, db, 1u);
+            }
+            wgmma_commit();
+            // keep this stage's wgmmas in flight; the previous stage's are done: free it
+            wgmma_wait<1>();
+            fence_regs(acc);
+            if (i > 0) mbar_arrive(bars.empty((i - 1) % C::kStages));
+        }
+        wgmma_wait<0>();
+        fence_regs(acc);
+    }
+
+    // epilogue: the fragment's pairs of adjacent columns
+#pragma unroll
+    for (int i = 0; i < kAcc; i += 2) {
+        const int r = r0 + 8 * ((i >> 1) & 1);
+        const int cl = 8 * (i >> 2) + 2 * (lane & 3);
+        if (r >= j.m_valid || cl >= j.n_valid) continue;
+        uint8_t* row = j.c + static_cast<int64_t>(r) * j.c_pitch;
+        if constexpr (kOutF32) {
+            float* y = reinterpret_cast<float*>(row) + cl;
+            if (cl + 1 < j.n_valid && j.c_pairs) {
+                *reinterpret_cast<float2*>(y) = make_float2(acc[i], acc[i + 1]);
+            } else {
+                y[0] = acc[i];
+                if (cl + 1 < j.n_valid) y[1] = acc[i + 1];
+            }
+        } else {
+            uint16_t* y = reinterpret_cast<uint16_t*>(row) + cl;
+            const uint16_t lo = f32_to_bf16_bits(acc[i]), hi = f32_to_bf16_bits(acc[i + 1]);
+            if (cl + 1 < j.n_valid && j.c_pairs) {
+                *reinterpret_cast<uint32_t*>(y) =
+                    static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+            } else {
+                y[0] = lo;
+                if (cl + 1 < j.n_valid) y[1] = hi;
+            }
+        }
+    }
+}
+
+template <class C, bool kOutF32>
+__device__ __forceinline__ void tile(const Job& j, uint8_t* smem) {
+    const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
+    const Bars bars{base + C::kBarriers};
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        for (int s = 0; s < C::kStages; ++s) {
+            mbar_init(bars.loaded(s), C::kLoaders);  // each loader: one (cp.async) arrival
+            mbar_init(bars.full(s),
+                      C::kConvert ? kProducers - C::kLoaders : 1);  // each converter (unused without)
+            mbar_init(bars.empty(s), kConsumers);                   // every consumer thread
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    const int row_bytes = C::kOp == Op::Bf16 ? 2 * j.k : j.k;
+    const int n_stages = (row_bytes + C::kABytes - 1) / C::kABytes;
+    if (tid >= kConsumers) {
+        regs_dec<kProducerRegs>();
+        const int p = tid - kConsumers;
+        if (p < C::kLoaders)
+            load<C>(j, base, bars, n_stages, p);
+        else if constexpr (C::kConvert)
+            convert<C>(bars, base, n_stages, p - C::kLoaders);
+    } else {
+        regs_inc<kConsumerRegs>();
+        consume<C, kOutF32>(j, base, bars, n_stages, tid / 128, tid % 128);
+    }
+}
+
+#endif  // DS4R_SM90A_DEVICE
+
+// ------------------------------------------------------------------ kernels
+
+template <class C, bool kOutF32>
+__global__ void __launch_bounds__(kThreads, 1) dense_kernel(const __grid_constant__ GemmParams p) {
+#if defined(DS4R_SM90A_DEVICE)
+    extern __shared__ __align__(1024) uint8_t smem[];
+    Job j;
+    dense_tile_job<kBM, C::kBN, kOutF32 ? 4 : 2>(p, j);
+    j.c_pairs = p.c_pairs;
+    j.scale_words = p.scale_words;
+    tile<C, kOutF32>(j, smem);
+#endif
+}
+
+// The routed experts' grouped GEMM (gemm_params.cuh).
+template <class C>
+__global__ void __launch_bounds__(kThreads, 1) grouped_kernel(const __grid_constant__ GroupedParams p) {
+#if defined(DS4R_SM90A_DEVICE)
+    extern __shared__ __align__(1024) uint8_t smem[];
+    Job j;
+    if (!grouped_tile_job<kBM, C::kBN>(p, j)) return;
+    j.c_pairs = p.c_pairs;
+    j.scale_words = p.scale_words;
+    tile<C, false>(j, smem);
+#endif
+}
+
+bool aligned16(const void* p) {
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// One instantiation (and one static attribute call) per kernel.
+template <class C, auto kKernel, class Params>
+cudaError_t launch(const Params& p, dim3 grid, cudaStream_t stream) {
+    static const cudaError_t attributes =
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kBytes);
+    if (attributes != cudaSuccess) return attributes;
+    kKernel<<<grid, kThreads, C::kBytes, stream>>>(p);
+    return cudaGetLastError();
+}
+
+template <class C, bool kOutF32>
+cudaError_t launch_dense(GemmParams p, int64_t M, int64_t N, int64_t groups, cudaStream_t stream) {
+    if (M == 0 || N == 0 || groups == 0) return cudaSuccess;
+    const int64_t gn = (N + C::kBN - 1) / C::kBN, gm = (M + kBM - 1) / kBM;
+    if (gn * gm > 0x7fffffffLL || groups > 65535 || M > 0x7fffffffLL || N > 0x7fffffffLL)
+        return cudaErrorInvalidValue;
+    p.tiles_m = static_cast<int>(gm);
+    p.tiles_n = static_cast<int>(gn);
+    p.M = static_cast<int>(M);
+    p.N = static_cast<int>(N);
+    return launch<C, dense_kernel<C, kOutF32>>(
+        p, dim3(static_cast<unsigned>(gm * gn), 1, static_cast<unsigned>(groups)), stream);
+}
+
+template <Op kOp, bool kWiden>
+cudaError_t launch_scaled(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
+                          uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
+    if (K % 32 != 0 || K > 0x7fffffffLL || !aligned16(q) || !aligned16(w)) return cudaErrorInvalidValue;
+    const GemmParams p = scaled_params(q, sa, w, sw, kOp == Op::Fp4, y, ldc, M, N, K);
+    return launch_dense<Cfg<kOp, kWiden>, false>(p, M, N, 1, stream);
+}
+
+template <bool kWiden>
+cudaError_t launch_grouped(const GroupedFp4Gemm& g, cudaStream_t stream) {
+    using C = Cfg<Op::Fp4, kWiden>;
+    return for_each_grouped_batch(g, kBM, C::kBN, [&](int e0, int e1, dim3 grid) {
+        return launch<C, grouped_kernel<C>>(grouped_params(g, e0, e1), grid, stream);
+    });
+}
+
+}  // namespace
+
+bool sm90_gemm_usable(int device) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+        return false;
+    return major == 9 && minor == 0;
+}
+
+cudaError_t launch_gemm_bf16_sm90(const uint16_t* x, int64_t lda, int64_t x_goff, const uint16_t* w,
+                                  int64_t ldw, int64_t w_goff, void* y, bool y_f32, int64_t ldc,
+                                  int64_t y_goff, int64_t M, int64_t N, int64_t K, int64_t groups,
+                                  cudaStream_t stream) {
+    if (!gemm_bf16_supported(x, lda, x_goff, w, ldw, w_goff, K)) return cudaErrorInvalidValue;
+    const GemmParams p = bf16_params(x, lda, x_goff, w, ldw, w_goff, y, y_f32, ldc, y_goff, M, N, K);
+    using C = Cfg<Op::Bf16, false, 256>;
+    if (y_f32) return launch_dense<C, true>(p, M, N, groups, stream);
+    return launch_dense<C, false>(p, M, N, groups, stream);
+}
+
+cudaError_t launch_gemm_fp8_sm90_partials(Sm90Partials partials, const uint8_t* q, const uint8_t* sa,
+                                          const uint8_t* w, const uint8_t* sw, uint16_t* y, int64_t ldc,
+                                          int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
+    if (partials == Sm90Partials::Fp16Widened)
+        return launch_scaled<Op::Fp8, true>(q, sa, w, sw, y, ldc, M, N, K, stream);
+    return launch_scaled<Op::Fp8, false>(q, sa, w, sw, y, ldc, M, N, K, stream);
+}
+
+cudaError_t launch_gemm_fp4_sm90_partials(Sm90Partials partials, const uint8_t* q, const uint8_t* sa,
+                                          const uint8_t* w, const uint8_t* sw, uint16_t* y, int64_t ldc,
+                                          int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
+    if (partials == Sm90Partials::Fp16Widened)
+        return launch_scaled<Op::Fp4, true>(q, sa, w, sw, y, ldc, M, N, K, stream);
+    return launch_scaled<Op::Fp4, false>(q, sa, w, sw, y, ldc, M, N, K, stream);
+}
+
+cudaError_t launch_grouped_gemm_fp4_sm90_partials(Sm90Partials partials, const GroupedFp4Gemm& g,
+                                                  cudaStream_t stream) {
+    if (partials == Sm90Partials::Fp16Widened) return launch_grouped<true>(g, stream);
+    return launch_grouped<false>(g, stream);
+}
+
+cudaError_t launch_gemm_fp8_sm90(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
+                                 uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K,
+                                 cudaStream_t stream) {
+    return launch_gemm_fp8_sm90_partials(kSm90DefaultPartials, q, sa, w, sw, y, ldc, M, N, K, stream);
+}
+
+cudaError_t launch_gemm_fp4_sm90(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
+                                 uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K,
+                                 cudaStream_t stream) {
+    return launch_gemm_fp4_sm90_partials(kSm90DefaultPartials, q, sa, w, sw, y, ldc, M, N, K, stream);
+}
+
+cudaError_t launch_grouped_gemm_fp4_sm90(const GroupedFp4Gemm& g, cudaStream_t stream) {
+    return launch_grouped_gemm_fp4_sm90_partials(kSm90DefaultPartials, g, stream);
+}
+
+}  // namespace ds4r::kern

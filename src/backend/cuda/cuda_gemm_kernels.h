@@ -1,0 +1,33 @@
+// The GEMM kernel family a CudaBackend runs (`--kernels auto|portable|hopper|hopper-fp8`): the portable
+// mma.sync kernels (kernels/gemm.cuh; sm_80+, the default everywhere but compute capability 9.0) or the
+// Hopper wgmma kernels (kernels/gemm_sm90.cuh). Both keep every output element's instruction sequence
+// independent of M (batch invariance); docs/PERFORMANCE.md compares their numbers and speed.
+#pragma once
+
+#include <string>
+
+#include "ds4r/backend.h"
+#include "gemm.cuh"
+#include "quant.cuh"
+
+namespace ds4r {
+
+struct GemmKernels {
+    bool hopper = false;
+    bool fp8_partials = false;  // Hopper block-scaled partials on fp8 wgmma (--kernels hopper-fp8)
+    // The block-scaled GEMMs' activation code order (quant.cuh): portable fragment order, or canonical.
+    kern::Fp8CodeOrder act_order = kern::Fp8CodeOrder::GemmFragment;
+    decltype(&kern::launch_gemm_fp8) fp8 = nullptr;
+    decltype(&kern::launch_gemm_fp4) fp4 = nullptr;
+    decltype(&kern::launch_grouped_gemm_fp4) grouped_fp4 = nullptr;
+    decltype(&kern::launch_gemm_bf16) bf16 = nullptr;
+    const char* name() const {
+        return fp8_partials ? "hopper wgmma (fp8 partials)" : hopper ? "hopper wgmma" : "portable mma.sync";
+    }
+};
+
+// The set for `choice` on `device`: Auto = Hopper on compute capability 9.0, else portable; Hopper on
+// another device throws RuntimeError naming it.
+GemmKernels select_gemm_kernels(GpuKernels choice, int device);
+
+}  // namespace ds4r

@@ -1,0 +1,463 @@
+// The Hopper wgmma GEMMs (kernels/gemm_sm90.cuh, `--kernels hopper`) against the portable mma.sync
+// kernels (their oracle) and the CPU backend: per GEMM family and shape, the fraction of outputs
+// bitwise equal and the largest distance in units in the last place (ulp of the output dtype), with
+// the bounds measured on an H200 (docs/PERFORMANCE.md "Hopper kernels: numerics"). Batch invariance is
+// exact: a row's bits do not depend on M. Skips on GPUs other than compute capability 9.0.
+//
+// Shapes: odd M (1, 7, 129, 8193), N off the 128-column tile, K = 32 (one block), the model's shapes at
+// modest M, extreme block scales (the three-rounding form), grouped experts with empty experts, one
+// expert holding every row, and 384 experts.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "ds4r/numeric.h"
+
+#ifdef DS4R_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "gemm_sm90.cuh"
+#endif
+
+using namespace ds4r;
+using namespace ds4r::test;
+
+#ifdef DS4R_HAVE_CUDA
+
+namespace {
+
+#define DS4R_REQUIRE_HOPPER()                                                                            \
+    do {                                                                                                 \
+        DS4R_REQUIRE_CUDA();                                                                             \
+        if (!kern::sm90_gemm_usable(0))                                                                  \
+            GTEST_SKIP() << "device 0 is not a compute capability 9.0 GPU: Hopper kernel tests skipped"; \
+    } while (0)
+
+// Measured bounds (H200, CUDA 13.0; see the file comment). The default block-scaled kernels widen the
+// codes to fp16 (Sm90Partials::Fp16Widened) and must equal the portable kernels bit for bit, as the
+// bf16 GEMMs do. The fp8-wgmma partials (Sm90Partials::Fp8Wgmma) are the tensor core's own fp8 sum:
+// a fraction of outputs differ (by up to a few percent of the row's rms: the fp8 tensor core's sum).
+// Measured: 93.5% (fp8, M = 1) .. 99.8% (fp4) bitwise; max |d| / rms 3.3e-2 (fp4, M = 8193).
+constexpr double kFp8WgmmaMinBitwise = 0.93;  // fraction of outputs bitwise equal to the portable kernels
+constexpr double kFp8WgmmaMaxRel = 4e-2;      // max |difference| / rms of the portable output row
+
+CudaBackend& hop() {
+    static CudaBackend b(0, size_t{24} << 30, GpuKernels::Hopper);
+    return b;
+}
+CudaBackend& port() {
+    static CudaBackend b(0, size_t{24} << 30, GpuKernels::Portable);
+    return b;
+}
+
+Tensor upload(Backend& be, DType t, const Shape& shape, const void* host) {
+    Tensor d = be.alloc(t, shape);
+    if (d.nbytes()) be.upload(d, 0, host, d.nbytes());
+    return d;
+}
+Tensor poisoned(Backend& be, DType t, const Shape& shape) {
+    Tensor d = be.alloc(t, shape);
+    be.fill(d, 0xA5);
+    return d;
+}
+std::vector<uint8_t> host(Backend& be, const Tensor& t) {
+    std::vector<uint8_t> v(t.nbytes());
+    if (!v.empty()) be.download(v.data(), t, 0, v.size());
+    return v;
+}
+
+std::vector<uint16_t> rand_x(int64_t M, int64_t K, uint64_t seed, float scale = 1.0f) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> nd(0.0f, scale);
+    std::vector<uint16_t> h(static_cast<size_t>(M * K));
+    for (auto& v : h) v = f32_to_bf16(nd(rng));
+    return h;
+}
+uint8_t scale_byte(std::mt19937_64& rng, bool extreme) {
+    return extreme ? static_cast<uint8_t>(rng() % 255) : static_cast<uint8_t>(113 + rng() % 11);
+}
+std::vector<uint8_t> rand_fp8_codes(size_t n, std::mt19937_64& rng) {
+    std::vector<uint8_t> w(n);
+    for (auto& b : w) {
+        b = static_cast<uint8_t>(rng());
+        if ((b & 0x7f) == 0x7f) b ^= 1;  // no NaN codes
+    }
+    return w;
+}
+
+// Distance in ulps between two values of the same dtype (2: bf16, 4: f32) via their ordered integers;
+// both NaN: 0; one NaN: a large distance.
+int64_t ulp_distance(const uint8_t* a, const uint8_t* b, size_t es) {
+    auto ordered = [es](const uint8_t* p, bool* nan) -> int64_t {
+        if (es == 2) {
+            uint16_t h;
+            std::memcpy(&h, p, 2);
+            *nan = (h & 0x7fff) > 0x7f80;
+            return (h & 0x8000) ? -static_cast<int64_t>(h & 0x7fff) : static_cast<int64_t>(h);
+        }
+        uint32_t u;
+        std::memcpy(&u, p, 4);
+        *nan = (u & 0x7fffffffu) > 0x7f800000u;
+        return (u & 0x80000000u) ? -static_cast<int64_t>(u & 0x7fffffffu) : static_cast<int64_t>(u);
+    };
+    bool na, nb;
+    const int64_t x = ordered(a, &na), y = ordered(b, &nb);
+    if (na || nb) return na && nb ? 0 : (int64_t{1} << 40);
+    return x > y ? x - y : y - x;
+}
+
+double value_of(const uint8_t* p, size_t es) {
+    if (es == 2) {
+        uint16_t h;
+        std::memcpy(&h, p, 2);
+        return bf16_to_f32(h);
+    }
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+}
+
+// Outputs a (under test) and b (reference) of `cols` columns: bitwise fraction, max ulp distance, and
+// max |a - b| / rms(b's row) (the ulp distance is large for tiny values near a sign change).
+struct Agreement {
+    size_t n = 0, equal = 0;
+    int64_t max_ulp = 0;
+    double max_rel = 0;
+    double fraction() const { return n ? static_cast<double>(equal) / static_cast<double>(n) : 1.0; }
+};
+Agreement agreement(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, size_t es, int64_t cols) {
+    Agreement g;
+    EXPECT_EQ(a.size(), b.size());
+    const size_t row = static_cast<size_t>(cols) * es;
+    for (size_t r0 = 0; r0 + row <= std::min(a.size(), b.size()); r0 += row) {
+        double ss = 0;
+        for (size_t i = r0; i < r0 + row; i += es) ss += value_of(&b[i], es) * value_of(&b[i], es);
+        const double rms = std::sqrt(ss / static_cast<double>(cols));
+        for (size_t i = r0; i < r0 + row; i += es) {
+            ++g.n;
+            if (std::memcmp(&a[i], &b[i], es) == 0) {
+                ++g.equal;
+                continue;
+            }
+            g.max_ulp = std::max(g.max_ulp, ulp_distance(&a[i], &b[i], es));
+            const double d = std::fabs(value_of(&a[i], es) - value_of(&b[i], es));
+            // rows whose rms is 0 or not finite (extreme scales) have no relative measure
+            if (rms > 0 && std::isfinite(rms) && std::isfinite(d)) g.max_rel = std::max(g.max_rel, d / rms);
+        }
+    }
+    return g;
+}
+void report(const std::string& what, const char* against, const Agreement& g) {
+    std::printf("[sm90] %-52s vs %-8s bitwise %9.5f%% of %9zu, max %lld ulp, max |d|/rms %.2e\n",
+                what.c_str(), against, 100.0 * g.fraction(), g.n, static_cast<long long>(g.max_ulp),
+                g.max_rel);
+}
+void expect_equal(const std::string& what, const char* against, const Agreement& g) {
+    report(what, against, g);
+    EXPECT_EQ(g.equal, g.n) << what << " vs " << against << ": not bitwise equal";
+}
+void expect_fp8_wgmma(const std::string& what, const Agreement& g) {
+    report(what, "portable", g);
+    EXPECT_GE(g.fraction(), kFp8WgmmaMinBitwise) << what;
+    EXPECT_LE(g.max_rel, kFp8WgmmaMaxRel) << what;
+}
+
+// The fp8-wgmma variant of a block-scaled linear on the Hopper backend's activation codes.
+std::vector<uint8_t> fp8_wgmma_linear(bool fp4, const Tensor& x, const Tensor& w, const Tensor& s, int64_t M,
+                                      int64_t N, int64_t K) {
+    CudaBackend& be = hop();
+    const CudaBackend::GemmActs a = be.quantize_gemm_acts(x, M, K);
+    Tensor y = poisoned(be, DType::BF16, {M, N});
+    auto fn = fp4 ? kern::launch_gemm_fp4_sm90_partials : kern::launch_gemm_fp8_sm90_partials;
+    DS4R_CUDA_CHECK(fn(kern::Sm90Partials::Fp8Wgmma, a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.ptr<uint8_t>(),
+                       s.ptr<uint8_t>(), y.ptr<uint16_t>(), N, M, N, K, be.stream()));
+    return host(be, y);
+}
+
+// ---------------------------------------------------------------- block-scaled linears
+void check_fp8(int64_t M, int64_t N, int64_t K, uint64_t seed, bool extreme, bool vs_cpu) {
+    const std::string what = "linear_fp8 M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                             " K=" + std::to_string(K) + (extreme ? " extreme scales" : "");
+    std::mt19937_64 rng(seed);
+    const auto xh = rand_x(M, K, seed + 1, extreme ? 300.0f : 1.0f);
+    const auto wh = rand_fp8_codes(static_cast<size_t>(N * K), rng);
+    std::vector<uint8_t> sh(static_cast<size_t>(((N + 31) / 32) * (K / 32)));
+    for (auto& b : sh) b = scale_byte(rng, extreme);
+    std::vector<uint8_t> wg;
+    auto run = [&](Backend& be) {
+        Fp8Linear w{upload(be, DType::F8_E4M3, {N, K}, wh.data()),
+                    upload(be, DType::F8_E8M0, {(N + 31) / 32, K / 32}, sh.data())};
+        Tensor x = upload(be, DType::BF16, {M, K}, xh.data());
+        Tensor y = poisoned(be, DType::BF16, {M, N});
+        be.linear_fp8(x, w, y);
+        if (&be == &hop()) wg = fp8_wgmma_linear(false, x, w.w, w.s, M, N, K);
+        return host(be, y);
+    };
+    const auto h = run(hop()), p = run(port());
+    expect_equal(what, "portable", agreement(h, p, 2, N));
+    expect_fp8_wgmma(what + " fp8-wgmma", agreement(wg, p, 2, N));
+    if (vs_cpu) {
+        const auto c = run(cpu());
+        report(what, "cpu", agreement(h, c, 2, N));
+        report(what + " fp8-wgmma", "cpu", agreement(wg, c, 2, N));
+    }
+}
+
+void check_fp4(int64_t M, int64_t N, int64_t K, uint64_t seed, bool extreme, bool vs_cpu) {
+    const std::string what = "linear_fp4 M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                             " K=" + std::to_string(K) + (extreme ? " extreme scales" : "");
+    std::mt19937_64 rng(seed);
+    const auto xh = rand_x(M, K, seed + 1, extreme ? 300.0f : 1.0f);
+    std::vector<uint8_t> wh(static_cast<size_t>(N * K / 2)), sh(static_cast<size_t>(N * (K / 32)));
+    for (auto& b : wh) b = static_cast<uint8_t>(rng());
+    for (auto& b : sh) b = scale_byte(rng, extreme);
+    std::vector<uint8_t> wg;
+    auto run = [&](Backend& be) {
+        Fp4Linear w{upload(be, DType::I8, {N, K / 2}, wh.data()),
+                    upload(be, DType::F8_E8M0, {N, K / 32}, sh.data())};
+        Tensor x = upload(be, DType::BF16, {M, K}, xh.data());
+        Tensor y = poisoned(be, DType::BF16, {M, N});
+        linear_fp4(be, x, w, y);
+        if (&be == &hop()) wg = fp8_wgmma_linear(true, x, w.w, w.s, M, N, K);
+        return host(be, y);
+    };
+    const auto h = run(hop()), p = run(port());
+    expect_equal(what, "portable", agreement(h, p, 2, N));
+    expect_fp8_wgmma(what + " fp8-wgmma", agreement(wg, p, 2, N));
+    if (vs_cpu) {
+        const auto c = run(cpu());
+        report(what, "cpu", agreement(h, c, 2, N));
+        report(what + " fp8-wgmma", "cpu", agreement(wg, c, 2, N));
+    }
+}
+
+TEST(CudaGemmSm90, Fp8AgreesWithPortableAndCpu) {
+    DS4R_REQUIRE_HOPPER();
+    check_fp8(257, 1536, 4096, 11, false, !sanitizer_run());  // wq_a-like
+    check_fp8(129, 4096, 1024, 12, false, false);
+    for (int64_t M : {1, 7, 129})
+        check_fp8(M, 200, 96, 13 + static_cast<uint64_t>(M), false, true);  // N off tile
+    check_fp8(7, 128, 32, 14, false, true);                                 // K = 32
+    if (!sanitizer_run()) check_fp8(8193, 256, 256, 15, false, false);
+    check_fp8(130, 300, 256, 16, true, true);  // scales outside the fused window
+}
+
+TEST(CudaGemmSm90, Fp4AgreesWithPortableAndCpu) {
+    DS4R_REQUIRE_HOPPER();
+    check_fp4(257, 2048, 4096, 21, false, !sanitizer_run());  // expert w1-like
+    for (int64_t M : {1, 7, 129}) check_fp4(M, 200, 96, 22 + static_cast<uint64_t>(M), false, true);
+    check_fp4(7, 128, 32, 23, false, true);
+    if (!sanitizer_run()) check_fp4(8193, 256, 256, 24, false, false);
+    check_fp4(130, 300, 256, 25, true, true);
+}
+
+// ---------------------------------------------------------------- grouped experts
+// The grouped kernel on both families with the same routing plan: experts with `counts[e]` pairs, the
+// activation rows gathered through a random permutation (as w1 / w3 run), one projection.
+void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed,
+                   const std::string& what) {
+    std::mt19937_64 rng(seed);
+    const int E = static_cast<int>(counts.size());
+    int64_t P = 0;
+    for (int c : counts) P += c;
+    ASSERT_GT(P, 0);
+    const auto xh = rand_x(P, K, seed + 1);
+    std::vector<int32_t> rows(static_cast<size_t>(P));
+    for (int64_t i = 0; i < P; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    std::shuffle(rows.begin(), rows.end(), rng);
+    std::vector<int32_t> tile_expert, tile_start, tile_begin, expert_end;
+    int64_t pos = 0;
+    for (int e = 0; e < E; ++e) {
+        tile_begin.push_back(static_cast<int32_t>(tile_expert.size()));
+        for (int r = 0; r < counts[static_cast<size_t>(e)]; r += 128) {
+            tile_expert.push_back(e);
+            tile_start.push_back(static_cast<int32_t>(pos + r));
+        }
+        pos += counts[static_cast<size_t>(e)];
+        expert_end.push_back(static_cast<int32_t>(pos));
+    }
+    tile_begin.push_back(static_cast<int32_t>(tile_expert.size()));
+    std::vector<std::vector<uint8_t>> wh(static_cast<size_t>(E)), sh(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) {
+        wh[static_cast<size_t>(e)].resize(static_cast<size_t>(N * K / 2));
+        sh[static_cast<size_t>(e)].resize(static_cast<size_t>(N * K / 32));
+        for (auto& b : wh[static_cast<size_t>(e)]) b = static_cast<uint8_t>(rng());
+        for (auto& b : sh[static_cast<size_t>(e)]) b = scale_byte(rng, false);
+    }
+    const int max_rows = *std::max_element(counts.begin(), counts.end());
+    std::vector<uint8_t> wg;
+    auto i32 = [](CudaBackend& be, const std::vector<int32_t>& v) {
+        return upload(be, DType::I32, {static_cast<int64_t>(v.size())}, v.data());
+    };
+    auto run = [&](CudaBackend& be) {
+        Tensor x = upload(be, DType::BF16, {P, K}, xh.data());
+        const CudaBackend::GemmActs a = be.quantize_gemm_acts(x, P, K);
+        std::vector<Tensor> wt, st;
+        std::vector<const uint8_t*> wp, sp;
+        for (int e = 0; e < E; ++e) {
+            wt.push_back(upload(be, DType::I8, {N, K / 2}, wh[static_cast<size_t>(e)].data()));
+            st.push_back(upload(be, DType::F8_E8M0, {N, K / 32}, sh[static_cast<size_t>(e)].data()));
+            wp.push_back(wt.back().ptr<uint8_t>());
+            sp.push_back(st.back().ptr<uint8_t>());
+        }
+        const Tensor d_rows = i32(be, rows), d_te = i32(be, tile_expert), d_ts = i32(be, tile_start),
+                     d_tb = i32(be, tile_begin), d_ee = i32(be, expert_end);
+        Tensor y = poisoned(be, DType::BF16, {P, N});
+        kern::GroupedFp4Gemm g{};
+        g.q = a.q.ptr<uint8_t>();
+        g.sa = a.s.ptr<uint8_t>();
+        g.a_rows = d_rows.ptr<int32_t>();
+        g.tile_expert = d_te.ptr<int32_t>();
+        g.tile_start = d_ts.ptr<int32_t>();
+        g.tile_begin = d_tb.ptr<int32_t>();
+        g.expert_end = d_ee.ptr<int32_t>();
+        g.max_tiles = static_cast<int64_t>(tile_expert.size()) + 3;  // an upper bound, as the MoE passes it
+        g.max_rows_per_expert = max_rows;
+        g.n_experts = E;
+        g.n_proj = 1;
+        g.N = N;
+        g.K = K;
+        g.w[0] = wp.data();
+        g.s[0] = sp.data();
+        g.y[0] = y.ptr<uint16_t>();
+        DS4R_CUDA_CHECK(be.gemm().grouped_fp4(g, be.stream()));
+        std::vector<uint8_t> out = host(be, y);
+        if (&be == &hop()) {
+            be.fill(y, 0xA5);
+            DS4R_CUDA_CHECK(
+                kern::launch_grouped_gemm_fp4_sm90_partials(kern::Sm90Partials::Fp8Wgmma, g, be.stream()));
+            wg = host(be, y);
+        }
+        return out;
+    };
+    const auto h = run(hop()), p = run(port());
+    expect_equal(what, "portable", agreement(h, p, 2, N));
+    expect_fp8_wgmma(what + " fp8-wgmma", agreement(wg, p, 2, N));
+}
+
+TEST(CudaGemmSm90, GroupedExpertsAgreeWithPortable) {
+    DS4R_REQUIRE_HOPPER();
+    check_grouped({0, 5, 0, 300, 128, 1, 0}, 320, 256, 31, "grouped: empty experts, partial tiles");
+    check_grouped({0, 0, 700, 0}, 256, 512, 32, "grouped: one expert holds every row");
+    std::mt19937_64 rng(33);
+    std::vector<int> counts(384);
+    for (auto& c : counts) c = static_cast<int>(rng() % 41);
+    check_grouped(counts, 256, 256, 34, "grouped: 384 experts");
+}
+
+// ---------------------------------------------------------------- bf16 GEMMs
+TEST(CudaGemmSm90, Bf16AgreesWithPortable) {
+    DS4R_REQUIRE_HOPPER();
+    struct Case {
+        int64_t M, N, K;
+        bool f32;
+    };
+    const Case cases[] = {{1, 200, 96, false},
+                          {7, 1024, 520, true},
+                          {129, 1024, 1024, false},
+                          {257, 4096, 1024, true},
+                          {8193, 256, 256, false}};
+    for (const Case& c : cases) {
+        if (sanitizer_run() && c.M > 300) continue;
+        const std::string what = std::string(c.f32 ? "linear_f32(bf16)" : "linear_bf16") +
+                                 " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
+                                 " K=" + std::to_string(c.K);
+        const auto xh = rand_x(c.M, c.K, 41), wh = rand_x(c.N, c.K, 42, 0.05f);
+        auto run = [&](Backend& be) {
+            Tensor x = upload(be, DType::BF16, {c.M, c.K}, xh.data()),
+                   w = upload(be, DType::BF16, {c.N, c.K}, wh.data());
+            Tensor y = poisoned(be, c.f32 ? DType::F32 : DType::BF16, {c.M, c.N});
+            if (c.f32)
+                be.linear_f32(x, w, y);
+            else
+                be.linear_bf16(x, w, y);
+            return host(be, y);
+        };
+        expect_equal(what, "portable", agreement(run(hop()), run(port()), c.f32 ? 4 : 2, c.N));
+    }
+    // wo_a: 8 groups of [R = 64, Kg = 512] (grouped along z)
+    {
+        const int64_t M = 130, G = 8, R = 64, Kg = 512;
+        std::mt19937_64 rng(43);
+        const auto oh = rand_x(M, G * Kg, 44);
+        const auto wh = rand_fp8_codes(static_cast<size_t>(G * R * Kg), rng);
+        std::vector<uint8_t> sh(static_cast<size_t>((G * R / 32) * (Kg / 32)));
+        for (auto& b : sh) b = scale_byte(rng, false);
+        auto run = [&](Backend& be) {
+            Fp8Linear w{upload(be, DType::F8_E4M3, {G * R, Kg}, wh.data()),
+                        upload(be, DType::F8_E8M0, {G * R / 32, Kg / 32}, sh.data())};
+            Tensor o = upload(be, DType::BF16, {M, G * Kg}, oh.data());
+            Tensor y = poisoned(be, DType::BF16, {M, G * R});
+            be.linear_wo_a(o, w, G, y);
+            return host(be, y);
+        };
+        expect_equal("linear_wo_a M=130 8 groups", "portable", agreement(run(hop()), run(port()), 2, G * R));
+    }
+    // the head's logits (f32), against the portable head kernel
+    {
+        const int64_t M = 77, V = 1000, D = 512;
+        const auto xh = rand_x(M, D, 45), wh = rand_x(V, D, 46, 0.05f);
+        auto run = [&](CudaBackend& be) {
+            Tensor x = upload(be, DType::BF16, {M, D}, xh.data()),
+                   w = upload(be, DType::BF16, {V, D}, wh.data());
+            Tensor y = poisoned(be, DType::F32, {M, V});
+            be.head_logits(x.ptr<uint16_t>(), w.ptr<uint16_t>(), y.ptr<float>(), M, V, D);
+            return host(be, y);
+        };
+        expect_equal("head logits M=77 V=1000 D=512", "portable", agreement(run(hop()), run(port()), 4, V));
+    }
+}
+
+// ---------------------------------------------------------------- batch invariance
+// Rows computed in a batch of 8193 equal the same rows computed alone or in a batch of 7.
+TEST(CudaGemmSm90, RowsDoNotDependOnM) {
+    DS4R_REQUIRE_HOPPER();
+    const int64_t M = sanitizer_run() ? 300 : 8193, N = 384, K = 512;
+    std::mt19937_64 rng(51);
+    const auto xh = rand_x(M, K, 52);
+    const auto wh = rand_fp8_codes(static_cast<size_t>(N * K), rng);
+    std::vector<uint8_t> sh(static_cast<size_t>((N / 32) * (K / 32)));
+    for (auto& b : sh) b = scale_byte(rng, false);
+    const auto bh = rand_x(N, K, 53, 0.05f);
+    CudaBackend& be = hop();
+    Fp8Linear w{upload(be, DType::F8_E4M3, {N, K}, wh.data()),
+                upload(be, DType::F8_E8M0, {N / 32, K / 32}, sh.data())};
+    Tensor wb = upload(be, DType::BF16, {N, K}, bh.data());
+    auto rows_of = [&](int64_t r0, int64_t m, bool bf16) {
+        Tensor x = upload(be, DType::BF16, {m, K}, xh.data() + r0 * K);
+        Tensor y = poisoned(be, bf16 ? DType::F32 : DType::BF16, {m, N});
+        if (bf16)
+            be.linear_f32(x, wb, y);
+        else
+            be.linear_fp8(x, w, y);
+        return host(be, y);
+    };
+    for (const bool bf16 : {false, true}) {
+        const size_t row = static_cast<size_t>(N) * (bf16 ? 4 : 2);
+        const auto all = rows_of(0, M, bf16);
+        for (const int64_t r0 : {int64_t{0}, M / 2, M - 7}) {
+            const auto one = rows_of(r0, 1, bf16), seven = rows_of(r0, 7, bf16);
+            EXPECT_EQ(0, std::memcmp(one.data(), all.data() + static_cast<size_t>(r0) * row, row))
+                << (bf16 ? "bf16" : "fp8") << " row " << r0 << " alone";
+            EXPECT_EQ(0, std::memcmp(seven.data(), all.data() + static_cast<size_t>(r0) * row, 7 * row))
+                << (bf16 ? "bf16" : "fp8") << " rows " << r0 << ".. in a batch of 7";
+        }
+    }
+}
+
+}  // namespace
+
+#else
+
+TEST(CudaGemmSm90, NeedsTheCudaBuild) {
+    GTEST_SKIP() << "built without CUDA: the Hopper kernel comparisons run on the GPU machine only";
+}
+
+#endif
