@@ -5,7 +5,9 @@
 # threads) and of the pass runner's chunk state ring and out-of-memory retry on that asynchronous queue
 # (ChunkRing, ChunkRetry), and the Engram gather's engines (the pread pool, io_uring, mmap threads, the
 # pass gather's background thread: EngramGather, EngramPassGather, EngramRowPlan; the next pass's gather
-# during the current pass, its gate and an exception mid-pass with it in flight: EngramNextPass). CPU only: configures build-tsan with -DDS4R_SANITIZE=thread -DDS4R_CUDA=OFF,
+# during the current pass, its gate and an exception mid-pass with it in flight: EngramNextPass), and
+# score --devices (the worker threads behind one fan-out weight reader: MultiDevice, ScoreDevices). CPU
+# only: configures build-tsan with -DDS4R_SANITIZE=thread -DDS4R_CUDA=OFF,
 # builds ds4r_unit_tests and runs those tests through CTest; any TSan report fails the run (exit != 0).
 #
 #   scripts/tsan_prefetch.sh            # JOBS=2 by default; BUILD_DIR=... to build elsewhere
@@ -24,5 +26,5 @@ cmake --build "$build" -j"$jobs" --target ds4r_unit_tests
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 ${TSAN_OPTIONS:-}"
 
 start=$(date +%s)
-ctest --test-dir "$build" -R 'Prefetch|DirectReader|Chunk|EngramGather|EngramPassGather|EngramRowPlan|EngramNextPass' --output-on-failure --repeat until-fail:"$repeat"
+ctest --test-dir "$build" -R 'Prefetch|DirectReader|Chunk|EngramGather|EngramPassGather|EngramRowPlan|EngramNextPass|MultiDevice|ScoreDevices' --output-on-failure --repeat until-fail:"$repeat"
 echo "tsan_prefetch: passed in $(( $(date +%s) - start )) s (build dir $build)"

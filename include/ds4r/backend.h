@@ -107,6 +107,10 @@ public:
     virtual std::shared_ptr<void> alloc_host(size_t bytes);
     // A new asynchronous copy channel (see CopyQueue). Default: synchronous memcpy (host memory).
     virtual std::unique_ptr<CopyQueue> make_copy_queue();
+    // Makes the calling host thread ready to issue this backend's work: call it on a thread before it
+    // uses a backend that another thread created (score --devices workers). CUDA: selects the
+    // backend's device (the current device is per host thread). Default: nothing.
+    virtual void use_on_this_thread() {}
 
     // Profiling (opt-in with DS4R_PROFILE=1, see ds4r/settings.h; used by `ds4replay bench`): the backend
     // time of named, non-nested regions of the forward, summed per name. No effect on results; no-ops by
@@ -248,6 +252,10 @@ GpuKernels parse_gpu_kernels(const std::string& s);
 // whatever the GPU (the product targets a 24 GB card, docs/DESIGN.md 5).
 std::unique_ptr<Backend> make_cuda_backend(int device, std::string* why, double gpu_memory_gb = 0,
                                            GpuKernels kernels = GpuKernels::Auto);
+
+// The CUDA devices this process sees (0 when CUDA is not compiled in or no GPU is usable): what
+// score --devices all means.
+int cuda_device_count();
 
 // --backend: "cpu"; "cuda" (throws RuntimeError without a usable GPU, the message says why); "auto":
 // CUDA when a usable GPU is present, else the CPU backend (logged). gpu_memory_gb: as above.

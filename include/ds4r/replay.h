@@ -30,6 +30,9 @@ struct ReplayOptions {
     int top_k = 8;                    // alternatives per position
     std::vector<int> capture_layers;  // 0..n_layers (n_layers = collapsed final hidden state)
     HiddenMode hidden_mode = HiddenMode::Mean;
+    // PassRunner::run shrinks the chunks and runs the pass again on OutOfMemoryError; false: it throws
+    // (the multi-device runner restarts the pass of every worker instead, src/replay/multi_device_runner.h).
+    bool retry_out_of_memory = true;
 };
 
 // Rows per chunk that keep a chunk's activations (~ (14 + hc) * D * 4 bytes per row plus attention
@@ -107,6 +110,9 @@ public:
     void set_on_chunk(ChunkCallback f) { on_chunk_ = std::move(f); }
     int64_t chunk_rows() const { return opt_.chunk_rows; }  // the current chunk size
     int out_of_memory_retries() const { return oom_retries_; }
+    // After an OutOfMemoryError: halves the chunks (logged with `why`); false when they are at
+    // kMinChunkRows already (nothing left to shrink).
+    bool shrink_chunks(const std::string& why);
     // The Engram gathers of every pass so far (rows, requests, busy time, the stall at Engram layers).
     EngramGatherStats engram_stats() const;
     // The pass after the next run()'s (score reads the input one pass ahead; empty: none, e.g. the last

@@ -28,6 +28,9 @@ struct ScoreOptions {
     HiddenMode hidden_mode = HiddenMode::Mean;
     std::string backend = "auto";  // auto | cuda | cpu
     int device = 0;
+    // --devices: one worker per entry (a device index; repeats allowed: 0,0 = two workers on device 0;
+    // the CPU backend takes any index). Empty: the one device `device`. src/replay/multi_device_runner.h.
+    std::vector<int> devices;
     double gpu_memory_gb = 0;  // CUDA memory budget (--gpu-memory-gb); 0: the default 22 GB
     std::string kernels = "auto";  // CUDA GEMM kernels (--kernels auto|portable|hopper, ds4r/backend.h)
     int64_t chunk_rows = 0;    // 0 = sized from free backend memory
@@ -43,7 +46,10 @@ struct ScoreOptions {
     IoSettings io;                  // --io, --read-threads, --read-request-mb, --engram-io, ...
     // Tests only: called after every layer of every pass (e.g. to request an interrupt at layer 3).
     std::function<void(const LayerTiming&)> on_layer_for_tests;
-    ShardSpec shard;                // --shard K/N | auto: only this shard's records (include/ds4r/shard.h)
+    // Tests only (--devices): called on worker w's thread after each of its layers; a throw there acts
+    // as a failing device.
+    std::function<void(int worker, const LayerTiming&)> on_worker_layer_for_tests;
+    ShardSpec shard;  // --shard K/N | auto: only this shard's records (include/ds4r/shard.h)
 };
 
 struct ScoreSummary {
@@ -53,5 +59,11 @@ struct ScoreSummary {
 };
 
 ScoreSummary run_score(const ScoreOptions& opt);
+
+// --devices: "all" (every one of `visible` CUDA devices; InputError when none) or a comma-separated
+// list of device indices in [0, 1024) (repeats allowed). InputError on anything else; never aborts.
+std::vector<int> parse_device_list(const std::string& text, int visible);
+constexpr int kMaxDeviceIndex = 1024;
+constexpr int kMaxDeviceWorkers = 64;
 
 }  // namespace ds4r

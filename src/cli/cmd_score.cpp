@@ -65,7 +65,12 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
     app->add_option("--backend", opt->backend, "auto, cuda or cpu")
         ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
         ->capture_default_str();
-    app->add_option("--device", opt->device, "CUDA device index")->capture_default_str();
+    auto* device_opt = app->add_option("--device", opt->device, "CUDA device index")->capture_default_str();
+    auto devices = std::make_shared<std::string>();
+    app->add_option("--devices", *devices,
+                    "Score each pass on several devices: all, or indices such as 0,1,2,3 (0,0 = two workers "
+                    "on one device); one weight reader, the same bytes as one device")
+        ->excludes(device_opt);
     app->add_option(
            "--kernels", opt->kernels,
            "CUDA GEMM kernels: auto (Hopper wgmma on H100/H200, portable elsewhere), portable "
@@ -102,7 +107,7 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
     auto apply_io = add_io_flags(app, &opt->io);
     Command c;
     c.app = app;
-    c.run = [opt, layers, mode, positional, shard, shard_count, apply_io, no_tokens]() -> int {
+    c.run = [opt, layers, mode, positional, shard, shard_count, apply_io, no_tokens, devices]() -> int {
         apply_io();
         opt->echo_tokens = !*no_tokens;
         if (!positional->empty()) {
@@ -117,6 +122,12 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
         opt->capture_layers = parse_layers(*layers);
         opt->shard = parse_shard_spec(*shard, *shard_count, scheduler_env);
         opt->hidden_mode = *mode == "copies" ? HiddenMode::Copies : HiddenMode::Mean;
+        if (!devices->empty()) {
+            if (*devices == "all" && opt->backend == "cpu")
+                throw InputError(
+                    "--devices all needs the CUDA backend (with --backend cpu give indices: 0,0)");
+            opt->devices = parse_device_list(*devices, *devices == "all" ? cuda_device_count() : 0);
+        }
         if (opt->chunk_rows == 1) throw InputError("--max-batch-tokens must be 0 (auto) or >= 2");
         // Ctrl-C / SIGTERM: stop at the next layer boundary with nothing half-written (exit 130).
         install_interrupt_handlers();

@@ -513,6 +513,18 @@ std::vector<SequenceScores> PassRunner::finish(const GlobalWeights& g, HiddenSin
     return out;
 }
 
+bool PassRunner::shrink_chunks(const std::string& why) {
+    if (opt_.chunk_rows <= kMinChunkRows) return false;
+    const int64_t rows = std::max<int64_t>(kMinChunkRows, opt_.chunk_rows / 2);
+    log_warn(
+        strfmt("out of backend memory with chunks of %lld rows (%s); running the pass again with chunks "
+               "of %lld rows",
+               (long long)opt_.chunk_rows, why.c_str(), (long long)rows));
+    opt_.chunk_rows = rows;
+    ++oom_retries_;
+    return true;
+}
+
 std::vector<SequenceScores> PassRunner::run(const std::vector<std::vector<int32_t>>& seqs, HiddenSink* sink,
                                             const std::function<void(const LayerTiming&)>& on_layer,
                                             const Continuation* from) {
@@ -537,14 +549,7 @@ std::vector<SequenceScores> PassRunner::run(const std::vector<std::vector<int32_
         } catch (const OutOfMemoryError& e) {
             // docs/DESIGN.md section 6: shrink the chunks and go on, never return wrong data. Nothing of
             // the pass has left the runner (its captured rows are dropped by the sink).
-            if (opt_.chunk_rows <= kMinChunkRows) throw;
-            const int64_t rows = std::max<int64_t>(kMinChunkRows, opt_.chunk_rows / 2);
-            log_warn(
-                strfmt("out of backend memory with chunks of %lld rows (%s); running the pass again "
-                       "with chunks of %lld rows",
-                       (long long)opt_.chunk_rows, e.what(), (long long)rows));
-            opt_.chunk_rows = rows;
-            ++oom_retries_;
+            if (!opt_.retry_out_of_memory || !shrink_chunks(e.what())) throw;
             from = nullptr;  // the whole pass again: the rows it captured before a save are dropped too
             if (sink) sink->restart_pass();
             be_.synchronize();

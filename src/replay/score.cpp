@@ -17,6 +17,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "ds4r/borrowed_host_memory.h"
 #include "ds4r/checkpoint.h"
 #include "ds4r/engram.h"
 #include "ds4r/file_util.h"
@@ -26,6 +27,8 @@
 #include "ds4r/progress.h"
 #include "ds4r/shard.h"
 #include "ds4r/zero_weights.h"
+#include "io/fanout_weight_source.h"
+#include "replay/multi_device_runner.h"
 #include "replay/pass_state.h"
 #include "replay/resume.h"
 
@@ -167,6 +170,14 @@ struct Pass {
     uint64_t bytes = 0;  // input bytes of the scored items (progress)
 };
 
+// What runs the passes: one PassRunner (--device) or the multi-device runner (--devices).
+struct PassEngine {
+    PassRunner* single = nullptr;
+    MultiDeviceRunner* multi = nullptr;
+    std::function<uint64_t()> bytes_read;  // weight bytes read so far (progress)
+    int64_t chunk_rows() const { return single ? single->chunk_rows() : multi->chunk_rows(); }
+};
+
 // A score run: its files, its runner and its place in the input.
 class ScoreJob {
 public:
@@ -181,9 +192,12 @@ public:
 
     // --shard: only the plan's records are scored (earlier ones are read for their ids only).
     void restrict_to(const ShardPlan& plan) { shard_ = plan; }
+    // --devices: a pass saved mid-way cannot be continued (its state is one runner's); it runs again
+    // from its start. Call before open_outputs.
+    void set_multi_device() { multi_device_ = true; }
     // Opens the output, the hidden files and writes the sidecar: the first step that changes a file.
     void open_outputs();
-    void run(PassRunner& runner, WeightSource& weights, Progress& progress, ScoreSummary& sum);
+    void run(const PassEngine& engine, Progress& progress, ScoreSummary& sum);
 
 private:
     // Reads input records into a pass: up to `pass_tokens` tokens, or (a saved pass) through
@@ -213,6 +227,10 @@ private:
     std::optional<ShardPlan> shard_;  // --shard: next_pos_ counts from its first record
     int64_t input_record_ = 0;        // records read from the input (all shards')
     bool pass_file_ = false;          // <output>.pass exists (saved by an earlier run, continued by this one)
+    bool multi_device_ = false;       // --devices (set_multi_device)
+    const SavedPass* saved_pass() const {
+        return check_.saved_pass && !multi_device_ ? &*check_.saved_pass : nullptr;
+    }
 };
 
 void ScoreJob::open_outputs() {
@@ -224,20 +242,29 @@ void ScoreJob::open_outputs() {
                 strfmt("%s: cannot remove (%s)", pass_file.c_str(), errno_text(errno).c_str()));
         fsync_parent_dir(pass_file);
     }
-    pass_file_ = check_.saved_pass.has_value();
+    if (check_.saved_pass && multi_device_) {
+        // Its rows in the hidden files are cut back below (open_layer keeps no pending rows).
+        log_warn(strfmt("%s: --devices cannot continue a pass saved mid-way: it runs again from its start",
+                        pass_file.c_str()));
+        if (::unlink(pass_file.c_str()) != 0 && errno != ENOENT)
+            throw RuntimeError(
+                strfmt("%s: cannot remove (%s)", pass_file.c_str(), errno_text(errno).c_str()));
+        fsync_parent_dir(pass_file);
+    }
+    pass_file_ = saved_pass() != nullptr;
     // Hidden files first: a hidden dir that cannot be made stops the run before the output exists.
     if (!opt_.capture_layers.empty()) {
         hidden_ = std::make_unique<HiddenNpyWriter>(opt_.hidden_dir, static_cast<int>(cfg_.n_layers),
                                                     opt_.hidden_mode, cfg_.dim, cfg_.hc_mult);
         const std::map<int, int64_t> pending =
-            check_.saved_pass ? check_.saved_pass->hidden_pending() : std::map<int, int64_t>{};
+            saved_pass() ? saved_pass()->hidden_pending() : std::map<int, int64_t>{};
         for (int L : opt_.capture_layers) {
             auto it = check_.hidden_rows.find(L);
             auto pt = pending.find(L);
             hidden_->open_layer(L, it == check_.hidden_rows.end() ? 0 : it->second,
                                 pt == pending.end() ? 0 : pt->second);
         }
-        if (check_.saved_pass) hidden_->restore_refs(check_.saved_pass->hidden_refs);
+        if (saved_pass()) hidden_->restore_refs(saved_pass()->hidden_refs);
     }
     // The output opened (appending) before the sidecar: a path that cannot be written fails here.
     out_ = std::make_unique<ResultWriter>(opt_.output);
@@ -405,17 +432,18 @@ std::string ScoreJob::save_pass_in_flight(const Pass& pass, PassRunner& runner) 
                   (long long)cfg_.n_layers);
 }
 
-void ScoreJob::run(PassRunner& runner, WeightSource& weights, Progress& progress, ScoreSummary& sum) {
+void ScoreJob::run(const PassEngine& engine, Progress& progress, ScoreSummary& sum) {
     const int64_t pass_tokens = pass_tokens_for(opt_, cfg_);
-    log_info(strfmt("chunks of <= %lld rows, passes of <= %lld tokens", (long long)runner.chunk_rows(),
+    log_info(strfmt("chunks of <= %lld rows, passes of <= %lld tokens", (long long)engine.chunk_rows(),
                     (long long)pass_tokens));
-    const SavedPass* saved = check_.saved_pass ? &*check_.saved_pass : nullptr;
+    const SavedPass* saved = saved_pass();
     // The input is read one pass ahead when the next pass's Engram rows are gathered during the current
     // pass (--engram-next-pass; include/ds4r/engram_io.h). Reading ahead changes no output: a pass is
     // committed only after it ran, and an input error of the pass read ahead surfaces when that pass
     // would have been read (after the current one is committed).
-    const bool read_ahead =
-        !cfg_.engram_layer_ids.empty() && opt_.io.engram_next_pass != EngramNextPassMode::Off;
+    // (--devices: each worker gathers its own share of a pass; no next-pass gather there yet.)
+    const bool read_ahead = engine.single && !cfg_.engram_layer_ids.empty() &&
+                            opt_.io.engram_next_pass != EngramNextPassMode::Off;
     Pass pass, ahead;
     bool have_ahead = false;
     std::exception_ptr ahead_error;
@@ -439,8 +467,9 @@ void ScoreJob::run(PassRunner& runner, WeightSource& weights, Progress& progress
                 }
                 have_ahead = true;
             }
-            runner.set_next_pass(have_ahead && !ahead_error ? ahead.seqs
-                                                            : std::vector<std::vector<int32_t>>{});
+            if (engine.single)
+                engine.single->set_next_pass(
+                    have_ahead && !ahead_error ? ahead.seqs : std::vector<std::vector<int32_t>>{});
             PassRunner::Continuation cont;
             if (saved) {
                 check_saved_pass(pass, *saved);
@@ -451,19 +480,19 @@ void ScoreJob::run(PassRunner& runner, WeightSource& weights, Progress& progress
             }
             std::vector<SequenceScores> scores;
             if (!pass.seqs.empty()) {
-                progress.set_bytes_read(weights.stats().bytes_read);
+                progress.set_bytes_read(engine.bytes_read());
                 progress.begin_pass(static_cast<int64_t>(pass.seqs.size()), pass.tokens, pass.bytes);
-                scores = runner.run(
-                    pass.seqs, hidden_.get(),
-                    [&](const LayerTiming& t) {
-                        progress.set_bytes_read(weights.stats().bytes_read);
-                        progress.layer_done(t);
-                        if (opt_.on_layer_for_tests) opt_.on_layer_for_tests(t);
-                        // Stop at the layer boundary (the pass is saved, see below); after the head
-                        // the pass is complete and is committed first.
-                        if (t.layer != kHeadLayer) throw_if_interrupted();
-                    },
-                    saved ? &cont : nullptr);
+                auto on_layer = [&](const LayerTiming& t) {
+                    progress.set_bytes_read(engine.bytes_read());
+                    progress.layer_done(t);
+                    if (opt_.on_layer_for_tests) opt_.on_layer_for_tests(t);
+                    // Stop at the layer boundary (the pass is saved, see below); after the head
+                    // the pass is complete and is committed first.
+                    if (t.layer != kHeadLayer) throw_if_interrupted();
+                };
+                scores = engine.single
+                             ? engine.single->run(pass.seqs, hidden_.get(), on_layer, saved ? &cont : nullptr)
+                             : engine.multi->run(pass.seqs, hidden_.get(), on_layer);
                 progress.end_pass();
                 ++sum.passes;
             }
@@ -475,7 +504,11 @@ void ScoreJob::run(PassRunner& runner, WeightSource& weights, Progress& progress
         // The pass in flight is saved at the layer boundary; its lines never reach the output. If it
         // cannot be saved, its hidden rows are cut back too.
         out_->discard();
-        const std::string saved_text = save_pass_in_flight(pass, runner);
+        std::string saved_text;
+        if (engine.single)
+            saved_text = save_pass_in_flight(pass, *engine.single);
+        else if (!pass.seqs.empty())
+            log_warn("--devices: the pass in flight is dropped (its sequences run again with --resume)");
         // A saved pass (this one, or an earlier run's not yet continued) keeps its rows in the files.
         if (hidden_) {
             if (pass_file_) {
@@ -522,30 +555,67 @@ ScoreSummary run_score(const ScoreOptions& opt) {
 
     auto engram = load_engram_resources(ckpt, opt.io);
     if (opt.seed_check) check_engram_seeds(cfg);
-    auto be = select_backend(opt.backend, opt.device, opt.gpu_memory_gb, parse_gpu_kernels(opt.kernels));
-    log_info("backend: " + be->name());
-    manifest.backend = be->name();
+    // One backend per worker: --device (one), or --devices (each entry; an index may repeat).
+    const bool multi = !opt.devices.empty();
+    std::vector<std::unique_ptr<Backend>> bes;
+    const auto kernels = parse_gpu_kernels(opt.kernels);
+    if (!multi) bes.push_back(select_backend(opt.backend, opt.device, opt.gpu_memory_gb, kernels));
+    for (int d : opt.devices) {
+        bes.push_back(select_backend(opt.backend, d, opt.gpu_memory_gb, kernels));
+        // Every worker on the same kind of backend: the bytes must equal a one-device run's.
+        if (bes.back()->host_memory() != bes.front()->host_memory())
+            throw InputError(strfmt("--devices: device %d gives the %s backend, device %d the %s backend", d,
+                                    bes.back()->name().c_str(), opt.devices.front(),
+                                    bes.front()->name().c_str()));
+    }
+    Backend& be = *bes.front();
+    std::string names;
+    for (const auto& b : bes) names += (names.empty() ? "" : ", ") + b->name();
+    log_info((multi ? strfmt("backends (%zu workers): ", bes.size()) : std::string("backend: ")) + names);
+    manifest.backend = be.name();
 
     ScoreJob job(opt, cfg, reader, check, manifest);
     if (shard) job.restrict_to(*shard);
+    if (multi) job.set_multi_device();
     job.open_outputs();
 
     ReplayOptions ro;
     ro.top_k = std::max(opt.top_k, 1);  // --top-k 0: computed as 1, not written
     ro.capture_layers = opt.capture_layers;
     ro.hidden_mode = opt.hidden_mode;
-    ro.chunk_rows = resolve_chunk_rows(opt.chunk_rows, cfg, be->free_memory());
-    // Layer L+1 is read (and uploaded) while layer L computes.
-    auto weights = make_prefetch_weight_source(*be, ckpt, prefetch_options(opt.io));
-    PassRunner runner(*be, ckpt, *weights, engram.get(), ro);
     Progress progress(opt.progress, static_cast<int>(cfg.n_layers));
     progress.set_input_size(reader.size_bytes());
-    runner.set_on_chunk(
-        [&](int layer, int64_t done, int64_t total) { progress.chunk_done(layer, done, total); });
-
+    auto on_chunk = [&](int layer, int64_t done, int64_t total) { progress.chunk_done(layer, done, total); };
     ScoreSummary sum;
-    sum.backend = be->name();
-    job.run(runner, *weights, progress, sum);
+    sum.backend = multi ? names : be.name();
+    if (!multi) {
+        ro.chunk_rows = resolve_chunk_rows(opt.chunk_rows, cfg, be.free_memory());
+        // Layer L+1 is read (and uploaded) while layer L computes.
+        auto weights = make_prefetch_weight_source(be, ckpt, prefetch_options(opt.io));
+        PassRunner runner(be, ckpt, *weights, engram.get(), ro);
+        runner.set_on_chunk(on_chunk);
+        job.run(PassEngine{&runner, nullptr, [&] { return weights->stats().bytes_read; }}, progress, sum);
+    } else {
+        // One reader for every worker: each layer is read once into host memory (the prefetching
+        // source in direct mode, layer L+1 while L computes; pinned memory of the first GPU when the
+        // workers are GPUs) and handed to every worker's backend.
+        auto host_be = be.host_memory() ? make_cpu_backend() : make_cpu_backend_with_host_memory_of(be);
+        PrefetchOptions po = prefetch_options(opt.io);
+        po.mode = PrefetchOptions::Mode::Direct;
+        std::vector<Backend*> targets;
+        std::vector<ReplayOptions> ros;
+        for (const auto& b : bes) {
+            targets.push_back(b.get());
+            b->use_on_this_thread();  // free_memory asks the current device
+            ros.push_back(ro);
+            ros.back().chunk_rows = resolve_chunk_rows(opt.chunk_rows, cfg, b->free_memory());
+        }
+        FanoutWeightSource weights(make_prefetch_weight_source(*host_be, ckpt, po), ckpt, targets);
+        MultiDeviceRunner runner(targets, opt.devices, ckpt, weights, engram.get(), ros);
+        runner.set_on_chunk(on_chunk);
+        if (opt.on_worker_layer_for_tests) runner.set_worker_hook_for_tests(opt.on_worker_layer_for_tests);
+        job.run(PassEngine{nullptr, &runner, [&] { return weights.stats().bytes_read; }}, progress, sum);
+    }
     sum.seconds = now_s() - t_start;
     return sum;
 }

@@ -59,6 +59,7 @@ public:
     size_t free_memory() const override;
     std::shared_ptr<void> alloc_host(size_t bytes) override;
     std::unique_ptr<CopyQueue> make_copy_queue() override;
+    void use_on_this_thread() override;  // cudaSetDevice (src/backend/cuda/cuda_thread.cpp)
     // Profiling with CUDA events on the compute stream (DS4R_PROFILE=1, ds4r/settings.h).
     void range_push(const char* name) override;
     void range_pop() override;
