@@ -32,7 +32,7 @@ echo "== hopper tests rc=$? ($(( $(date +%s) - t ))s)"
 grep -E "^\[sm90\]|Failure|FAILED|PASSED|\[  (OK|SKIPPED) \]" "$OUT/hopper_tests.txt" | head -80
 
 # the golden / role tests on the Hopper kernels (both partial variants)
-for k in ${DS4R_HOPPER_GOLDEN:-hopper hopper-fp8}; do
+for k in ${DS4R_HOPPER_GOLDEN-hopper hopper-fp8}; do
   t=$(date +%s)
   DS4R_TEST_KERNELS=$k timeout 300 build-gpu/tests/ds4r_cuda_tests \
     --gtest_filter='CudaGolden*:CudaRoles*:CudaLinear*:CudaMoe*:CudaHead*' > "$OUT/golden_$k.txt" 2>&1
@@ -47,7 +47,7 @@ else
   MODEL=/tmp/ds4r-fullwidth-4
   [ -f "$MODEL/model.safetensors.index.json" ] || "$BIN" make-tiny "$MODEL" --preset full-width --layers 4 --seed 1 --force -q
 fi
-for k in ${DS4R_HOPPER_BENCH:-portable auto hopper-fp8}; do
+for k in ${DS4R_HOPPER_BENCH-portable auto hopper-fp8}; do
   t=$(date +%s)
   timeout "${BENCH_TIMEOUT:-200}" "$BIN" bench --model "$MODEL" --workloads "$WORKLOADS" --kernels "$k" \
     --csv "$OUT/bench_$k.csv" ${DS4R_BENCH_ARGS:-} > "$OUT/bench_$k.txt" 2> "$OUT/bench_$k.err"
