@@ -67,7 +67,7 @@ struct GroupedFp4Gemm {
 };
 cudaError_t launch_grouped_gemm_fp4(const GroupedFp4Gemm& g, cudaStream_t stream);
 
-// The grouped launchers' common plan (gemm.cu, hopper/gemm_sm90.cu): validates g (cudaErrorInvalidValue:
+// The Hopper grouped launcher's plan (hopper/gemm_sm90.cu; gemm.cu has its own copy): validates g (cudaErrorInvalidValue:
 // K % 32, sizes, projections, 16-byte aligned codes and weights) and calls
 // launch(e0, e1, grid) for each batch [e0, e1) of at most kMaxGroupedExperts experts, with grid = (N tiles
 // of bn columns, a bound on the batch's tiles of bm rows, projections); stops at the first error.

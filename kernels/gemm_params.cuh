@@ -1,7 +1,9 @@
-// Kernel parameters shared by the portable (gemm.cu) and Hopper (hopper/gemm_sm90.cu) GEMM kernels, and
-// the host code that fills them from the launchers' arguments (gemm.cuh): the plain / grouped-by-z
-// problems (GemmParams) and the routed experts' grouped GEMM (GroupedParams, each block's tile job).
-// CUDA headers only.
+// Kernel parameters of the Hopper GEMM kernels (hopper/gemm_sm90.cu) and the host code that fills them
+// from the launchers' arguments (gemm.cuh): the plain / grouped-by-z problems (GemmParams) and the
+// routed experts' grouped GEMM (GroupedParams, each block's tile job), with gemm_tile.cuh's TileJob.
+// The portable kernels (gemm.cu) still hold their own copies of the same logic: a merge of the two
+// (tried this session) broke the portable grouped GEMM on the GPU for a reason not yet found, and was
+// taken back to the version the GPU suite verified. CUDA headers only.
 #pragma once
 
 #include "gemm.cuh"
