@@ -3,6 +3,7 @@
 // maps the kind to the process exit code. Nothing in a parser aborts.
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -57,6 +58,10 @@ public:
     OutOfMemoryError(std::string message, const char* f = nullptr, int l = 0)
         : RuntimeError(std::move(message), f, l) {}
 };
+
+// The same kind of error (exit code and OutOfMemoryError kept) with `context` in front of its message;
+// other exceptions become RuntimeError. For errors carried across threads (a reader, a device worker).
+std::exception_ptr with_context(std::exception_ptr e, const std::string& context);
 
 // printf-style formatting into std::string (the project compiles with g++ 12: no std::format).
 std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));

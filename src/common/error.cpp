@@ -42,4 +42,29 @@ std::string errno_text(int err) {
     return std::string(s);
 }
 
+std::exception_ptr with_context(std::exception_ptr e, const std::string& context) {
+    try {
+        std::rethrow_exception(e);
+    } catch (const OutOfMemoryError& err) {
+        return std::make_exception_ptr(OutOfMemoryError(context + ": " + err.what()));
+    } catch (const Error& err) {
+        const std::string msg = context + ": " + err.what();
+        switch (err.kind()) {
+            case ErrorKind::Checkpoint:
+                return std::make_exception_ptr(CheckpointError(msg));
+            case ErrorKind::Usage:
+                return std::make_exception_ptr(InputError(msg));
+            case ErrorKind::Runtime:
+                break;
+        }
+        return std::make_exception_ptr(RuntimeError(msg));
+    } catch (const std::bad_alloc&) {
+        return std::make_exception_ptr(RuntimeError(context + ": out of host memory"));
+    } catch (const std::exception& err) {
+        return std::make_exception_ptr(RuntimeError(context + ": " + err.what()));
+    } catch (...) {
+        return std::make_exception_ptr(RuntimeError(context + ": unknown error"));
+    }
+}
+
 }  // namespace ds4r

@@ -49,30 +49,6 @@ std::string layer_label(int layer) {
     return layer == kHeadLayer ? std::string("head") : strfmt("layer %d", layer);
 }
 
-// The same kind of error with `context` in front of the message (a CheckpointError stays exit code 3).
-std::exception_ptr with_context(std::exception_ptr e, const std::string& context) {
-    try {
-        std::rethrow_exception(e);
-    } catch (const Error& err) {
-        const std::string msg = context + ": " + err.what();
-        switch (err.kind()) {
-            case ErrorKind::Checkpoint:
-                return std::make_exception_ptr(CheckpointError(msg));
-            case ErrorKind::Usage:
-                return std::make_exception_ptr(InputError(msg));
-            case ErrorKind::Runtime:
-                break;
-        }
-        return std::make_exception_ptr(RuntimeError(msg));
-    } catch (const std::bad_alloc&) {
-        return std::make_exception_ptr(RuntimeError(context + ": out of host memory"));
-    } catch (const std::exception& err) {
-        return std::make_exception_ptr(RuntimeError(context + ": " + err.what()));
-    } catch (...) {
-        return std::make_exception_ptr(RuntimeError(context + ": unknown error"));
-    }
-}
-
 enum class SlotState { Free, Loading, Ready, Held, Released };
 
 struct Slot {

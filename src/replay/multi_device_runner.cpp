@@ -19,32 +19,6 @@ namespace ds4r {
 
 namespace {
 
-// The same kind of error with the device in front of the message (exit codes unchanged).
-std::exception_ptr with_device(std::exception_ptr e, const std::string& context) {
-    try {
-        std::rethrow_exception(e);
-    } catch (const OutOfMemoryError& err) {
-        return std::make_exception_ptr(OutOfMemoryError(context + ": " + err.what()));
-    } catch (const Error& err) {
-        const std::string msg = context + ": " + err.what();
-        switch (err.kind()) {
-            case ErrorKind::Checkpoint:
-                return std::make_exception_ptr(CheckpointError(msg));
-            case ErrorKind::Usage:
-                return std::make_exception_ptr(InputError(msg));
-            case ErrorKind::Runtime:
-                break;
-        }
-        return std::make_exception_ptr(RuntimeError(msg));
-    } catch (const std::bad_alloc&) {
-        return std::make_exception_ptr(RuntimeError(context + ": out of host memory"));
-    } catch (const std::exception& err) {
-        return std::make_exception_ptr(RuntimeError(context + ": " + err.what()));
-    } catch (...) {
-        return std::make_exception_ptr(RuntimeError(context + ": unknown error"));
-    }
-}
-
 // Hidden rows in the order of a one-device run: for each layer, worker w writes (through to `out`)
 // only after every worker before it finished that layer; until then its rows wait here.
 class OrderedHiddenSink {
@@ -330,7 +304,7 @@ std::vector<SequenceScores> MultiDeviceRunner::run(const std::vector<std::vector
                 }
                 continue;
             }
-            std::rethrow_exception(with_device(wk.error, who));
+            std::rethrow_exception(with_context(wk.error, who));
         }
         DS4R_CHECK(!ordered || ordered->all_written(), "multi-device pass: hidden rows left unwritten");
         std::vector<SequenceScores> out;
