@@ -14,6 +14,18 @@ std::string tokenizer_file(const std::string& tokenizer, const std::string& mode
     return path_join(model.empty() ? default_model_dir() : model, "tokenizer.json");
 }
 
+// The input (an argument or --input, not both differing) and the tokenizer file of encode / decode.
+template <class Args>
+void resolve_input_and_tokenizer(const char* cmd, Args& a) {
+    if (!a.positional.empty()) {
+        if (a.opt.input != "-" && a.opt.input != a.positional)
+            throw InputError(std::string(cmd) +
+                             ": give the input either as an argument or with --input, not both");
+        a.opt.input = a.positional;
+    }
+    a.opt.tokenizer_path = tokenizer_file(a.opt.tokenizer_path, a.model);
+}
+
 }  // namespace
 
 void add_encode_command(CLI::App& root, std::vector<Command>& out) {
@@ -42,12 +54,7 @@ void add_encode_command(CLI::App& root, std::vector<Command>& out) {
     Command c;
     c.app = app;
     c.run = [a]() {
-        if (!a->positional.empty()) {
-            if (a->opt.input != "-" && a->opt.input != a->positional)
-                throw InputError("encode: give the input either as an argument or with --input, not both");
-            a->opt.input = a->positional;
-        }
-        a->opt.tokenizer_path = tokenizer_file(a->opt.tokenizer_path, a->model);
+        resolve_input_and_tokenizer("encode", *a);
         return run_encode(a->opt);
     };
     out.push_back(c);
@@ -72,12 +79,7 @@ void add_decode_command(CLI::App& root, std::vector<Command>& out) {
     Command c;
     c.app = app;
     c.run = [a]() {
-        if (!a->positional.empty()) {
-            if (a->opt.input != "-" && a->opt.input != a->positional)
-                throw InputError("decode: give the input either as an argument or with --input, not both");
-            a->opt.input = a->positional;
-        }
-        a->opt.tokenizer_path = tokenizer_file(a->opt.tokenizer_path, a->model);
+        resolve_input_and_tokenizer("decode", *a);
         return run_decode(a->opt);
     };
     out.push_back(c);
