@@ -2,22 +2,23 @@
 // GEMM and the bf16 GEMMs, with the problems and numerics contracts of the portable kernels
 // (kernels/gemm.cuh; declarations in kernels/gemm_sm90.cuh). Compiled for sm_90a only.
 //
-// STRUCTURE (one 128 x 128 output tile per CTA, 384 threads):
-// - warpgroup 2 is the producer: thread p owns tile row p of A and row p of B. Per pipeline stage
-//   (128 bytes of K per row: 128 fp8 codes, 64 packed fp4 bytes -> 128 codes, 64 bf16) it copies
-//   both rows with cp.async into kStages-deep 128-byte-swizzled shared tiles, two stages ahead of
-//   the stage it publishes; the e2m1 weights land in a staging row and are widened to e4m3 codes
-//   (exact) by the same thread; the stage's e8m0 scale bytes follow through registers. A stage is
-//   published on its `full` mbarrier after an async-proxy fence; consumers free it on `empty`.
-// - warpgroups 0 and 1 are the consumers, rows 64 g .. 64 g + 63 each, all 128 columns (m64n128).
-//   A thread's accumulator fragment is sm90_ptx.cuh's (rows r0 = 16 warp + lane / 4 and r0 + 8).
+// STRUCTURE (one 128-row output tile per CTA, 384 threads; 128 columns, bf16 256):
+// - warpgroup 2 is the producer. Its loaders copy every stage's A and B rows (128 bytes of K per row:
+//   128 fp8 codes, 64 packed fp4 bytes, 64 bf16, or 64 codes to widen) with coalesced 16-byte cp.async
+//   into kStages-deep 128-byte-swizzled shared tiles (or raw rows), plus the rows' e8m0 scale words;
+//   completion arrives on the stage's `loaded` mbarrier through cp.async itself. Where rows need
+//   converting (fp4 weights -> e4m3 codes, or codes -> fp16 for the widened partials), half of the
+//   warpgroup converts them, fences the async proxy and arrives on `full`. Consumers free a stage
+//   on `empty`.
+// - warpgroups 0 and 1 are the consumers, rows 64 g .. 64 g + 63 each (m64n128 / m64n256). A thread's
+//   accumulator fragment is sm90_ptx.cuh's (rows r0 = 16 warp + lane / 4 and r0 + 8).
 //
 // NUMERICS (gemm_tile.cuh NUMERICS, per output element; no tile shape or row count changes them):
-// - block-scaled (docs/MODEL.md 5.3): per 32-wide K block a fresh partial P = one fp8 wgmma k32 on
-//   the codes (scale-d 0), then acc = fma(P, sa * sw, acc) where the scale bytes lie in the window
-//   of gemm_tile.cuh (kSaLo .. / kSwLo ..), else RN(acc + RN(RN(P * sa) * sw)): the same number
-//   as the portable kernels for the same P, in K order, acc from +0, one bf16 rounding at the end.
-//   The two consumer warpgroups overlap one's promotion with the other's wgmma.
+// - block-scaled (docs/MODEL.md 5.3): per 32-wide K block a fresh partial P (Sm90Partials: two fp16
+//   wgmma k16 on widened codes, the portable kernels' bits, or one fp8 wgmma k32), then
+//   acc = fma(P, sa * sw, acc) where the scale bytes lie in the window of gemm_tile.cuh (kSaLo .. /
+//   kSwLo ..), else RN(acc + RN(RN(P * sa) * sw)), in K order, acc from +0, one bf16 rounding at the
+//   end. K blocks go in pairs: both wgmmas in flight, the first one's promotion overlapping the second.
 // - bf16: acc from +0 (zeroed registers, scale-d 1), wgmma k16 steps in K order, zero-filled K
 //   tails; bf16 (one RNE rounding) or f32 out.
 #include "../common.cuh"
