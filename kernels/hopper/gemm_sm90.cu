@@ -6,12 +6,10 @@
 // - warpgroup 2 is the producer. Its loaders copy every stage's A and B rows (128 bytes of K per row:
 //   128 fp8 codes, 64 packed fp4 bytes, 64 bf16, or 64 codes to widen) with coalesced 16-byte cp.async
 //   into kStages-deep 128-byte-swizzled shared tiles (or raw rows), plus the rows' e8m0 scale words;
-//   A rows' source addresses are looked up once per tile (a shared table), and completion arrives on
-//   the stage's `loaded` mbarrier through cp.async itself. In the block-scaled kernels the other half
-//   of the warpgroup converts: the stage's scale bytes into f32 tables and window flags (once per
-//   stage, not per K block in every consumer thread), and the rows that need it (fp4 weights -> e4m3
-//   codes, or codes -> fp16 for the widened partials); it fences the async proxy and arrives on
-//   `full`. Consumers free a stage on `empty`.
+//   completion arrives on the stage's `loaded` mbarrier through cp.async itself. Where rows need
+//   converting (fp4 weights -> e4m3 codes, or codes -> fp16 for the widened partials), half of the
+//   warpgroup converts them, fences the async proxy and arrives on `full`. Consumers free a stage
+//   on `empty`.
 // - warpgroups 0 and 1 are the consumers, rows 64 g .. 64 g + 63 each (m64n128 / m64n256). A thread's
 //   accumulator fragment is sm90_ptx.cuh's (rows r0 = 16 warp + lane / 4 and r0 + 8).
 //
@@ -20,8 +18,7 @@
 //   wgmma k16 on widened codes, the portable kernels' bits, or one fp8 wgmma k32), then
 //   acc = fma(P, sa * sw, acc) where the scale bytes lie in the window of gemm_tile.cuh (kSaLo .. /
 //   kSwLo ..), else RN(acc + RN(RN(P * sa) * sw)), in K order, acc from +0, one bf16 rounding at the
-//   end. K blocks go in pairs inside a stage (unrolled): both wgmmas in flight, the first one's
-//   promotion overlapping the second.
+//   end. K blocks go in pairs: both wgmmas in flight, the first one's promotion overlapping the second.
 // - bf16: acc from +0 (zeroed registers, scale-d 1), wgmma k16 steps in K order, zero-filled K
 //   tails; bf16 (one RNE rounding) or f32 out.
 #include "../common.cuh"
@@ -59,7 +56,7 @@ constexpr int kSmemLimit = 227 * 1024;
 //   A tile [128][128] | B tile [128][128]      swizzled MMA operands (codes, fp16 or bf16)
 //   raw A [128][kRawA] | raw B [128][kRawB]    rows as read, for the converter (widened / fp4 only)
 //   sa [128] u32 | sw [128] u32                e8m0 scale words (4 bytes of a row's K/32 scales)
-//   saf [4][128] f32 | swf [4][128] f32 | flags [2] u32   the converter's scales and window flags
+//   (fp4) saf [4][128] f32 | swf [4][128] f32 | flags [2] u32   the converter's scales and window flags
 template <Op kOp_, bool kWiden_, int kBN_ = 128>
 struct Cfg {
     static constexpr Op kOp = kOp_;
@@ -69,36 +66,30 @@ struct Cfg {
     static_assert(kBN == 128 || (kBN == 256 && kOp_ == Op::Bf16), "tile columns");
     static constexpr bool kQuant = kOp != Op::Bf16;
     static constexpr bool kWiden = kQuant && kWiden_;
-    // B rows pass through raw rows to be converted (fp4 weights -> codes, or widening to fp16)
-    static constexpr bool kConvertB = kWiden || kOp == Op::Fp4;
-    // a converter role (half the producer warpgroup) for every block-scaled kernel: it decodes the
-    // stage's scale bytes into f32 tables and window flags once per stage (the consumers' per-block
-    // decoding cost more issue slots than their 64 FMAs), and converts the rows that need it
-    static constexpr bool kConvert = kQuant;
+    // a converter role (half the producer warpgroup): fp4 weights -> codes, or widening to fp16
+    static constexpr bool kConvert = kWiden || kOp == Op::Fp4;
     static constexpr int kLoaders = kConvert ? kProducers / 2 : kProducers;
     static constexpr int kRowsPerLoader = kBM / kLoaders;
     static constexpr int kKs = (kOp == Op::Bf16 || kWiden) ? 64 : 128;  // K elements per stage
     static constexpr int kKb = kKs / 32;                                // 32-wide K blocks per stage
-    static_assert(kKb >= 2 && kKb % 2 == 0, "K blocks per stage (in pairs)");
+    static_assert(kKb >= 2, "K blocks per stage");
     static constexpr int kABytes = kOp == Op::Bf16 ? 2 * kKs : kKs;  // bytes of a stage's A row as read
     static constexpr int kBBytes = kOp == Op::Bf16 ? 2 * kKs : (kOp == Op::Fp4 ? kKs / 2 : kKs);
     static constexpr int kRawA = kWiden ? kABytes : 0;
-    static constexpr int kRawB = kConvertB ? kBBytes : 0;
+    static constexpr int kRawB = kConvert ? kBBytes : 0;
     static constexpr int kA = 0, kB = kBM * kRowBytes;
     static constexpr int kRawAOff = kB + kBN * kRowBytes;
     static constexpr int kRawBOff = kRawAOff + kBM * kRawA;
     static constexpr int kSa = kRawBOff + kBN * kRawB;
     static constexpr int kSw = kSa + (kQuant ? 4 * kBM : 0);
-    // the converter's f32 scales [4][128] (sa by row; sw by column for fp4, by 32-column block for fp8:
-    // [4][0..3]) and its window flags [2] (one word per converter warp)
-    static constexpr bool kScaleF = kQuant;
+    // fp4: the converter's f32 scales [4][128] (sa by row, sw by column) and its window flags [2]
+    static constexpr bool kScaleF = kOp == Op::Fp4;
     static constexpr int kSaF = kSw + (kQuant ? 4 * kBN : 0);
     static constexpr int kSwF = kSaF + (kScaleF ? 4 * 4 * kBM : 0);
     static constexpr int kFlags = kSwF + (kScaleF ? 4 * 4 * kBN : 0);
     static constexpr int kEnd = kFlags + (kScaleF ? 16 : 0);
     static constexpr int kStage = (kEnd + 1023) / 1024 * 1024;
-    // loaded, full, empty (<= 8 stages); A row table i32 [128]; A row source table u64 [128]
-    static constexpr int kBarBytes = 3 * 8 * 8 + 4 * kBM + 8 * kBM;
+    static constexpr int kBarBytes = 3 * 8 * 8 + 4 * kBM;  // loaded, full, empty (<= 8 stages); A row table
     static constexpr int kStages =
         (kSmemLimit - 1024 - kBarBytes) / kStage < 8 ? (kSmemLimit - 1024 - kBarBytes) / kStage : 8;
     static constexpr int kBarriers = kStages * kStage;
@@ -152,17 +143,6 @@ __device__ __forceinline__ void sts128(uint32_t a, uint4 v) {
 __device__ __forceinline__ void sts32(uint32_t a, uint32_t v) {
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
 }
-__device__ __forceinline__ uint64_t lds64(uint32_t a) {
-    uint64_t v;
-    asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(v) : "r"(a));
-    return v;
-}
-__device__ __forceinline__ void sts64(uint32_t a, uint64_t v) {
-    asm volatile("st.shared.u64 [%0], %1;\n" ::"r"(a), "l"(v) : "memory");
-}
-__device__ __forceinline__ float lds_f32(uint32_t a) {
-    return __uint_as_float(lds32(a));
-}
 
 // Barrier addresses: loaded[s] (loaders' copies landed), full[s] (stage ready for the MMAs), empty[s].
 struct Bars {
@@ -171,9 +151,6 @@ struct Bars {
     __device__ uint32_t full(int s) const { return base + 64 + 8 * s; }
     __device__ uint32_t empty(int s) const { return base + 128 + 8 * s; }
     __device__ uint32_t rows() const { return base + 192; }  // i32 [128]: A row of each tile row, -1 beyond
-    // u64 [128]: the address of each tile row's A row (0 beyond m_valid), so that a loader's per-stage
-    // copy is one shared load and an add instead of a row lookup and a 64-bit multiply
-    __device__ uint32_t row_src() const { return base + 192 + 4 * kBM; }
 };
 
 // ------------------------------------------------------------------ loaders
@@ -184,12 +161,8 @@ template <class C>
 __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int n_stages, int p) {
     constexpr int kWarps = C::kLoaders / 32;
     const int lw = p / 32, lane = p % 32;
-    for (int r = p; r < kBM; r += C::kLoaders) {
-        const int32_t ar = r < j.m_valid ? (j.a_rows ? j.a_rows[r] : r) : -1;
-        sts32(bars.rows() + 4 * r, static_cast<uint32_t>(ar));
-        sts64(bars.row_src() + 8 * r,
-              ar >= 0 ? reinterpret_cast<uint64_t>(j.a + static_cast<int64_t>(ar) * j.a_pitch) : 0);
-    }
+    for (int r = p; r < kBM; r += C::kLoaders)
+        sts32(bars.rows() + 4 * r, r < j.m_valid ? (j.a_rows ? j.a_rows[r] : r) : -1);
     named_barrier(1, C::kLoaders);
 
     constexpr int kR = C::kRowsPerLoader;
@@ -227,11 +200,11 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
             const int off = i * C::kABytes + ca * 16;
 #pragma unroll 4
             for (int r = lw * kRpwA + ra; r < kBM; r += kWarps * kRpwA) {
-                const uint64_t src = lds64(bars.row_src() + 8 * r);  // 0: beyond m_valid
-                const int n = src != 0 && off < a_bytes ? 16 : 0;
+                const int32_t ar = static_cast<int32_t>(lds32(bars.rows() + 4 * r));
+                const int n = ar >= 0 && off < a_bytes ? 16 : 0;
                 const uint32_t dst =
                     C::kWiden ? st + C::kRawAOff + r * C::kRawA + ca * 16 : st + C::kA + swz128(r, ca);
-                cp_async16(dst, n ? reinterpret_cast<const uint8_t*>(src) + off : j.a, n);
+                cp_async16(dst, n ? j.a + static_cast<int64_t>(ar) * j.a_pitch + off : j.a, n);
             }
         }
         {
@@ -240,7 +213,7 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
             for (int r = lw * kRpwB + rb; r < C::kBN; r += kWarps * kRpwB) {
                 const int n = r < j.n_valid && off < b_bytes ? 16 : 0;
                 const uint32_t dst =
-                    C::kConvertB ? st + C::kRawBOff + r * C::kRawB + cb * 16 : st + C::kB + swz128(r, cb);
+                    C::kConvert ? st + C::kRawBOff + r * C::kRawB + cb * 16 : st + C::kB + swz128(r, cb);
                 cp_async16(dst, n ? j.b + static_cast<int64_t>(r) * j.b_pitch + off : j.b, n);
             }
         }
@@ -322,7 +295,7 @@ __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, 
                         sts128(st + C::kB + swz128(r, 4 * c + 3), gemm::e2m1x8_to_f16x8(raw.w));
                     }
                 }
-            } else if constexpr (C::kOp == Op::Fp4) {
+            } else {
                 // fp4 -> e4m3: 64 bytes = 128 codes -> 8 chunks
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
@@ -337,34 +310,22 @@ __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, 
             }
         }
         if constexpr (C::kScaleF) {
-            // The stage's scales as f32 ([K block][row]; the weights' [K block][column] for fp4,
-            // [K block][32-column block 0..3] for fp8) and whether all lie in the fused form's window
-            // (one flag word per converter warp; nonzero: not all). Both forms are equal inside the
-            // window (NUMERICS), so the flag only picks the cheaper one; bytes of K blocks past K
-            // (zeros, or stale words of rows / blocks past the tile) at worst pick the general form.
+            // fp4: the stage's scales as f32 ([K block][row / column]) and whether all lie in the
+            // fused form's window (one flag word per converter warp; nonzero: not all)
             const int q0 = C::kWiden ? (2 * i) & 3 : 0;
             bool ok = true;
 #pragma unroll
             for (int t = 0; t < C::kRowsPerLoader; ++t) {
                 const int r = p + C::kLoaders * t;
-                const uint32_t wa = lds32(st + C::kSa + 4 * r);
+                const uint32_t wa = lds32(st + C::kSa + 4 * r), ww = lds32(st + C::kSw + 4 * r);
 #pragma unroll
                 for (int q = 0; q < C::kKb; ++q) {
-                    const uint32_t ba = (wa >> (8 * (q0 + q))) & 0xFFu;
-                    ok = ok && sa_in_window(ba);
+                    const uint32_t ba = (wa >> (8 * (q0 + q))) & 0xFFu, bw = (ww >> (8 * (q0 + q))) & 0xFFu;
+                    ok = ok && sa_in_window(ba) && sw_in_window(bw);
                     sts32(st + C::kSaF + 4 * (q * kBM + r),
                           __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(ba))));
-                }
-                // fp8: weight scale words exist for the tile's 4 column blocks only (rows 0..3)
-                if (C::kOp == Op::Fp4 || r < 4) {
-                    const uint32_t ww = lds32(st + C::kSw + 4 * r);
-#pragma unroll
-                    for (int q = 0; q < C::kKb; ++q) {
-                        const uint32_t bw = (ww >> (8 * (q0 + q))) & 0xFFu;
-                        ok = ok && sw_in_window(bw);
-                        sts32(st + C::kSwF + 4 * (q * C::kBN + r),
-                              __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(bw))));
-                    }
+                    sts32(st + C::kSwF + 4 * (q * C::kBN + r),
+                          __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(bw))));
                 }
             }
             const unsigned bad = __ballot_sync(0xffffffffu, !ok);
@@ -376,46 +337,56 @@ __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, 
 }
 
 // ------------------------------------------------------------------ consumers (warpgroups 0, 1)
-// acc += P * scales of the stage's K block q (see NUMERICS), from the converter's f32 tables; `fast`:
-// every scale byte of the stage lies in the fused form's window.
-template <class C, int q>
-__device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], uint32_t st, bool fast, int r0,
-                                        int lane) {
-    const float fa0 = lds_f32(st + C::kSaF + 4 * (q * kBM + r0));
-    const float fa1 = lds_f32(st + C::kSaF + 4 * (q * kBM + r0 + 8));
+// acc += P * scales of K block q (byte q of the stage's scale words; the stage's first block is byte
+// q0) (see NUMERICS). fp8: from the scale bytes; fp4: the converter's f32 scales and window flags.
+template <class C>
+__device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], uint32_t st, int q, int q0,
+                                        int r0, int lane) {
     if constexpr (C::kOp == Op::Fp8) {
-        // one weight scale per 32-column block: accumulators 16 cb .. 16 cb + 15 (rows r0, r0, r0 + 8,
-        // r0 + 8 by (i >> 1) & 1)
-        const uint4 w4 = lds128(st + C::kSwF + 4 * (q * C::kBN));
-        const float sw[4] = {__uint_as_float(w4.x), __uint_as_float(w4.y), __uint_as_float(w4.z),
-                             __uint_as_float(w4.w)};
+        const uint32_t sa0b = (lds32(st + C::kSa + 4 * r0) >> (8 * q)) & 0xFFu;
+        const uint32_t sa1b = (lds32(st + C::kSa + 4 * (r0 + 8)) >> (8 * q)) & 0xFFu;
+        const float sa0 = e8m0_to_f32(static_cast<uint8_t>(sa0b)),
+                    sa1 = e8m0_to_f32(static_cast<uint8_t>(sa1b));
+        bool fast = sa_in_window(sa0b) && sa_in_window(sa1b);
+        float sw[4];
+#pragma unroll
+        for (int cb = 0; cb < 4; ++cb) {
+            const uint32_t b = (lds32(st + C::kSw + 4 * cb) >> (8 * q)) & 0xFFu;
+            fast = fast && sw_in_window(b);
+            sw[cb] = e8m0_to_f32(static_cast<uint8_t>(b));
+        }
         if (fast) {
-            float sc[2][4];
+            float s[2][4];
 #pragma unroll
             for (int cb = 0; cb < 4; ++cb) {
-                sc[0][cb] = __fmul_rn(fa0, sw[cb]);
-                sc[1][cb] = __fmul_rn(fa1, sw[cb]);
+                s[0][cb] = __fmul_rn(sa0, sw[cb]);
+                s[1][cb] = __fmul_rn(sa1, sw[cb]);
             }
 #pragma unroll
-            for (int i = 0; i < 64; ++i) acc[i] = __fmaf_rn(P[i], sc[(i >> 1) & 1][i >> 4], acc[i]);
+            for (int i = 0; i < 64; ++i) acc[i] = __fmaf_rn(P[i], s[(i >> 1) & 1][i >> 4], acc[i]);
         } else {
 #pragma unroll
             for (int i = 0; i < 64; ++i)
-                acc[i] = __fadd_rn(acc[i], __fmul_rn(__fmul_rn(P[i], ((i >> 1) & 1) ? fa1 : fa0), sw[i >> 4]));
+                acc[i] =
+                    __fadd_rn(acc[i], __fmul_rn(__fmul_rn(P[i], ((i >> 1) & 1) ? sa1 : sa0), sw[i >> 4]));
         }
     } else {
         // fp4: one scale per column; the thread's columns 8 jj + 2 (lane % 4) + {0, 1}, jj = 0 .. 15
         // (accumulators 4 jj .. 4 jj + 3: rows r0, r0, r0 + 8, r0 + 8)
+        const int kq = q - q0;  // the block's index inside the stage
+        const float fa0 = __uint_as_float(lds32(st + C::kSaF + 4 * (kq * kBM + r0)));
+        const float fa1 = __uint_as_float(lds32(st + C::kSaF + 4 * (kq * kBM + r0 + 8)));
+        const bool all_fast = (lds32(st + C::kFlags) | lds32(st + C::kFlags + 4)) == 0;
 #pragma unroll
         for (int jj = 0; jj < 16; ++jj) {
             const int col = 8 * jj + 2 * (lane & 3);
             uint2 w2;
             asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
                          : "=r"(w2.x), "=r"(w2.y)
-                         : "r"(st + C::kSwF + 4 * (q * C::kBN + col)));
+                         : "r"(st + C::kSwF + 4 * (kq * C::kBN + col)));
             const float w0 = __uint_as_float(w2.x), w1 = __uint_as_float(w2.y);
             const int i = 4 * jj;
-            if (fast) {
+            if (all_fast) {
                 acc[i] = __fmaf_rn(P[i], __fmul_rn(fa0, w0), acc[i]);
                 acc[i + 1] = __fmaf_rn(P[i + 1], __fmul_rn(fa0, w1), acc[i + 1]);
                 acc[i + 2] = __fmaf_rn(P[i + 2], __fmul_rn(fa1, w0), acc[i + 2]);
@@ -427,46 +398,6 @@ __device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], 
                 acc[i + 3] = __fadd_rn(acc[i + 3], __fmul_rn(__fmul_rn(P[i + 3], fa1), w1));
             }
         }
-    }
-}
-
-// Block q's fresh partial (P from +0): two fp16 k16 steps on the widened codes (64 bytes of the row),
-// or one fp8 k32 step (32 bytes); committed as one group.
-template <class C, int q>
-__device__ __forceinline__ void issue_partial(float (&P)[64], uint32_t a_k, uint32_t b_k) {
-    fence_regs(P);
-    wgmma_fence();
-    if constexpr (C::kWiden) {
-        wgmma_m64n128k16_f16(P, desc_k128(a_k + q * 64), desc_k128(b_k + q * 64), 0u);
-        wgmma_m64n128k16_f16(P, desc_k128(a_k + q * 64 + 32), desc_k128(b_k + q * 64 + 32), 1u);
-    } else {
-        wgmma_m64n128k32_e4m3(P, desc_k128(a_k + q * 32), desc_k128(b_k + q * 32), 0u);
-    }
-    wgmma_commit();
-}
-
-// The stage's K blocks q, q + 1 (q + 1 < nb: both present), both wgmmas in flight and block q's
-// promotion overlapping block q + 1's wgmma; then the pairs after them.
-template <class C, int q>
-__device__ __forceinline__ void stage_blocks(float (&acc)[64], float (&PA)[64], float (&PB)[64], uint32_t st,
-                                             uint32_t a_k, uint32_t b_k, int nb, bool fast, int r0, int lane) {
-    if constexpr (q < C::kKb) {
-        if (q >= nb) return;
-        issue_partial<C, q>(PA, a_k, b_k);
-        if (q + 1 < nb) {
-            issue_partial<C, q + 1>(PB, a_k, b_k);
-            wgmma_wait<1>();
-            fence_regs(PA);
-            promote<C, q>(acc, PA, st, fast, r0, lane);
-            wgmma_wait<0>();
-            fence_regs(PB);
-            promote<C, q + 1>(acc, PB, st, fast, r0, lane);
-        } else {
-            wgmma_wait<0>();
-            fence_regs(PA);
-            promote<C, q>(acc, PA, st, fast, r0, lane);
-        }
-        stage_blocks<C, q + 2>(acc, PA, PB, st, a_k, b_k, nb, fast, r0, lane);
     }
 }
 
@@ -482,21 +413,51 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
 
     if constexpr (C::kQuant) {
         // Two partial buffers: the wgmma of K block g + 1 runs while block g's partial is promoted.
-        // Stage by stage (the stage's blocks unrolled: no index arithmetic per block); a stage is freed
-        // once its last block is promoted (its scales are read then). (Keeping a wgmma in flight
-        // across a loop's back edge instead makes ptxas serialize every wgmma: its C7514 advisory,
-        // checked by CTest sm90_ptxas_check.)
+        // Block g lies in stage g / kKb (its scale byte (stage's q0) + g % kKb); a stage is freed once
+        // its last block's partial is promoted (its scales are read then).
         float PA[64], PB[64];
-        for (int i = 0; i < n_stages; ++i) {
-            const int s = i % C::kStages;
-            mbar_wait(bars.full(s), (i / C::kStages) & 1);
-            fence_proxy_async();  // the cp.async rows (generic proxy) before the wgmma reads (async proxy)
-            const uint32_t st = base + s * C::kStage;
-            const uint32_t a_k = st + C::kA + wg * 64 * kRowBytes, b_k = st + C::kB;
-            const int nb = KB - i * C::kKb < C::kKb ? KB - i * C::kKb : C::kKb;  // K blocks in this stage
-            const bool fast = (lds32(st + C::kFlags) | lds32(st + C::kFlags + 4)) == 0;
-            stage_blocks<C, 0>(acc, PA, PB, st, a_k, b_k, nb, fast, r0, lane);
-            mbar_arrive(bars.empty(s));
+        auto stage_of = [&](int g) { return base + ((g / C::kKb) % C::kStages) * C::kStage; };
+        auto issue = [&](float(&P)[64], int g) {
+            const int i = g / C::kKb, q = g % C::kKb, s = i % C::kStages;
+            if (q == 0) {
+                mbar_wait(C::kConvert ? bars.full(s) : bars.loaded(s), (i / C::kStages) & 1);
+                fence_proxy_async();  // the cp.async rows (generic proxy) before the wgmma reads (async
+                                      // proxy)
+            }
+            const uint32_t a_k = stage_of(g) + C::kA + wg * 64 * kRowBytes, b_k = stage_of(g) + C::kB;
+            fence_regs(P);
+            wgmma_fence();
+            if constexpr (C::kWiden) {
+                // the block's fresh partial: two fp16 k16 steps (64 bytes of the row)
+                wgmma_m64n128k16_f16(P, desc_k128(a_k + q * 64), desc_k128(b_k + q * 64), 0u);
+                wgmma_m64n128k16_f16(P, desc_k128(a_k + q * 64 + 32), desc_k128(b_k + q * 64 + 32), 1u);
+            } else {
+                wgmma_m64n128k32_e4m3(P, desc_k128(a_k + q * 32), desc_k128(b_k + q * 32), 0u);
+            }
+            wgmma_commit();
+        };
+        auto finish = [&](float(&P)[64], int g) {
+            fence_regs(P);
+            const int i = g / C::kKb, q = g % C::kKb;
+            const int q0 = C::kWiden ? (2 * i) & 3 : 0;  // the stage's first byte in its scale words
+            promote<C>(acc, P, stage_of(g), q0 + q, q0, r0, lane);
+            if (q == C::kKb - 1 || g == KB - 1) mbar_arrive(bars.empty(i % C::kStages));
+        };
+        // Pairs of blocks: both wgmmas in flight, the first one's promotion overlapping the second's
+        // wgmma. (Keeping a wgmma in flight across the loop's back edge instead makes ptxas serialize
+        // every wgmma: its C7514 advisory, checked by scripts/gpu_hopper.sh's build log.)
+        for (int g = 0; g < KB; g += 2) {
+            issue(PA, g);
+            if (g + 1 < KB) {
+                issue(PB, g + 1);
+                wgmma_wait<1>();
+                finish(PA, g);
+                wgmma_wait<0>();
+                finish(PB, g + 1);
+            } else {
+                wgmma_wait<0>();
+                finish(PA, g);
+            }
         }
     } else {
         for (int i = 0; i < n_stages; ++i) {
