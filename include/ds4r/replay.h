@@ -76,10 +76,13 @@ public:
 };
 
 struct LayerTiming {
-    int layer = 0;         // kHeadLayer for the head
-    double wait_s = 0;     // blocked on the weight source
-    double compute_s = 0;  // sweeps (backend synchronized)
+    int layer = 0;                // kHeadLayer for the head
+    double wait_s = 0;            // blocked on the weight source
+    double engram_wait_s = 0;     // blocked on the Engram gather's rows (Engram layers; not in compute_s)
+    double compute_s = 0;         // sweeps (backend synchronized)
     int64_t rows = 0;
+    double stall_s() const { return wait_s + engram_wait_s; }  // blocked on I/O of either kind
+    double wall_s() const { return stall_s() + compute_s; }
 };
 
 class PassRunner {
@@ -139,7 +142,8 @@ public:
     // `first_layer`: the layer the pass starts at (a continued pass: its Engram gather starts there).
     void begin(const std::vector<std::vector<int32_t>>& seqs, int first_layer = 0);
     // Engram of layer L on the host stream (no-op for non-Engram layers).
-    void run_engram(const LayerWeights& w);
+    // Returns the seconds spent blocked on the gather's rows (LayerTiming::engram_wait_s).
+    double run_engram(const LayerWeights& w);
     // Block L (kv sweep, then main sweep). If host_taps is non-null, per-row taps are downloaded
     // into it (each vector sized total_rows * width, pass row order).
     struct HostTaps {

@@ -264,7 +264,7 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
             first_record + i < st.layers.size() ? &st.layers[first_record + i] : nullptr;
         const double read_s = rec ? rec->read_s : 0, up_s = rec ? rec->upload_s : 0;
         const double gb = rec ? static_cast<double>(rec->bytes) / 1e9 : 0;
-        const double lwall = t.wait_s + t.compute_s;
+        const double lwall = t.wall_s();
         const double bound = std::max({read_s, up_s, t.compute_s});
         double flops = 0;
         if (t.layer >= 0)
@@ -276,13 +276,14 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
         const double tf = t.compute_s > 0 ? flops / t.compute_s / 1e12 : 0;
         std::fprintf(out, "  %-6s %9.2f %8.2f %8.2f %8.2f %8.2f %8.2f %6.2fx %9.1f %7s\n",
                      t.layer < 0 ? "head" : std::to_string(t.layer).c_str(), gb, read_s, up_s, t.compute_s,
-                     t.wait_s, lwall, bound > 0 ? lwall / bound : 0.0, tf, percent_of(tf, bf16_peak).c_str());
+                     t.stall_s(), lwall, bound > 0 ? lwall / bound : 0.0, tf, percent_of(tf, bf16_peak).c_str());
         const std::string name = t.layer < 0 ? "head" : "layer";
         csv.row("workload_" + w.name, name + "_read_s", t.layer, total, 0, 0, 0, read_s, "s",
                 strfmt("bytes=%.0f", gb * 1e9));
         csv.row("workload_" + w.name, name + "_upload_s", t.layer, total, 0, 0, 0, up_s, "s");
         csv.row("workload_" + w.name, name + "_compute_s", t.layer, total, 0, 0, 0, t.compute_s, "s");
-        csv.row("workload_" + w.name, name + "_stall_s", t.layer, total, 0, 0, 0, t.wait_s, "s");
+        csv.row("workload_" + w.name, name + "_stall_s", t.layer, total, 0, 0, 0, t.stall_s(), "s");
+        csv.row("workload_" + w.name, name + "_engram_stall_s", t.layer, total, 0, 0, 0, t.engram_wait_s, "s");
         csv.row("workload_" + w.name, name + "_tflops", t.layer, total, 0, 0, 0, tf, "TFLOP/s");
         if (t.layer >= 0) {
             sum_wall += lwall;
@@ -300,7 +301,7 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
     // window + Engram, KV + index source, consumer) each term is measured; otherwise the mean.
     std::string how;
     const double projected = project_40(
-        ck, timings, [&](size_t i) { return timings[i].wait_s + timings[i].compute_s; }, &how);
+        ck, timings, [&](size_t i) { return timings[i].wall_s(); }, &how);
     // At most, as `score` sizes passes (with --engram-next-pass's share).
     const double host_per_token = static_cast<double>(pass_host_bytes_per_token(c, opt.io.engram_next_pass));
     std::fprintf(

@@ -87,7 +87,7 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
     int n_eng = 0, n_other = 0;
     for (const LayerTiming& t : timings) {
         if (t.layer < 0) continue;
-        const double lw = t.wait_s + t.compute_s;
+        const double lw = t.wall_s();
         if (roles[static_cast<size_t>(t.layer)].engram)
             eng += lw, ++n_eng;
         else

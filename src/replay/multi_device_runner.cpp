@@ -180,7 +180,7 @@ std::vector<SequenceScores> MultiDeviceRunner::run(const std::vector<std::vector
         std::mutex mu;  // everything below, and the calls of on_layer / on_chunk_
         struct LayerAgg {
             int count = 0;
-            double wait_s = 0, compute_s = 0;
+            double wait_s = 0, engram_wait_s = 0, compute_s = 0;
         };
         std::map<int, LayerAgg> agg;
         std::vector<int> at(n, 0);             // per worker: ordinal of the layer it is in
@@ -224,18 +224,20 @@ std::vector<SequenceScores> MultiDeviceRunner::run(const std::vector<std::vector
                     if (ordered) ordered->layer_done(w, ordinal(t.layer));
                     std::lock_guard<std::mutex> lk(mu);
                     wk.compute_s += t.compute_s;
-                    wk.wait_s += t.wait_s;
+                    wk.wait_s += t.stall_s();
                     at[w] = ordinal(t.layer) + 1;
                     rows_done[w] = 0;
                     LayerAgg& a = agg[ordinal(t.layer)];
                     ++a.count;
                     a.wait_s = std::max(a.wait_s, t.wait_s);
+                    a.engram_wait_s = std::max(a.engram_wait_s, t.engram_wait_s);
                     a.compute_s = std::max(a.compute_s, t.compute_s);
                     if (a.count == n_active && on_layer) {
                         LayerTiming all;
                         all.layer = t.layer;
                         all.rows = total_rows;
                         all.wait_s = a.wait_s;
+                        all.engram_wait_s = a.engram_wait_s;
                         all.compute_s = a.compute_s;
                         on_layer(all);  // may throw Interrupted: this worker stops the others
                     }
@@ -316,7 +318,7 @@ std::vector<SequenceScores> MultiDeviceRunner::run(const std::vector<std::vector
             for (int64_t i = split_[w]; i < split_[w + 1]; ++i) tokens += lens[static_cast<size_t>(i)];
             log_info(
                 strfmt("device %d (worker %zu of %zu): %lld sequences, %lld tokens, compute %.2f s, "
-                       "weight wait %.2f s",
+                       "I/O wait (weights, Engram rows) %.2f s",
                        wk.device, w + 1, n, (long long)(split_[w + 1] - split_[w]), (long long)tokens,
                        wk.compute_s, wk.wait_s));
             for (auto& s : wk.scores) out.push_back(std::move(s));

@@ -317,16 +317,18 @@ void PassRunner::ring_drain(StateRing& ring) {
         }
 }
 
-void PassRunner::run_engram(const LayerWeights& w) {
-    if (!w.role.engram) return;
+double PassRunner::run_engram(const LayerWeights& w) {
+    if (!w.role.engram) return 0;
     const int ei = cfg_.engram_index(w.layer);
     const int64_t hc = cfg_.hc_mult, D = cfg_.dim, cols = cfg_.engram_hash_cols(), ehd = cfg_.engram_head_dim;
     DS4R_CHECK(engram_gather_ != nullptr, "run_engram before begin()");
     const EngramRowSet* rows;
+    const double t_wait = now_s();
     {
         ProfileRange pr(be_, "engram.gather_wait");
         rows = &engram_gather_->wait(ei);  // rethrows a gather error (e.g. a truncated table shard)
     }
+    const double waited = now_s() - t_wait;
     std::vector<uint16_t> e_host;
     for (Chunk& ch : chunks_) {
         const int64_t M = ch.r1 - ch.r0;
@@ -344,6 +346,7 @@ void PassRunner::run_engram(const LayerWeights& w) {
     }
     be_.synchronize();
     engram_gather_->release(ei);
+    return waited;
 }
 
 void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {
@@ -581,11 +584,11 @@ std::vector<SequenceScores> PassRunner::run_pass(const std::vector<std::vector<i
         t0 = now_s();
         const LayerWeights w = bind_layer_weights(cfg_, roles_[static_cast<size_t>(L)],
                                                   [&](const std::string& n) { return res->get(n); });
-        run_engram(w);
+        tm.engram_wait_s = run_engram(w);
         if (captured(L)) capture(L, sink);
         run_block(w);
         next_layer_ = L + 1;  // the host state now holds layer L's output (a save point)
-        tm.compute_s = now_s() - t0;
+        tm.compute_s = now_s() - t0 - tm.engram_wait_s;
         if (on_layer) on_layer(tm);
     }
     LayerTiming tm;

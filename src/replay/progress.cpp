@@ -88,7 +88,7 @@ std::string Progress::layer_line(const LayerTiming& t) const {
     return strfmt(
         "pass %d %s: %lld tokens, %.0f tok/s, read %.2f GB/s, wait %.2fs, compute %.2fs, pass ETA %s, run %s "
         "ETA %s",
-        pass_, what.c_str(), (long long)tokens_, tps, gbs, t.wait_s, t.compute_s,
+        pass_, what.c_str(), (long long)tokens_, tps, gbs, t.stall_s(), t.compute_s,
         format_eta(pass_eta).c_str(), rf < 0 ? "?" : strfmt("%.0f%%", 100 * rf).c_str(),
         format_eta(run_eta(frac)).c_str());
 }

@@ -255,3 +255,37 @@ TEST(BenchWorkloadD, SizedFromTheHostBudget) {
     EXPECT_EQ(pass_host_bytes_per_token(c, EngramNextPassMode::On),
               off + hashes + static_cast<int64_t>(engram_rows_bytes_per_token(c)));
 }
+
+// Each layer's timing puts the wait for the Engram gather's rows in engram_wait_s, not in compute_s: zero on
+// the layers without Engram, and on the Engram layers the gather's own wait counter (measured inside the
+// same call) plus at most the call's own overhead.
+TEST(EngramNextPass, LayerTimingsSeparateTheGatherWaitFromCompute) {
+    Checkpoint ck = Checkpoint::open(dense_model());
+    const auto& roles = ck.roles();
+    IoSettings io;
+    io.engram_next_pass = EngramNextPassMode::Off;
+    auto eng = load_engram_resources(ck, io);
+    auto be = make_cpu_backend();
+    auto ws = make_sync_weight_source(*be, ck);
+    ReplayOptions ro;
+    ro.chunk_rows = 16;
+    PassRunner runner(*be, ck, *ws, eng.get(), ro);
+    const Pass pass = random_passes(1, ck.config().vocab_size, 11)[0];
+    double engram_waits = 0;
+    int engram_layers = 0;
+    runner.run(pass, nullptr, [&](const LayerTiming& t) {
+        EXPECT_GE(t.compute_s, 0.0) << "layer " << t.layer;
+        EXPECT_GE(t.engram_wait_s, 0.0) << "layer " << t.layer;
+        EXPECT_DOUBLE_EQ(t.wall_s(), t.wait_s + t.engram_wait_s + t.compute_s);
+        if (t.layer == kHeadLayer || !roles[static_cast<size_t>(t.layer)].engram) {
+            EXPECT_EQ(t.engram_wait_s, 0.0) << "layer " << t.layer << " has no Engram";
+        } else {
+            engram_waits += t.engram_wait_s;
+            ++engram_layers;
+        }
+    });
+    ASSERT_EQ(engram_layers, static_cast<int>(ck.config().engram_layer_ids.size()));
+    const double counted = runner.engram_stats().wait_s;
+    EXPECT_GE(engram_waits, counted);
+    EXPECT_LE(engram_waits, counted + 0.05 * engram_layers);
+}

@@ -300,7 +300,9 @@ TEST(OutputSafety, SkipBadErrorRecordsAreScoredOnResumeOnceTheLineIsFixed) {
                         theirs.substr(hdr + rb[0] * row, (rb[1] - rb[0]) * row))
                 << "record " << i << ", " << file;
         }
-        if (i == 3) EXPECT_EQ(a["hidden"][0]["rows"][0], 88 - 5) << "appended after the other records' rows";
+        if (i == 3) {
+            EXPECT_EQ(a["hidden"][0]["rows"][0], 88 - 5) << "appended after the other records' rows";
+        }
         a.erase("hidden");
         b.erase("hidden");
         EXPECT_TRUE(a == b) << "record " << i;
