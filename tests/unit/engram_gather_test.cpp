@@ -88,6 +88,44 @@ std::vector<uint16_t> gather(const TableFile& t, const std::vector<int64_t>& ids
 
 }  // namespace
 
+// The dequant's table path against the formula it replaces (docs/MODEL.md 3.4: bf16(e4m3 x 2^(s - 127)),
+// one e8m0 scale per 32 elements), over every (scale code, e4m3 code) pair, NaN and subnormal codes
+// included, and on a set large enough for the multithreaded split (lookups repeating rows, in any order).
+TEST(EngramRowDequant, TableAndThreadsGiveTheFormulasBits) {
+    EngramRowSet set;
+    set.head_dim = 256;
+    const size_t hd = 256, ns = hd / 32, u = 2048;
+    std::mt19937_64 rng(3);
+    set.rows.resize(u * hd);
+    set.scales.resize(u * ns);
+    for (size_t r = 0; r < u; ++r) {
+        for (size_t d = 0; d < hd; ++d)  // rows 0..255: code d everywhere; later rows: random codes
+            set.rows[r * hd + d] = static_cast<uint8_t>(r < 256 ? d : rng() & 0xFF);
+        for (size_t b = 0; b < ns; ++b)  // rows 0..255 cover every scale code with every code
+            set.scales[r * ns + b] = static_cast<uint8_t>(r < 256 ? (r + 32 * b) & 0xFF : rng() & 0xFF);
+    }
+    const size_t n = 6000;  // 1.5M elements: more than one thread's share
+    set.index.resize(n);
+    for (size_t k = 0; k < n; ++k) set.index[k] = static_cast<uint32_t>(k < 256 ? k : rng() % u);
+    std::vector<uint16_t> out(n * hd), part(100 * hd);
+    set.dequant_bf16(0, n, out.data());
+    set.dequant_bf16(1234, 100, part.data());
+    size_t pairs_seen = 0;
+    for (size_t k = 0; k < n; ++k) {
+        const size_t r = set.index[k];
+        for (size_t d = 0; d < hd; ++d) {
+            const uint16_t want = f32_to_bf16(e4m3_to_f32(set.rows[r * hd + d]) *
+                                              e8m0_to_f32(set.scales[r * ns + d / 32]));
+            ASSERT_EQ(out[k * hd + d], want) << "lookup " << k << " element " << d;
+            if (k >= 1234 && k < 1334) {
+                ASSERT_EQ(part[(k - 1234) * hd + d], want) << "lookup " << k;
+            }
+            pairs_seen += k < 256;
+        }
+    }
+    EXPECT_EQ(pairs_seen, 256u * 256u);
+}
+
 TEST(EngramRowPlan, DeduplicatesAndSortsByFileOffset) {
     const std::vector<int64_t> ids = {5, 3, 5, 9, 3, 0};
     const EngramRowSet s = plan_engram_rows(ids.data(), ids.size(), 1, 10, 64, "t.safetensors");
