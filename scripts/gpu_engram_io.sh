@@ -3,7 +3,7 @@
 # the way. Builds build-gpu (-j16, sm_90), writes a full-width checkpoint with --layers $LAYERS (7.4 GB
 # per layer) and one dense Engram table of $ENGRAM_ROWS rows (264 B per row: 40M rows = 10.6 GB), then,
 # each after dropping the page cache (root):
-#   1. bench workload b, 2 passes, O_DIRECT weights, the gather at its default queue depth (256) with
+#   1. bench workload b, $NEXT_PASSES passes (default 2), O_DIRECT weights, the gather at its default queue depth (256) with
 #      --engram-next-pass auto (pass 2's rows gathered during pass 1), with the disk measurements first
 #      (sequential O_DIRECT MB/s with the weight reader's requests; random 4 KiB reads/s at QD 1, 32, 256):
 #      pass 2's Engram layer wall vs the other layer, the gather's IOPS vs the disk's best, weight MB/s vs
@@ -56,7 +56,7 @@ run_bench() {  # NAME B_SEQUENCES PASSES DISK_SECONDS EXTRA_FLAGS...
   local rc=$?
   stamp "bench $name ($seqs x $B_TOK, $passes passes, $*) rc=$rc"
 }
-run_bench next "$B_SEQ" 2 1 --engram-next-pass auto
+run_bench next "$B_SEQ" "${NEXT_PASSES:-2}" 1 --engram-next-pass auto
 run_bench nonext "$B_SEQ" 1 0 --engram-next-pass off
 run_bench small "$B_SEQ_SMALL" 2 0 --engram-next-pass auto
 
