@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -82,15 +83,31 @@ struct ModeRun {
     int overlapped = 0;  // passes whose next pass's rows were all in before they ended
 };
 
-ModeRun run_passes(const Checkpoint& ck, EngramNextPassMode mode, const std::vector<Pass>& passes) {
-    IoSettings io;
-    io.engram_next_pass = mode;
-    auto eng = load_engram_resources(ck, io);
-    auto be = make_cpu_backend();
-    auto ws = make_sync_weight_source(*be, ck);
+// A PassRunner on the CPU backend (synchronous weights; chunks of 16 rows unless told) and what it runs
+// on; the runner is destroyed first.
+ReplayOptions chunks_of_16() {
     ReplayOptions ro;
     ro.chunk_rows = 16;
-    PassRunner runner(*be, ck, *ws, eng.get(), ro);
+    return ro;
+}
+struct CpuRunner {
+    std::unique_ptr<EngramResources> eng;
+    std::unique_ptr<Backend> be;
+    std::unique_ptr<WeightSource> ws;
+    std::unique_ptr<PassRunner> runner;
+    CpuRunner(const Checkpoint& ck, EngramNextPassMode mode, ReplayOptions ro = chunks_of_16()) {
+        IoSettings io;
+        io.engram_next_pass = mode;
+        eng = load_engram_resources(ck, io);
+        be = make_cpu_backend();
+        ws = make_sync_weight_source(*be, ck);
+        runner = std::make_unique<PassRunner>(*be, ck, *ws, eng.get(), ro);
+    }
+};
+
+ModeRun run_passes(const Checkpoint& ck, EngramNextPassMode mode, const std::vector<Pass>& passes) {
+    CpuRunner cpu(ck, mode);
+    PassRunner& runner = *cpu.runner;
     const int tables = static_cast<int>(ck.config().engram_layer_ids.size());
     ModeRun out;
     for (size_t p = 0; p < passes.size(); ++p) {
@@ -133,12 +150,8 @@ TEST(EngramNextPass, AnotherPassThanAnnouncedGathersItsOwn) {
     Checkpoint ck = Checkpoint::open(dense_model());
     const std::vector<Pass> passes = random_passes(3, ck.config().vocab_size, 4);
     const ModeRun off = run_passes(ck, EngramNextPassMode::Off, {passes[0], passes[2]});
-    IoSettings io;
-    io.engram_next_pass = EngramNextPassMode::On;
-    auto eng = load_engram_resources(ck, io);
-    auto be = make_cpu_backend();
-    auto ws = make_sync_weight_source(*be, ck);
-    PassRunner runner(*be, ck, *ws, eng.get(), ReplayOptions{});
+    CpuRunner cpu(ck, EngramNextPassMode::On, ReplayOptions{});
+    PassRunner& runner = *cpu.runner;
     runner.set_next_pass(passes[1]);
     EXPECT_TRUE(same_scores(runner.run(passes[0], nullptr), off.scores[0]));
     EXPECT_TRUE(same_scores(runner.run(passes[2], nullptr), off.scores[1]));
@@ -152,14 +165,10 @@ TEST(EngramNextPass, ExceptionWithTheNextGatherInFlightDoesNotHang) {
     Checkpoint ck = Checkpoint::open(dense_model());
     const std::vector<Pass> passes = random_passes(2, ck.config().vocab_size, 5);
     const ModeRun off = run_passes(ck, EngramNextPassMode::Off, passes);
-    IoSettings io;
-    io.engram_next_pass = EngramNextPassMode::Auto;
-    auto eng = load_engram_resources(ck, io);
-    auto be = make_cpu_backend();
-    auto ws = make_sync_weight_source(*be, ck);
     const auto t0 = std::chrono::steady_clock::now();
     {
-        PassRunner runner(*be, ck, *ws, eng.get(), ReplayOptions{});
+        CpuRunner cpu(ck, EngramNextPassMode::Auto, ReplayOptions{});
+        PassRunner& runner = *cpu.runner;
         for (int stop_at : {0, 2}) {
             runner.set_next_pass(passes[1]);
             EXPECT_THROW(runner.run(passes[0], nullptr,
@@ -262,14 +271,8 @@ TEST(BenchWorkloadD, SizedFromTheHostBudget) {
 TEST(EngramNextPass, LayerTimingsSeparateTheGatherWaitFromCompute) {
     Checkpoint ck = Checkpoint::open(dense_model());
     const auto& roles = ck.roles();
-    IoSettings io;
-    io.engram_next_pass = EngramNextPassMode::Off;
-    auto eng = load_engram_resources(ck, io);
-    auto be = make_cpu_backend();
-    auto ws = make_sync_weight_source(*be, ck);
-    ReplayOptions ro;
-    ro.chunk_rows = 16;
-    PassRunner runner(*be, ck, *ws, eng.get(), ro);
+    CpuRunner cpu(ck, EngramNextPassMode::Off);
+    PassRunner& runner = *cpu.runner;
     const Pass pass = random_passes(1, ck.config().vocab_size, 11)[0];
     double engram_waits = 0;
     int engram_layers = 0;
