@@ -4,7 +4,8 @@
 # churn, a failed request stopping the other readers, stop mid-read, DirectReader used by several
 # threads) and of the pass runner's chunk state ring and out-of-memory retry on that asynchronous queue
 # (ChunkRing, ChunkRetry), and the Engram gather's engines (the pread pool, io_uring, mmap threads, the
-# pass gather's background thread: EngramGather, EngramPassGather, EngramRowPlan; the next pass's gather
+# pass gather's background thread: EngramGather, EngramPassGather, EngramRowPlan; the rows' dequant threads:
+# EngramRowDequant; the next pass's gather
 # during the current pass, its gate and an exception mid-pass with it in flight: EngramNextPass), and
 # score --devices (the worker threads behind one fan-out weight reader: MultiDevice, ScoreDevices). CPU
 # only: configures build-tsan with -DDS4R_SANITIZE=thread -DDS4R_CUDA=OFF,
@@ -26,5 +27,5 @@ cmake --build "$build" -j"$jobs" --target ds4r_unit_tests
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 ${TSAN_OPTIONS:-}"
 
 start=$(date +%s)
-ctest --test-dir "$build" -R 'Prefetch|DirectReader|Chunk|EngramGather|EngramPassGather|EngramRowPlan|EngramNextPass|MultiDevice|ScoreDevices' --output-on-failure --repeat until-fail:"$repeat"
+ctest --test-dir "$build" -R 'Prefetch|DirectReader|Chunk|EngramGather|EngramPassGather|EngramRowPlan|EngramRowDequant|EngramNextPass|MultiDevice|ScoreDevices' --output-on-failure --repeat until-fail:"$repeat"
 echo "tsan_prefetch: passed in $(( $(date +%s) - start )) s (build dir $build)"
