@@ -24,7 +24,8 @@ cmake -S "$root" -B "$build" -DDS4R_SANITIZE=thread -DDS4R_CUDA=OFF -DCMAKE_BUIL
 cmake --build "$build" -j"$jobs" --target ds4r_unit_tests
 
 # halt_on_error: the first race fails the test; second_deadlock_stack: full lock-order reports.
-export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 ${TSAN_OPTIONS:-}"
+# suppressions: liburing's ring memory, mapped behind TSan's back (see the file).
+export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 suppressions=$root/tests/tsan.supp ${TSAN_OPTIONS:-}"
 
 start=$(date +%s)
 ctest --test-dir "$build" -R 'Prefetch|DirectReader|Chunk|EngramGather|EngramPassGather|EngramRowPlan|EngramRowDequant|EngramNextPass|MultiDevice|ScoreDevices' --output-on-failure --repeat until-fail:"$repeat"
