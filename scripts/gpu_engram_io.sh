@@ -1,26 +1,29 @@
 #!/usr/bin/env bash
 # Issue 14 on the H200 machine: the Engram gather and the weight reads on DENSE data, page cache out of
-# the way. Builds build-gpu (-j16, sm_90), writes a full-width checkpoint with --layers $LAYERS (7.4 GB
-# per layer) and one dense Engram table of $ENGRAM_ROWS rows (264 B per row: 40M rows = 10.6 GB), then,
-# each after dropping the page cache (root):
-#   1. bench workload b, $NEXT_PASSES passes (default 2), O_DIRECT weights, the gather at its default queue depth (256) with
-#      --engram-next-pass auto (pass 2's rows gathered during pass 1), with the disk measurements first
-#      (sequential O_DIRECT MB/s with the weight reader's requests; random 4 KiB reads/s at QD 1, 32, 256):
-#      pass 2's Engram layer wall vs the other layer, the gather's IOPS vs the disk's best, weight MB/s vs
-#      the disk's sequential rate, the disk's busy time split;
+# the way. Builds build-gpu (-j16, sm_90), writes a full-width checkpoint with --layers $LAYERS (default 4;
+# 7.4 GB per layer, layer 1 has Engram) and one dense Engram table of $ENGRAM_ROWS rows (264 B per row:
+# 40M rows = 10.6 GB; with 4 layers 41 GB of the 64 GB disk), then, each after dropping the page cache:
+#   1. bench workload b, $NEXT_PASSES passes (default 3), O_DIRECT weights, the gather at its default
+#      queue depth (256) with --engram-next-pass auto (each pass's rows gathered during the pass before),
+#      with the disk measurements first (sequential O_DIRECT MB/s with the weight reader's requests;
+#      random 4 KiB reads/s at QD 1, 32, 256): the last pass's Engram layer wall vs the others, the
+#      gather's IOPS vs the disk's best, weight MB/s vs the disk's sequential rate, the disk's busy time
+#      split. (With LAYERS=2 a full-size pass is too short to hold the next pass's gather: the
+#      2026-12-02 run, docs/PERFORMANCE.md.)
 #   2. the same with --engram-next-pass off, 1 pass (the gather inside its own pass, for comparison);
 #   3. SMALL: b with $B_SEQ_SMALL sequences, 2 passes, next pass auto: a pass whose gather fits behind
-#      the pass before (on 2 layers a full-size pass has only its head and layer 0 to hide pass 2's gather);
+#      the pass before;
 #   4. score of a few sequences in several passes with --engram-next-pass on, off and --engram-io mmap:
 #      the output bytes must be identical.
-# Logs in $OUT; a short table last. Meant to finish in ~8 minutes (each bench run is capped by BENCH_TIMEOUT).
+# Logs in $OUT; a short table last. Meant to finish in one ~9-minute device call (each bench run is
+# capped by BENCH_TIMEOUT).
 #   OUT=/tmp/out scripts/gpu_engram_io.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
-MODEL="${DS4R_ENGRAM_MODEL:-/tmp/ds4r-engram-dense}"
-LAYERS="${LAYERS:-2}"
+MODEL="${DS4R_ENGRAM_MODEL:-/tmp/ds4r-engram-dense-$LAYERS}"
+LAYERS="${LAYERS:-4}"
 ENGRAM_ROWS="${ENGRAM_ROWS:-40000000}"
 B_SEQ="${B_SEQ:-80}"
 B_TOK="${B_TOK:-1800}"
@@ -56,7 +59,7 @@ run_bench() {  # NAME B_SEQUENCES PASSES DISK_SECONDS EXTRA_FLAGS...
   local rc=$?
   stamp "bench $name ($seqs x $B_TOK, $passes passes, $*) rc=$rc"
 }
-run_bench next "$B_SEQ" "${NEXT_PASSES:-2}" 1 --engram-next-pass auto
+run_bench next "$B_SEQ" "${NEXT_PASSES:-3}" 1 --engram-next-pass auto
 run_bench nonext "$B_SEQ" 1 0 --engram-next-pass off
 run_bench small "$B_SEQ_SMALL" 2 0 --engram-next-pass auto
 
