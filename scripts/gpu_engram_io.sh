@@ -28,7 +28,7 @@ ENGRAM_ROWS="${ENGRAM_ROWS:-40000000}"
 B_SEQ="${B_SEQ:-80}"
 B_TOK="${B_TOK:-1800}"
 B_SEQ_SMALL="${B_SEQ_SMALL:-16}"
-BENCH_TIMEOUT="${BENCH_TIMEOUT:-130}"
+BENCH_TIMEOUT="${BENCH_TIMEOUT:-200}"
 export PATH=/usr/local/cuda/bin:$PATH
 T0=$(date +%s)
 stamp() { echo "== $1 ($(( $(date +%s) - T0 ))s)"; }
