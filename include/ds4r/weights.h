@@ -18,6 +18,11 @@ class Checkpoint;
 // Pseudo-layer id of the globals read at the end of a pass (final norm + head).
 constexpr int kHeadLayer = -1;
 
+// "head" for kHeadLayer, else "layer L": how the weight sources name a layer in their messages.
+inline std::string layer_label(int layer) {
+    return layer == kHeadLayer ? std::string("head") : "layer " + std::to_string(layer);
+}
+
 class ResidentLayer {
 public:
     virtual ~ResidentLayer() = default;

@@ -1,4 +1,5 @@
 // Disk measurement for `bench` (include/ds4r/disk_probe.h).
+#include "ds4r/clock.h"
 #include "ds4r/disk_probe.h"
 
 #include <fcntl.h>
@@ -25,11 +26,6 @@
 namespace ds4r {
 
 namespace {
-
-double now_s() {
-    using namespace std::chrono;
-    return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 struct Fd {
     int fd = -1;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "ds4r/clock.h"
 #include "ds4r/binding.h"
 #include "ds4r/checkpoint.h"
 #include "ds4r/engram_io.h"
@@ -14,15 +15,6 @@
 #include "ds4r/tokenizer.h"
 
 namespace ds4r {
-
-namespace {
-
-double now_s() {
-    using namespace std::chrono;
-    return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
 
 std::unique_ptr<EngramResources> load_engram_resources(const Checkpoint& ckpt, const IoSettings& io) {
     const ModelConfig& cfg = ckpt.config();

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "ds4r/clock.h"
 #include "ds4r/error.h"
 #include "ds4r/log.h"
 
@@ -25,11 +26,6 @@
 namespace ds4r::engram_reads {
 
 namespace {
-
-double now_s() {
-    using namespace std::chrono;
-    return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 struct FreeDeleter {
     void operator()(uint8_t* p) const { std::free(p); }

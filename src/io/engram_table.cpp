@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "ds4r/clock.h"
 #include "ds4r/engram_io.h"
 #include "ds4r/error.h"
 #include "ds4r/file_util.h"
@@ -31,11 +32,6 @@ namespace {
 
 constexpr int64_t kScaleBlock = 32;  // one e8m0 scale per 32 elements of a row (docs/MODEL.md 3.4)
 constexpr int kMmapThreads = 16;     // the earlier engine: 16 threads of page faults
-
-double now_s() {
-    using namespace std::chrono;
-    return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 // Every (scale code, e4m3 code) pair's bf16 bits, f32_to_bf16(e4m3 * 2^(scale - 127)): the dequant's
 // arithmetic done once (64 Ki entries, 128 KiB), so a row element is one table load. (The Engram

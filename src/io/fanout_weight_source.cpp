@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 
+#include "ds4r/clock.h"
 #include "ds4r/binding.h"
 #include "ds4r/checkpoint.h"
 #include "ds4r/error.h"
@@ -14,15 +15,6 @@
 namespace ds4r {
 
 namespace {
-
-double now_s() {
-    using namespace std::chrono;
-    return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-
-std::string layer_label(int layer) {
-    return layer == kHeadLayer ? std::string("head") : strfmt("layer %d", layer);
-}
 
 constexpr uint64_t kTensorAlign = 256;  // every tensor of a device copy starts on this boundary
 

@@ -29,6 +29,7 @@
 #include <mutex>
 #include <thread>
 
+#include "ds4r/clock.h"
 #include "ds4r/checkpoint.h"
 #include "ds4r/error.h"
 #include "ds4r/log.h"
@@ -39,15 +40,6 @@
 namespace ds4r {
 
 namespace {
-
-double now_s() {
-    using namespace std::chrono;
-    return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-
-std::string layer_label(int layer) {
-    return layer == kHeadLayer ? std::string("head") : strfmt("layer %d", layer);
-}
 
 enum class SlotState { Free, Loading, Ready, Held, Released };
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "ds4r/clock.h"
 #include "ds4r/checkpoint.h"
 #include "ds4r/file_util.h"
 #include "ds4r/weights.h"
@@ -15,11 +16,6 @@
 namespace ds4r {
 
 namespace {
-
-double now_s() {
-    using namespace std::chrono;
-    return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 class MapLayer : public ResidentLayer {
 public:

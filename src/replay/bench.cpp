@@ -1,3 +1,4 @@
+#include "ds4r/clock.h"
 #include "ds4r/bench.h"
 
 #include <algorithm>
@@ -21,11 +22,6 @@
 namespace ds4r {
 
 namespace {
-
-double now_s() {
-    using namespace std::chrono;
-    return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 struct Csv {
     std::ofstream f;

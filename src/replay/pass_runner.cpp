@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "ds4r/clock.h"
 #include "ds4r/checkpoint.h"
 #include "ds4r/file_util.h"
 #include "ds4r/log.h"
@@ -13,15 +14,6 @@
 #include "ds4r/tokenizer.h"
 
 namespace ds4r {
-
-namespace {
-
-double now_s() {
-    using namespace std::chrono;
-    return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
 
 int64_t default_chunk_rows(const ModelConfig& cfg, size_t free_bytes) {
     const int64_t activations = (14 + cfg.hc_mult) * cfg.dim * 4 + cfg.n_heads * cfg.head_dim * 8;

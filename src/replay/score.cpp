@@ -2,6 +2,7 @@
 // check the options and the model, check the outputs (read-only, src/replay/resume.cpp), set up the
 // backend, open the outputs (the first change to any file), then per pass: collect, run, commit. An
 // interrupt mid-pass saves the pass at the layer boundary (src/replay/pass_state.cpp).
+#include "ds4r/clock.h"
 #include "ds4r/score.h"
 
 #include <fcntl.h>
@@ -35,11 +36,6 @@
 namespace ds4r {
 
 namespace {
-
-double now_s() {
-    using namespace std::chrono;
-    return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 bool same_file(const std::string& a, const std::string& b) {
     struct stat sa {
