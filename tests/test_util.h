@@ -1,6 +1,12 @@
 // Shared helpers for the test executables.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
 #include <string>
 
 namespace ds4r::test {
@@ -17,5 +23,17 @@ std::string copy_golden_model(const std::string& tag);
 std::string binary_path();
 // Runs a shell command; returns the exit status and captures stdout+stderr into *output.
 int run_command(const std::string& cmd, std::string* output);
+
+// Runs f on a thread; a hang fails the test (and stops the binary: a stuck thread cannot be joined).
+template <class F>
+void within_seconds(double s, F f) {
+    auto fut = std::async(std::launch::async, f);
+    if (fut.wait_for(std::chrono::duration<double>(s)) != std::future_status::ready) {
+        ADD_FAILURE() << "no result after " << s << " s: a hang";
+        std::fflush(stdout);
+        std::_Exit(1);
+    }
+    fut.get();
+}
 
 }  // namespace ds4r::test

@@ -321,7 +321,9 @@ TEST(MakeTinyPlan, FullWidthBytesMatchModelMd) {
     EXPECT_EQ(p.shards[1].tensor_bytes, 129280ull * 5120 * 2);
     for (int L : {0, 1, 20, 39})
         for (size_t i : p.shards[static_cast<size_t>(L + 2)].tensors)
-            if (p.specs[i].use != TensorUse::EngramTable) EXPECT_EQ(p.specs[i].layer, L) << p.specs[i].name;
+            if (p.specs[i].use != TensorUse::EngramTable) {
+                EXPECT_EQ(p.specs[i].layer, L) << p.specs[i].name;
+            }
     EXPECT_EQ(p.layer_bytes(7), p.shards[9].tensor_bytes);  // layer 7 in model-00010
     auto sorted = [](std::vector<std::string> v) {
         std::sort(v.begin(), v.end());
@@ -814,6 +816,8 @@ TEST(MakeTinyPlan, EveryTensorOfEveryPresetHasAnInitRule) {
     for (TinyPreset preset : {TinyPreset::Tiny, TinyPreset::FullWidth, TinyPreset::TinyRoles}) {
         const MakeTinyPlan p = plan_make_tiny(preset, preset == TinyPreset::FullWidth ? 40 : 0);
         for (const TensorSpec& s : p.specs)  // e8m0 scales are derived from their weights, not drawn
-            if (s.dtype != DType::F8_E8M0) EXPECT_NO_THROW(tiny::weight_init_for(s, p.cfg)) << s.name;
+            if (s.dtype != DType::F8_E8M0) {
+                EXPECT_NO_THROW(tiny::weight_init_for(s, p.cfg)) << s.name;
+            }
     }
 }

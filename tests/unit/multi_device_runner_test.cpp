@@ -142,18 +142,6 @@ std::vector<std::unique_ptr<Backend>> devices(int n) {
     return v;
 }
 
-// Runs f on a thread; a hang fails the test (and stops the binary: a stuck thread cannot be joined).
-template <class F>
-void within_seconds(double s, F f) {
-    auto fut = std::async(std::launch::async, f);
-    if (fut.wait_for(std::chrono::duration<double>(s)) != std::future_status::ready) {
-        ADD_FAILURE() << "no result after " << s << " s: a hang";
-        std::fflush(stdout);
-        std::_Exit(1);
-    }
-    fut.get();
-}
-
 TEST(MultiDevice, WorkersGiveTheOneDeviceScoresAndRowsInOrder) {
     const Checkpoint ck = Checkpoint::open(test::golden_model_dir());
     auto eng = load_engram_resources(ck);
@@ -164,7 +152,7 @@ TEST(MultiDevice, WorkersGiveTheOneDeviceScoresAndRowsInOrder) {
     OrderSink want_rows;
     const auto want = one.run(seqs, &want_rows);
     for (int n : {2, 3, 9}) {
-        within_seconds(120, [&] {
+        test::within_seconds(120, [&] {
             Multi m(ck, eng.get(), devices(n), 16);
             for (int pass = 0; pass < 2; ++pass) {
                 const std::string what = std::to_string(n) + " workers, pass " + std::to_string(pass + 1);
@@ -185,7 +173,7 @@ TEST(MultiDevice, AFailingWorkerStopsTheOthersAndIsNamed) {
     auto eng = load_engram_resources(ck);
     const auto seqs = sequences(ck.config().vocab_size, 6);
     for (int fail_layer : {0, 3, kHeadLayer}) {
-        within_seconds(120, [&] {
+        test::within_seconds(120, [&] {
             Multi m(ck, eng.get(), devices(3), 16);
             m.runner->set_worker_hook_for_tests([&](int w, const LayerTiming& t) {
                 if (w == 1 && t.layer == fail_layer) throw CheckpointError("injected device failure");
@@ -220,7 +208,7 @@ TEST(MultiDevice, OutOfMemoryOnOneWorkerRunsThePassAgainWithSmallerChunks) {
     PassRunner one(*cpu, ck, *sync, eng.get(), options(4096));
     OrderSink want_rows;
     const auto want = one.run(seqs, &want_rows);
-    within_seconds(120, [&] {
+    test::within_seconds(120, [&] {
         std::vector<std::unique_ptr<Backend>> bes;
         bes.push_back(std::make_unique<DeviceLikeBackend>(3));
         auto small = std::make_unique<SmallDeviceBackend>(ck.config(), 20);
@@ -250,7 +238,7 @@ TEST(MultiDevice, StopUnblocksAWorkerWaitingForItsLayer) {
     f.target(0).set_schedule(order);
     f.target(1).set_schedule(order);
     f.begin_pass({true, true});
-    within_seconds(60, [&] {
+    test::within_seconds(60, [&] {
         // Worker 0 runs ahead: it holds layers 0 and 1 and then waits for worker 1 (the reader holds two).
         auto l0 = f.target(0).acquire(0);
         l0.reset();

@@ -89,24 +89,12 @@ void expect_same_files(const RunDirs& got, const std::string& what) {
     EXPECT_FALSE(fs::exists(got.out + ".pass")) << what;
 }
 
-// Runs f on a thread; a hang fails the test (and stops the binary: a stuck thread cannot be joined).
-template <class F>
-void within_seconds(double s, F f) {
-    auto fut = std::async(std::launch::async, f);
-    if (fut.wait_for(std::chrono::duration<double>(s)) != std::future_status::ready) {
-        ADD_FAILURE() << "no result after " << s << " s: a hang";
-        std::fflush(stdout);
-        std::_Exit(1);
-    }
-    fut.get();
-}
-
 TEST(ScoreDevices, TwoWorkersAndMoreWorkersThanSequencesGiveTheOneDeviceBytes) {
     ASSERT_GE(split_lines(slurp(reference().out)).size(), 13u);
     for (const std::vector<int>& devices : {std::vector<int>{0, 0}, std::vector<int>(8, 0)}) {
         const std::string what = std::to_string(devices.size()) + " workers";
         RunDirs r = make_run("devices-same", reference().in);
-        within_seconds(300, [&] {
+        test::within_seconds(300, [&] {
             const ScoreSummary s = run_score(options(r, devices));
             EXPECT_GE(s.passes, 3) << what;
         });
@@ -116,7 +104,7 @@ TEST(ScoreDevices, TwoWorkersAndMoreWorkersThanSequencesGiveTheOneDeviceBytes) {
 
 TEST(ScoreDevices, ResumeAfterATruncatedOutput) {
     RunDirs r = make_run("devices-trunc", reference().in);
-    within_seconds(300, [&] { run_score(options(r, {0, 0})); });
+    test::within_seconds(300, [&] { run_score(options(r, {0, 0})); });
     // A run killed while writing: 5 records and half of the sixth (the hidden files hold every row).
     const auto lines = split_lines(slurp(r.out));
     ASSERT_GT(lines.size(), 6u);
@@ -126,7 +114,7 @@ TEST(ScoreDevices, ResumeAfterATruncatedOutput) {
     test::write_text(r.out, kept);
     ScoreOptions o = options(r, {0, 0, 0});
     o.resume = true;
-    within_seconds(300, [&] { run_score(o); });
+    test::within_seconds(300, [&] { run_score(o); });
     expect_same_files(r, "resumed with 3 workers");
 }
 
@@ -139,7 +127,7 @@ TEST(ScoreDevices, AFailingWorkerStopsTheRunWithTheCompletedPassesIntact) {
         if (t.layer == 0) ++passes;
         if (passes == 2 && t.layer == 3) throw RuntimeError("injected device failure");
     };
-    within_seconds(300, [&] {
+    test::within_seconds(300, [&] {
         try {
             run_score(o);
             ADD_FAILURE() << "no error";
@@ -157,7 +145,7 @@ TEST(ScoreDevices, AFailingWorkerStopsTheRunWithTheCompletedPassesIntact) {
     EXPECT_FALSE(fs::exists(r.out + ".pass"));
     ScoreOptions again = options(r, {0, 0});
     again.resume = true;
-    within_seconds(300, [&] { run_score(again); });
+    test::within_seconds(300, [&] { run_score(again); });
     expect_same_files(r, "resumed after a failed worker");
 }
 
@@ -169,7 +157,7 @@ TEST(ScoreDevices, InterruptDropsThePassInFlightAndAOneDeviceResumeFinishes) {
         if (t.layer == 0) ++pass;
         if (pass == 2 && t.layer == 2) request_interrupt();
     };
-    within_seconds(300, [&] {
+    test::within_seconds(300, [&] {
         try {
             run_score(o);
             ADD_FAILURE() << "not interrupted";
@@ -202,7 +190,7 @@ TEST(ScoreDevices, APassSavedByAOneDeviceRunIsRunAgainFromItsStart) {
     again.resume = true;
     std::vector<int> first_layers;
     again.on_layer_for_tests = [&](const LayerTiming& t) { first_layers.push_back(t.layer); };
-    within_seconds(300, [&] { run_score(again); });
+    test::within_seconds(300, [&] { run_score(again); });
     ASSERT_FALSE(first_layers.empty());
     EXPECT_EQ(first_layers.front(), 0);
     expect_same_files(r, "a saved pass continued with 2 workers");
