@@ -25,10 +25,13 @@
 #include "ds4r/replay.h"
 #include "io/fanout_weight_source.h"
 #include "prefetch_fake_backend.h"
+#include "score_compare.h"
 #include "test_util.h"
 
 namespace ds4r {
 namespace {
+
+using test::expect_identical;
 
 // The fake asynchronous backend as a device: the fan-out copies the layers into its memory.
 class DeviceLikeBackend : public test::FakeAsyncBackend {
@@ -84,23 +87,6 @@ struct OrderSink : HiddenSink {
         order.clear();
     }
 };
-
-void expect_identical(const std::vector<SequenceScores>& a, const std::vector<SequenceScores>& b,
-                      const std::string& what) {
-    ASSERT_EQ(a.size(), b.size()) << what;
-    const auto same = [](const auto& x, const auto& y) {
-        return x.size() == y.size() &&
-               (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0);
-    };
-    for (size_t i = 0; i < a.size(); ++i) {
-        EXPECT_EQ(a[i].n, b[i].n) << what << " seq " << i;
-        EXPECT_TRUE(same(a[i].logprob, b[i].logprob)) << what << " seq " << i << ": logprob";
-        EXPECT_TRUE(same(a[i].rank, b[i].rank)) << what << " seq " << i << ": rank";
-        EXPECT_TRUE(same(a[i].entropy, b[i].entropy)) << what << " seq " << i << ": entropy";
-        EXPECT_TRUE(same(a[i].topk_ids, b[i].topk_ids)) << what << " seq " << i << ": top-k ids";
-        EXPECT_TRUE(same(a[i].topk_logprobs, b[i].topk_logprobs)) << what << " seq " << i << ": top-k";
-    }
-}
 
 ReplayOptions options(int64_t chunk_rows) {
     ReplayOptions ro;

@@ -19,10 +19,13 @@
 #include "ds4r/error.h"
 #include "ds4r/replay.h"
 #include "prefetch_fake_backend.h"
+#include "score_compare.h"
 #include "test_util.h"
 
 namespace ds4r {
 namespace {
+
+using test::expect_identical;
 
 std::vector<std::vector<int32_t>> sequences(int64_t vocab) {
     std::mt19937 rng(77);
@@ -100,23 +103,6 @@ private:
     std::vector<int64_t> widths_;
     int refusals_ = 0;
 };
-
-void expect_identical(const std::vector<SequenceScores>& a, const std::vector<SequenceScores>& b,
-                      const std::string& what) {
-    ASSERT_EQ(a.size(), b.size()) << what;
-    for (size_t i = 0; i < a.size(); ++i) {
-        const auto same = [](const auto& x, const auto& y) {
-            return x.size() == y.size() &&
-                   (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0);
-        };
-        EXPECT_EQ(a[i].n, b[i].n) << what << " seq " << i;
-        EXPECT_TRUE(same(a[i].logprob, b[i].logprob)) << what << " seq " << i << ": logprob";
-        EXPECT_TRUE(same(a[i].rank, b[i].rank)) << what << " seq " << i << ": rank";
-        EXPECT_TRUE(same(a[i].entropy, b[i].entropy)) << what << " seq " << i << ": entropy";
-        EXPECT_TRUE(same(a[i].topk_ids, b[i].topk_ids)) << what << " seq " << i << ": top-k ids";
-        EXPECT_TRUE(same(a[i].topk_logprobs, b[i].topk_logprobs)) << what << " seq " << i << ": top-k";
-    }
-}
 
 TEST(ChunkRing, LateAsynchronousCopiesGiveTheSynchronousScores) {
     const Checkpoint ck = Checkpoint::open(test::golden_model_dir());
