@@ -15,6 +15,7 @@
 #      the pass before;
 #   4. score of a few sequences in several passes with --engram-next-pass on, off and --engram-io mmap:
 #      the output bytes must be identical.
+# RUNS picks among 1-3 (default "next nonext small"); DS4R_PROFILE=1 adds the GPU time per region.
 # Logs in $OUT; a short table last. Meant to finish in one ~9-minute device call (each bench run is
 # capped by BENCH_TIMEOUT).
 #   OUT=/tmp/out scripts/gpu_engram_io.sh
@@ -22,8 +23,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
-MODEL="${DS4R_ENGRAM_MODEL:-/tmp/ds4r-engram-dense-$LAYERS}"
 LAYERS="${LAYERS:-4}"
+MODEL="${DS4R_ENGRAM_MODEL:-/tmp/ds4r-engram-dense-$LAYERS}"
 ENGRAM_ROWS="${ENGRAM_ROWS:-40000000}"
 B_SEQ="${B_SEQ:-80}"
 B_TOK="${B_TOK:-1800}"
@@ -59,9 +60,14 @@ run_bench() {  # NAME B_SEQUENCES PASSES DISK_SECONDS EXTRA_FLAGS...
   local rc=$?
   stamp "bench $name ($seqs x $B_TOK, $passes passes, $*) rc=$rc"
 }
-run_bench next "$B_SEQ" "${NEXT_PASSES:-3}" 1 --engram-next-pass auto
-run_bench nonext "$B_SEQ" 1 0 --engram-next-pass off
-run_bench small "$B_SEQ_SMALL" 2 0 --engram-next-pass auto
+RUNS="${RUNS:-next nonext small}"  # which of the three bench runs (e.g. RUNS=next)
+for n in $RUNS; do
+  case $n in
+    next) run_bench next "$B_SEQ" "${NEXT_PASSES:-3}" 1 --engram-next-pass auto ;;
+    nonext) run_bench nonext "$B_SEQ" 1 0 --engram-next-pass off ;;
+    small) run_bench small "$B_SEQ_SMALL" 2 0 --engram-next-pass auto ;;
+  esac
+done
 
 # Byte identity on the dense tables: 6 sequences in 3 passes, next-pass gather on / off / the mmap engine
 # (weights through the page cache).
@@ -91,15 +97,16 @@ stamp "score outputs (next pass on / off / mmap engine): $SAME"
 
 echo
 echo "---- inspect prediction (H200 defaults 1700 MB/s, 70k IOPS)"; tail -6 "$OUT/inspect.txt"
-for n in next nonext small; do
+for n in $RUNS; do
   echo "---- bench $n"
   grep -E "^disk|^workload|weights:|Engram gather|next-pass|disk busy|Engram layers|total .* tokens/s" "$OUT/bench_$n.txt" | sed 's/^ *//'
   grep -E "^  [0-9]+ |layer " "$OUT/bench_$n.txt" | head -4
+  awk '/profile \(/{f=1; print; next} f && /^    /{print; next} {f=0}' "$OUT/bench_$n.txt" | head -30
   tail -2 "$OUT/bench_$n.err"
 done
 echo
 printf "%-7s %10s %10s %9s %9s %13s %13s %8s %8s\n" run "rows/s" "IOPS" "stall s" "Engram/oth" "weights MB/s" "busy w/e s" "ready" "wall s"
-for n in next nonext small; do
+for n in $RUNS; do
   csv="$OUT/bench_$n.csv"
   v() { grep ",$1," "$csv" 2>/dev/null | head -1 | cut -d, -f8; }
   printf "%-7s %10s %10s %9s %9s %13s %13s %8s %8s\n" "$n" "$(v engram_rows_per_s)" "$(v engram_iops)" "$(v engram_stall_s)" \

@@ -162,7 +162,11 @@ void CudaBackend::head_stats(const Tensor& x, const Tensor& head, const Tensor& 
     Tensor logits = alloc(DType::F32, {chunk, V});  // [chunk, V] fp32, reused by every chunk
     for (int64_t r0 = 0; r0 < M; r0 += chunk) {
         const int64_t R = std::min(chunk, M - r0);
-        head_logits(x.ptr<uint16_t>() + r0 * D, head.ptr<uint16_t>(), logits.ptr<float>(), R, V, D);
+        {
+            ProfileRange pr(*this, "head/logits");  // DS4R_PROFILE: sub-regions of "head"
+            head_logits(x.ptr<uint16_t>() + r0 * D, head.ptr<uint16_t>(), logits.ptr<float>(), R, V, D);
+        }
+        ProfileRange pr(*this, "head/row_stats");
         DS4R_CUDA_CHECK(kern::launch_head_row_stats(
             logits.ptr<float>(), targets.ptr<int32_t>() + r0, R, V, k, out.lse.ptr<double>() + r0,
             out.entropy.ptr<double>() + r0, out.target_logit.ptr<float>() + r0, out.rank.ptr<int32_t>() + r0,
