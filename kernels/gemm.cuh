@@ -58,6 +58,7 @@ struct GroupedFp4Gemm {
     const int32_t* expert_end;    // [n_experts]
     int64_t max_tiles;            // bound on the number of tiles (grid size); extra blocks exit at once
     int64_t max_rows_per_expert;  // bound on n_e (the token count)
+    int64_t pairs = 0;            // rows over all experts (sum n_e) if known, else 0 (tile choice only)
     int n_experts;
     int n_proj;                  // 1 or 2 projections
     int64_t N, K;                // each expert's weight is [N, K]

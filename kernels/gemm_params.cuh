@@ -167,14 +167,19 @@ inline GroupedParams grouped_params(const GroupedFp4Gemm& g, int e0, int e1) {
 }
 
 // This block's tile (kBM rows x kBN columns) as a gemm_tile job; false when the block lies beyond the
-// schedule's tiles (the whole block returns).
+// schedule's tiles or (kBM = 64) is the empty second half of its plan tile (the whole block returns).
+// The routing plan lists 128-row tiles (moe.cuh); with kBM = 64 blocks 2 t and 2 t + 1 take plan tile
+// t's two row halves (blockIdx.y: twice the plan's tile bound).
 template <int kBM, int kBN>
 __device__ __forceinline__ bool grouped_tile_job(const GroupedParams& p, gemm::TileJob& j) {
-    const int64_t t = static_cast<int64_t>(p.tile_begin[p.e_begin]) + blockIdx.y;
+    static_assert(kBM == 128 || kBM == 64, "grouped tiles: 128 rows, or the halves of 128");
+    constexpr int kParts = 128 / kBM;
+    const int64_t t = static_cast<int64_t>(p.tile_begin[p.e_begin]) + blockIdx.y / kParts;
     if (t >= p.tile_begin[p.e_end]) return false;
     const int e = p.tile_expert[t];
-    const int start = p.tile_start[t];
+    const int start = p.tile_start[t] + static_cast<int>(blockIdx.y % kParts) * kBM;
     const int end = p.expert_end[e];
+    if (start >= end) return false;
     const int z = blockIdx.z;
     const int n0 = blockIdx.x * kBN;
     if (p.a_rows) {

@@ -54,4 +54,12 @@ cudaError_t launch_gemm_fp4_sm90_partials(Sm90Partials partials, const uint8_t* 
 cudaError_t launch_grouped_gemm_fp4_sm90_partials(Sm90Partials partials, const GroupedFp4Gemm& g,
                                                   cudaStream_t stream);
 
+// The grouped GEMM's tiles: 128 rows x 128 columns, or 64 rows x 256 columns (an expert's rows in
+// blocks of 64: less idle work when experts hold few rows, e.g. ~38 each in workload b's chunks of
+// 2,420 rows). Every output's instruction sequence is the same in both (bit-identical results; the
+// CudaGemmSm90 tests compare them). Auto: 64 when g.pairs / g.n_experts <= 64 rows per expert.
+enum class Sm90GroupedRows : int { Auto = 0, Rows64 = 64, Rows128 = 128 };
+cudaError_t launch_grouped_gemm_fp4_sm90_tiles(Sm90Partials partials, Sm90GroupedRows rows,
+                                               const GroupedFp4Gemm& g, cudaStream_t stream);
+
 }  // namespace ds4r::kern

@@ -39,7 +39,6 @@ using namespace sm90;
 
 enum class Op : int { Fp8 = 0, Fp4 = 1, Bf16 = 2 };
 
-constexpr int kBM = 128;        // output tile rows (two consumer warpgroups of 64); columns: Cfg::kBN
 constexpr int kRowBytes = 128;  // bytes of one MMA operand tile row per stage (the 128-byte swizzle)
 constexpr int kThreads = 384;   // two consumer warpgroups + one producer warpgroup
 constexpr int kConsumers = 256;
@@ -57,19 +56,32 @@ constexpr int kSmemLimit = 227 * 1024;
 //   raw A [128][kRawA] | raw B [128][kRawB]    rows as read, for the converter (widened / fp4 only)
 //   sa [128] u32 | sw [128] u32                e8m0 scale words (4 bytes of a row's K/32 scales)
 //   (fp4) saf [4][128] f32 | swf [4][128] f32 | flags [2] u32   the converter's scales and window flags
-template <Op kOp_, bool kWiden_, int kBN_ = 128>
+template <Op kOp_, bool kWiden_, int kBN_ = 128, int kBM_ = 128>
 struct Cfg {
     static constexpr Op kOp = kOp_;
+    // output tile rows: 128 (consumer warpgroup g: rows 64 g .. 64 g + 63, all columns), or 64 with
+    // 256 columns (both warpgroups the same 64 rows, warpgroup g columns 128 g .. 128 g + 127: the
+    // grouped experts' tiles when experts hold few rows; each output's instruction sequence is the same)
+    static constexpr int kBM = kBM_;
+    static constexpr bool kSplitN = kBM == 64;
+    static_assert(kBM == 128 || (kSplitN && kBN_ == 256 && kOp_ == Op::Fp4), "tile rows");
     // output tile columns: 128 (m64n128 per consumer warpgroup); bf16 also 256 (m64n256: fewer bytes
-    // per FLOP, the accumulators need no second copy there)
+    // per FLOP, the accumulators need no second copy there); 256 split over the warpgroups (kSplitN)
     static constexpr int kBN = kBN_;
-    static_assert(kBN == 128 || (kBN == 256 && kOp_ == Op::Bf16), "tile columns");
+    static_assert(kBN == 128 || (kBN == 256 && (kOp_ == Op::Bf16 || kSplitN)), "tile columns");
+    static constexpr int kWgN = kSplitN ? kBN / 2 : kBN;  // columns of one consumer warpgroup
     static constexpr bool kQuant = kOp != Op::Bf16;
     static constexpr bool kWiden = kQuant && kWiden_;
     // a converter role (half the producer warpgroup): fp4 weights -> codes, or widening to fp16
     static constexpr bool kConvert = kWiden || kOp == Op::Fp4;
     static constexpr int kLoaders = kConvert ? kProducers / 2 : kProducers;
-    static constexpr int kRowsPerLoader = kBM / kLoaders;
+    static constexpr int kConverters = kProducers - kLoaders;
+    static_assert(!kConvert || kConverters == kLoaders, "converters: the other half of the producers");
+    // scale rows per loader: A rows (sa), and weight scale rows (sw: fp8 one per 32 columns, fp4 one
+    // per column)
+    static constexpr int kSwRows = kOp == Op::Fp8 ? kBN / 32 : kBN;
+    static constexpr int kSaPerLoader = (kBM + kLoaders - 1) / kLoaders;
+    static constexpr int kSwPerLoader = (kSwRows + kLoaders - 1) / kLoaders;
     static constexpr int kKs = (kOp == Op::Bf16 || kWiden) ? 64 : 128;  // K elements per stage
     static constexpr int kKb = kKs / 32;                                // 32-wide K blocks per stage
     static_assert(kKb >= 2, "K blocks per stage");
@@ -161,28 +173,33 @@ template <class C>
 __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int n_stages, int p) {
     constexpr int kWarps = C::kLoaders / 32;
     const int lw = p / 32, lane = p % 32;
-    for (int r = p; r < kBM; r += C::kLoaders)
+    for (int r = p; r < C::kBM; r += C::kLoaders)
         sts32(bars.rows() + 4 * r, r < j.m_valid ? (j.a_rows ? j.a_rows[r] : r) : -1);
     named_barrier(1, C::kLoaders);
 
-    constexpr int kR = C::kRowsPerLoader;
-    const uint8_t* sa_row[kR];
-    const uint8_t* sw_row[kR];
-    bool a_ok[kR], sw_ok[kR];
+    // scale rows of this loader: A rows p + kLoaders t (< kBM), weight scale rows p + kLoaders t (<
+    // kSwRows: fp8 one per 32-column block of the tile, fp4 one per column)
+    constexpr int kRa = C::kSaPerLoader, kRw = C::kSwPerLoader;
+    const uint8_t* sa_row[kRa];
+    const uint8_t* sw_row[kRw];
+    bool a_ok[kRa], sw_ok[kRw];
     const int a_bytes = C::kOp == Op::Bf16 ? 2 * j.k : j.k;  // bytes of one A row
     const int b_bytes = C::kOp == Op::Bf16 ? 2 * j.k : (C::kOp == Op::Fp4 ? j.k / 2 : j.k);
 #pragma unroll
-    for (int t = 0; t < kR; ++t) {
+    for (int t = 0; t < kRa; ++t) {
         const int r = p + C::kLoaders * t;
-        const int32_t ar = static_cast<int32_t>(lds32(bars.rows() + 4 * r));
+        const int32_t ar = r < C::kBM ? static_cast<int32_t>(lds32(bars.rows() + 4 * r)) : -1;
         a_ok[t] = ar >= 0;
         sa_row[t] = C::kQuant ? j.sa + static_cast<int64_t>(a_ok[t] ? ar : 0) * j.sa_pitch : nullptr;
-        // weight scales: fp8 one row per 32-column block (rows 0..3 of the tile's blocks), fp4 one per column
+    }
+#pragma unroll
+    for (int t = 0; t < kRw; ++t) {
+        const int r = p + C::kLoaders * t;
         if constexpr (C::kOp == Op::Fp8) {
-            sw_ok[t] = r < 4 && 32 * r < j.n_valid;
+            sw_ok[t] = r < C::kSwRows && 32 * r < j.n_valid;
             sw_row[t] = j.sb + static_cast<int64_t>(j.n0 / 32 + (sw_ok[t] ? r : 0)) * j.sb_pitch;
         } else {
-            sw_ok[t] = r < j.n_valid;
+            sw_ok[t] = r < C::kSwRows && r < j.n_valid;
             sw_row[t] =
                 C::kQuant ? j.sb + (j.n0 + (sw_ok[t] ? static_cast<int64_t>(r) : 0)) * j.sb_pitch : nullptr;
         }
@@ -199,7 +216,7 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
         {
             const int off = i * C::kABytes + ca * 16;
 #pragma unroll 4
-            for (int r = lw * kRpwA + ra; r < kBM; r += kWarps * kRpwA) {
+            for (int r = lw * kRpwA + ra; r < C::kBM; r += kWarps * kRpwA) {
                 const int32_t ar = static_cast<int32_t>(lds32(bars.rows() + 4 * r));
                 const int n = ar >= 0 && off < a_bytes ? 16 : 0;
                 const uint32_t dst =
@@ -218,27 +235,30 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
             }
         }
         if constexpr (C::kQuant) {
-#pragma unroll
-            for (int t = 0; t < kR; ++t) {
-                const int r = p + C::kLoaders * t;
-                // the aligned 4-byte word holding the stage's first K block's scale (widened stages
-                // hold 2 blocks: word offset (2 i) & ~3, the stage's bytes at (2 i) & 3)
-                const int w0 = (i * C::kKb) & ~3;
+            // the aligned 4-byte word holding the stage's first K block's scale (widened stages hold 2
+            // blocks: word offset (2 i) & ~3, the stage's bytes at (2 i) & 3)
+            const int w0 = (i * C::kKb) & ~3;
+            // one row's word: a 4-byte async copy, or (rare shapes: K / 32 % 4 != 0) bytes and a store
+            auto scale_word = [&](uint32_t dst, const uint8_t* row, bool ok) {
                 if (j.scale_words) {
-                    if (a_ok[t]) cp_async4(st + C::kSa + 4 * r, sa_row[t] + w0);
-                    if (sw_ok[t]) cp_async4(st + C::kSw + 4 * r, sw_row[t] + w0);
+                    if (ok) cp_async4(dst, row + w0);
                 } else {
-                    uint32_t wa = 0, ww = 0;
+                    uint32_t w = 0;
 #pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        if (w0 + q < KB) {
-                            if (a_ok[t]) wa |= static_cast<uint32_t>(__ldg(sa_row[t] + w0 + q)) << (8 * q);
-                            if (sw_ok[t]) ww |= static_cast<uint32_t>(__ldg(sw_row[t] + w0 + q)) << (8 * q);
-                        }
-                    }
-                    sts32(st + C::kSa + 4 * r, wa);
-                    sts32(st + C::kSw + 4 * r, ww);
+                    for (int q = 0; q < 4; ++q)
+                        if (ok && w0 + q < KB) w |= static_cast<uint32_t>(__ldg(row + w0 + q)) << (8 * q);
+                    sts32(dst, w);
                 }
+            };
+#pragma unroll
+            for (int t = 0; t < kRa; ++t) {
+                const int r = p + C::kLoaders * t;
+                if (r < C::kBM) scale_word(st + C::kSa + 4 * r, sa_row[t], a_ok[t]);
+            }
+#pragma unroll
+            for (int t = 0; t < kRw; ++t) {
+                const int r = p + C::kLoaders * t;
+                if (r < C::kSwRows) scale_word(st + C::kSw + 4 * r, sw_row[t], sw_ok[t]);
             }
         }
         if (C::kQuant && !j.scale_words) {
@@ -262,11 +282,10 @@ __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, 
         const int s = i % C::kStages;
         mbar_wait(bars.loaded(s), (i / C::kStages) & 1);
         const uint32_t st = base + s * C::kStage;
-#pragma unroll
-        for (int t = 0; t < C::kRowsPerLoader; ++t) {
-            const int r = p + C::kLoaders * t;
-            if constexpr (C::kWiden) {
-                // A: 64 codes -> 64 fp16 = 8 chunks of the swizzled row
+        if constexpr (C::kWiden) {
+            // A: 64 codes -> 64 fp16 = 8 chunks of the swizzled row
+#pragma unroll 1
+            for (int r = p; r < C::kBM; r += C::kConverters) {
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
                     const uint4 raw = lds128(st + C::kRawAOff + r * C::kRawA + c * 16);
@@ -278,22 +297,25 @@ __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, 
                     sts128(st + C::kA + swz128(r, 2 * c), lo);
                     sts128(st + C::kA + swz128(r, 2 * c + 1), hi);
                 }
-                if constexpr (C::kOp == Op::Fp8) {
+            }
+        }
+#pragma unroll 1
+        for (int r = p; r < C::kBN; r += C::kConverters) {
+            if constexpr (C::kWiden && C::kOp == Op::Fp8) {
 #pragma unroll
-                    for (int c = 0; c < 4; ++c) {
-                        const uint4 raw = lds128(st + C::kRawBOff + r * C::kRawB + c * 16);
-                        sts128(st + C::kB + swz128(r, 2 * c), gemm::e4m3x8_to_f16x8(raw.x, raw.y));
-                        sts128(st + C::kB + swz128(r, 2 * c + 1), gemm::e4m3x8_to_f16x8(raw.z, raw.w));
-                    }
-                } else {
+                for (int c = 0; c < 4; ++c) {
+                    const uint4 raw = lds128(st + C::kRawBOff + r * C::kRawB + c * 16);
+                    sts128(st + C::kB + swz128(r, 2 * c), gemm::e4m3x8_to_f16x8(raw.x, raw.y));
+                    sts128(st + C::kB + swz128(r, 2 * c + 1), gemm::e4m3x8_to_f16x8(raw.z, raw.w));
+                }
+            } else if constexpr (C::kWiden) {
 #pragma unroll
-                    for (int c = 0; c < 2; ++c) {  // 32 bytes = 64 codes -> 8 chunks
-                        const uint4 raw = lds128(st + C::kRawBOff + r * C::kRawB + c * 16);
-                        sts128(st + C::kB + swz128(r, 4 * c), gemm::e2m1x8_to_f16x8(raw.x));
-                        sts128(st + C::kB + swz128(r, 4 * c + 1), gemm::e2m1x8_to_f16x8(raw.y));
-                        sts128(st + C::kB + swz128(r, 4 * c + 2), gemm::e2m1x8_to_f16x8(raw.z));
-                        sts128(st + C::kB + swz128(r, 4 * c + 3), gemm::e2m1x8_to_f16x8(raw.w));
-                    }
+                for (int c = 0; c < 2; ++c) {  // 32 bytes = 64 codes -> 8 chunks
+                    const uint4 raw = lds128(st + C::kRawBOff + r * C::kRawB + c * 16);
+                    sts128(st + C::kB + swz128(r, 4 * c), gemm::e2m1x8_to_f16x8(raw.x));
+                    sts128(st + C::kB + swz128(r, 4 * c + 1), gemm::e2m1x8_to_f16x8(raw.y));
+                    sts128(st + C::kB + swz128(r, 4 * c + 2), gemm::e2m1x8_to_f16x8(raw.z));
+                    sts128(st + C::kB + swz128(r, 4 * c + 3), gemm::e2m1x8_to_f16x8(raw.w));
                 }
             } else {
                 // fp4 -> e4m3: 64 bytes = 128 codes -> 8 chunks
@@ -315,15 +337,23 @@ __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, 
             const int q0 = C::kWiden ? (2 * i) & 3 : 0;
             bool ok = true;
 #pragma unroll
-            for (int t = 0; t < C::kRowsPerLoader; ++t) {
-                const int r = p + C::kLoaders * t;
-                const uint32_t wa = lds32(st + C::kSa + 4 * r), ww = lds32(st + C::kSw + 4 * r);
+            for (int r = p; r < C::kBM; r += C::kConverters) {
+                const uint32_t wa = lds32(st + C::kSa + 4 * r);
 #pragma unroll
                 for (int q = 0; q < C::kKb; ++q) {
-                    const uint32_t ba = (wa >> (8 * (q0 + q))) & 0xFFu, bw = (ww >> (8 * (q0 + q))) & 0xFFu;
-                    ok = ok && sa_in_window(ba) && sw_in_window(bw);
-                    sts32(st + C::kSaF + 4 * (q * kBM + r),
+                    const uint32_t ba = (wa >> (8 * (q0 + q))) & 0xFFu;
+                    ok = ok && sa_in_window(ba);
+                    sts32(st + C::kSaF + 4 * (q * C::kBM + r),
                           __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(ba))));
+                }
+            }
+#pragma unroll
+            for (int r = p; r < C::kBN; r += C::kConverters) {
+                const uint32_t ww = lds32(st + C::kSw + 4 * r);
+#pragma unroll
+                for (int q = 0; q < C::kKb; ++q) {
+                    const uint32_t bw = (ww >> (8 * (q0 + q))) & 0xFFu;
+                    ok = ok && sw_in_window(bw);
                     sts32(st + C::kSwF + 4 * (q * C::kBN + r),
                           __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(bw))));
                 }
@@ -339,10 +369,12 @@ __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, 
 // ------------------------------------------------------------------ consumers (warpgroups 0, 1)
 // acc += P * scales of K block q (byte q of the stage's scale words; the stage's first block is byte
 // q0) (see NUMERICS). fp8: from the scale bytes; fp4: the converter's f32 scales and window flags.
+// r0: the thread's first tile row; n0: its warpgroup's first tile column (kSplitN: 128 wg, else 0).
 template <class C>
 __device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], uint32_t st, int q, int q0,
-                                        int r0, int lane) {
+                                        int r0, int n0, int lane) {
     if constexpr (C::kOp == Op::Fp8) {
+        static_assert(!C::kSplitN, "fp8 tiles: 128 rows (the column blocks below are the tile's first 4)");
         const uint32_t sa0b = (lds32(st + C::kSa + 4 * r0) >> (8 * q)) & 0xFFu;
         const uint32_t sa1b = (lds32(st + C::kSa + 4 * (r0 + 8)) >> (8 * q)) & 0xFFu;
         const float sa0 = e8m0_to_f32(static_cast<uint8_t>(sa0b)),
@@ -374,12 +406,12 @@ __device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], 
         // fp4: one scale per column; the thread's columns 8 jj + 2 (lane % 4) + {0, 1}, jj = 0 .. 15
         // (accumulators 4 jj .. 4 jj + 3: rows r0, r0, r0 + 8, r0 + 8)
         const int kq = q - q0;  // the block's index inside the stage
-        const float fa0 = __uint_as_float(lds32(st + C::kSaF + 4 * (kq * kBM + r0)));
-        const float fa1 = __uint_as_float(lds32(st + C::kSaF + 4 * (kq * kBM + r0 + 8)));
+        const float fa0 = __uint_as_float(lds32(st + C::kSaF + 4 * (kq * C::kBM + r0)));
+        const float fa1 = __uint_as_float(lds32(st + C::kSaF + 4 * (kq * C::kBM + r0 + 8)));
         const bool all_fast = (lds32(st + C::kFlags) | lds32(st + C::kFlags + 4)) == 0;
 #pragma unroll
         for (int jj = 0; jj < 16; ++jj) {
-            const int col = 8 * jj + 2 * (lane & 3);
+            const int col = n0 + 8 * jj + 2 * (lane & 3);
             uint2 w2;
             asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
                          : "=r"(w2.x), "=r"(w2.y)
@@ -404,9 +436,11 @@ __device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], 
 template <class C, bool kOutF32>
 __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, int n_stages, int wg, int t) {
     const int warp = t / 32, lane = t % 32;
-    const int r0 = 64 * wg + 16 * warp + lane / 4;  // tile rows r0, r0 + 8
+    // tile rows r0, r0 + 8; columns n0 .. n0 + kWgN - 1 (kSplitN: the warpgroups split the columns)
+    const int r0 = (C::kSplitN ? 0 : 64 * wg) + 16 * warp + lane / 4;
+    const int n0 = C::kSplitN ? C::kWgN * wg : 0;
     const int KB = j.k / 32;
-    constexpr int kAcc = C::kBN / 2;  // accumulators per thread (m64nN: N / 2)
+    constexpr int kAcc = C::kWgN / 2;  // accumulators per thread (m64nN: N / 2)
     float acc[kAcc];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
@@ -424,7 +458,8 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
                 fence_proxy_async();  // the cp.async rows (generic proxy) before the wgmma reads (async
                                       // proxy)
             }
-            const uint32_t a_k = stage_of(g) + C::kA + wg * 64 * kRowBytes, b_k = stage_of(g) + C::kB;
+            const uint32_t a_k = stage_of(g) + C::kA + (C::kSplitN ? 0 : wg * 64 * kRowBytes);
+            const uint32_t b_k = stage_of(g) + C::kB + n0 * kRowBytes;
             fence_regs(P);
             wgmma_fence();
             if constexpr (C::kWiden) {
@@ -440,7 +475,7 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
             fence_regs(P);
             const int i = g / C::kKb, q = g % C::kKb;
             const int q0 = C::kWiden ? (2 * i) & 3 : 0;  // the stage's first byte in its scale words
-            promote<C>(acc, P, stage_of(g), q0 + q, q0, r0, lane);
+            promote<C>(acc, P, stage_of(g), q0 + q, q0, r0, n0, lane);
             if (q == C::kKb - 1 || g == KB - 1) mbar_arrive(bars.empty(i % C::kStages));
         };
         // Pairs of blocks: both wgmmas in flight, the first one's promotion overlapping the second's
@@ -490,7 +525,7 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
 #pragma unroll
     for (int i = 0; i < kAcc; i += 2) {
         const int r = r0 + 8 * ((i >> 1) & 1);
-        const int cl = 8 * (i >> 2) + 2 * (lane & 3);
+        const int cl = n0 + 8 * (i >> 2) + 2 * (lane & 3);
         if (r >= j.m_valid || cl >= j.n_valid) continue;
         uint8_t* row = j.c + static_cast<int64_t>(r) * j.c_pitch;
         if constexpr (kOutF32) {
@@ -554,7 +589,7 @@ __global__ void __launch_bounds__(kThreads, 1) dense_kernel(const __grid_constan
 #if defined(DS4R_SM90A_DEVICE)
     extern __shared__ __align__(1024) uint8_t smem[];
     Job j;
-    dense_tile_job<kBM, C::kBN, kOutF32 ? 4 : 2>(p, j);
+    dense_tile_job<C::kBM, C::kBN, kOutF32 ? 4 : 2>(p, j);
     j.c_pairs = p.c_pairs;
     j.scale_words = p.scale_words;
     tile<C, kOutF32>(j, smem);
@@ -567,7 +602,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_kernel(const __grid_const
 #if defined(DS4R_SM90A_DEVICE)
     extern __shared__ __align__(1024) uint8_t smem[];
     Job j;
-    if (!grouped_tile_job<kBM, C::kBN>(p, j)) return;
+    if (!grouped_tile_job<C::kBM, C::kBN>(p, j)) return;
     j.c_pairs = p.c_pairs;
     j.scale_words = p.scale_words;
     tile<C, false>(j, smem);
@@ -591,7 +626,7 @@ cudaError_t launch(const Params& p, dim3 grid, cudaStream_t stream) {
 template <class C, bool kOutF32>
 cudaError_t launch_dense(GemmParams p, int64_t M, int64_t N, int64_t groups, cudaStream_t stream) {
     if (M == 0 || N == 0 || groups == 0) return cudaSuccess;
-    const int64_t gn = (N + C::kBN - 1) / C::kBN, gm = (M + kBM - 1) / kBM;
+    const int64_t gn = (N + C::kBN - 1) / C::kBN, gm = (M + C::kBM - 1) / C::kBM;
     if (gn * gm > 0x7fffffffLL || groups > 65535 || M > 0x7fffffffLL || N > 0x7fffffffLL)
         return cudaErrorInvalidValue;
     p.tiles_m = static_cast<int>(gm);
@@ -610,12 +645,25 @@ cudaError_t launch_scaled(const uint8_t* q, const uint8_t* sa, const uint8_t* w,
     return launch_dense<Cfg<kOp, kWiden>, false>(p, M, N, 1, stream);
 }
 
-template <bool kWiden>
+// kBM: 128 (the routing plan's tiles) or 64 (two blocks per plan tile: grid.y doubled).
+template <bool kWiden, int kBM>
 cudaError_t launch_grouped(const GroupedFp4Gemm& g, cudaStream_t stream) {
-    using C = Cfg<Op::Fp4, kWiden>;
-    return for_each_grouped_batch(g, kBM, C::kBN, [&](int e0, int e1, dim3 grid) {
+    using C = Cfg<Op::Fp4, kWiden, kBM == 64 ? 256 : 128, kBM>;
+    return for_each_grouped_batch(g, 128, C::kBN, [&](int e0, int e1, dim3 grid) {
+        grid.y *= 128 / kBM;
+        if (grid.y > 65535u) return cudaErrorInvalidValue;
         return launch<C, grouped_kernel<C>>(grouped_params(g, e0, e1), grid, stream);
     });
+}
+
+template <bool kWiden>
+cudaError_t launch_grouped_rows(Sm90GroupedRows rows, const GroupedFp4Gemm& g, cudaStream_t stream) {
+    if (rows == Sm90GroupedRows::Auto)
+        rows = g.pairs > 0 && g.n_experts > 0 && g.pairs <= 64 * static_cast<int64_t>(g.n_experts)
+                   ? Sm90GroupedRows::Rows64
+                   : Sm90GroupedRows::Rows128;
+    if (rows == Sm90GroupedRows::Rows64) return launch_grouped<kWiden, 64>(g, stream);
+    return launch_grouped<kWiden, 128>(g, stream);
 }
 
 }  // namespace
@@ -655,10 +703,15 @@ cudaError_t launch_gemm_fp4_sm90_partials(Sm90Partials partials, const uint8_t* 
     return launch_scaled<Op::Fp4, false>(q, sa, w, sw, y, ldc, M, N, K, stream);
 }
 
+cudaError_t launch_grouped_gemm_fp4_sm90_tiles(Sm90Partials partials, Sm90GroupedRows rows,
+                                               const GroupedFp4Gemm& g, cudaStream_t stream) {
+    if (partials == Sm90Partials::Fp16Widened) return launch_grouped_rows<true>(rows, g, stream);
+    return launch_grouped_rows<false>(rows, g, stream);
+}
+
 cudaError_t launch_grouped_gemm_fp4_sm90_partials(Sm90Partials partials, const GroupedFp4Gemm& g,
                                                   cudaStream_t stream) {
-    if (partials == Sm90Partials::Fp16Widened) return launch_grouped<true>(g, stream);
-    return launch_grouped<false>(g, stream);
+    return launch_grouped_gemm_fp4_sm90_tiles(partials, Sm90GroupedRows::Auto, g, stream);
 }
 
 cudaError_t launch_gemm_fp8_sm90(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,

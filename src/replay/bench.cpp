@@ -78,8 +78,8 @@ std::string percent_of(double value, double reference) {
     return reference > 0 ? strfmt("%.0f%%", 100 * value / reference) : std::string("-");
 }
 
-void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& opt, Csv& csv, std::FILE* out,
-                   double* bf16_peak) {
+void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& opt, int64_t pass_chunk_rows,
+                   Csv& csv, std::FILE* out, double* bf16_peak) {
     const int it = opt.iters;
     const double peak = kb.cublas_bf16_tflops(8192, 8192, 8192, it);
     const double mma_peak = kb.mma_sync_peak_tflops();
@@ -130,13 +130,17 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
         int proj;
     };
     // Rows per expert: the chunk's average (M rows), workload (b)'s pass average (b_sequences x b_tokens
-    // routed to n_activated of n_routed experts: ~2,250), and 128 (one tile per expert).
-    const int64_t b_rows = std::max<int64_t>(
-        1, opt.b_sequences * opt.b_tokens * c.n_activated_experts / std::max<int64_t>(1, c.n_routed_experts));
+    // routed to n_activated of n_routed experts: ~2,250), 128 (one tile per expert), and the average of
+    // the chunks the passes run (pass_chunk_rows: --chunk-rows, or the default for this GPU's memory
+    // budget; 2,420 rows = ~38 per expert on a 22 GB budget): the MoE runs one chunk at a time.
+    const int64_t experts_n = std::max<int64_t>(1, c.n_routed_experts);
+    const int64_t b_rows =
+        std::max<int64_t>(1, opt.b_sequences * opt.b_tokens * c.n_activated_experts / experts_n);
+    const int64_t chunk_avg = std::max<int64_t>(1, pass_chunk_rows * c.n_activated_experts / experts_n);
     const Grouped grouped[] = {{"experts w1+w3 fp4 (grouped)", c.moe_inter_dim, c.dim, 2},
                                {"experts w2 fp4 (grouped)", c.dim, c.moe_inter_dim, 1}};
     std::vector<int64_t> rows_cases{per_expert};
-    for (const int64_t r : {b_rows, int64_t{128}})
+    for (const int64_t r : {b_rows, int64_t{128}, chunk_avg})
         if (std::find(rows_cases.begin(), rows_cases.end(), r) == rows_cases.end()) rows_cases.push_back(r);
     for (const int64_t rows : rows_cases) {
         for (const Grouped& g : grouped) {
@@ -147,6 +151,18 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
                          100 * ours / peak, 100 * ours / mma_peak);
             csv.row("kernels", g.name, -1, 0, rows, g.n, g.k, ours, "TFLOP/s",
                     strfmt("experts=%lld cublas_one_expert=%.3f", (long long)c.n_routed_experts, ref));
+            // the passes' chunk average on the Hopper kernels: each of their tile shapes, same run
+            for (const int tr : {64, 128}) {
+                if (rows != chunk_avg) break;
+                const double forced = kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it, tr);
+                if (forced < 0) break;
+                const std::string nm = strfmt("%s, %d-row tiles", g.name, tr);
+                std::fprintf(out, "  %-32s %6lld %6lld %6lld %10.1f %10.1f %7.0f%% %7.0f%% %8.0f%%\n", nm.c_str(),
+                             (long long)rows, (long long)g.n, (long long)g.k, forced, ref, 100 * forced / ref,
+                             100 * forced / peak, 100 * forced / mma_peak);
+                csv.row("kernels", nm, -1, 0, rows, g.n, g.k, forced, "TFLOP/s",
+                        strfmt("experts=%lld cublas_one_expert=%.3f", (long long)c.n_routed_experts, ref));
+            }
         }
     }
     // The output head's logits (bf16 x bf16 -> f32), as head_stats runs them.
@@ -402,7 +418,8 @@ int run_bench(const BenchOptions& opt, std::FILE* out) {
     for (const auto& w : wl) {
         if (w == "kernels") {
             if (kb) {
-                bench_kernels(*kb, c, opt, csv, out, &bf16_peak);
+                bench_kernels(*kb, c, opt, resolve_chunk_rows(opt.chunk_rows, c, be->free_memory()), csv, out,
+                              &bf16_peak);
                 continue;
             }
             std::fprintf(out, "\nkernels: skipped (needs the CUDA backend)\n");

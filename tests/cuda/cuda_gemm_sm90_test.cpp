@@ -293,6 +293,8 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
     }
     const int max_rows = *std::max_element(counts.begin(), counts.end());
     std::vector<uint8_t> wg;
+    // the Hopper kernels with each tile shape forced (Sm90GroupedRows): [partials][64 rows, 128 rows]
+    std::vector<uint8_t> tiles[2][2];
     auto i32 = [](CudaBackend& be, const std::vector<int32_t>& v) {
         return upload(be, DType::I32, {static_cast<int64_t>(v.size())}, v.data());
     };
@@ -334,12 +336,32 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
             DS4R_CUDA_CHECK(
                 kern::launch_grouped_gemm_fp4_sm90_partials(kern::Sm90Partials::Fp8Wgmma, g, be.stream()));
             wg = host(be, y);
+            for (int v = 0; v < 2; ++v)
+                for (int t = 0; t < 2; ++t) {
+                    be.fill(y, 0x5A);
+                    DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4_sm90_tiles(
+                        v ? kern::Sm90Partials::Fp16Widened : kern::Sm90Partials::Fp8Wgmma,
+                        t ? kern::Sm90GroupedRows::Rows128 : kern::Sm90GroupedRows::Rows64, g, be.stream()));
+                    tiles[v][t] = host(be, y);
+                }
+            // the MoE's call: the pair count known, so Auto picks by rows per expert
+            g.pairs = P;
+            be.fill(y, 0x3C);
+            DS4R_CUDA_CHECK(be.gemm().grouped_fp4(g, be.stream()));
+            EXPECT_EQ(host(be, y), out) << what << ": --kernels auto with the pair count given";
         }
         return out;
     };
     const auto h = run(hop()), p = run(port());
     expect_equal(what, "portable", agreement(h, p, 2, N));
     expect_fp8_wgmma(what + " fp8-wgmma", agreement(wg, p, 2, N));
+    // 64 x 256 tiles (two blocks per plan tile, the warpgroups splitting the columns) give the bits of
+    // the 128 x 128 tiles, in both partial variants; the widened ones are the portable kernels' bits
+    for (int v = 0; v < 2; ++v) {
+        const std::string var = v ? " widened" : " fp8-wgmma";
+        EXPECT_EQ(tiles[v][0], tiles[v][1]) << what << var << ": 64-row tiles differ from 128-row tiles";
+    }
+    expect_equal(what + " 64-row tiles", "portable", agreement(tiles[1][0], p, 2, N));
 }
 
 TEST(CudaGemmSm90, GroupedExpertsAgreeWithPortable) {
@@ -350,6 +372,9 @@ TEST(CudaGemmSm90, GroupedExpertsAgreeWithPortable) {
     std::vector<int> counts(384);
     for (auto& c : counts) c = static_cast<int>(rng() % 41);
     check_grouped(counts, 256, 256, 34, "grouped: 384 experts");
+    // workload b's chunks: ~38 rows per expert (Auto takes the 64-row tiles), N off the 256-column tile
+    for (auto& c : counts) c = 20 + static_cast<int>(rng() % 37);
+    check_grouped(counts, 320, 128, 35, "grouped: 384 experts of 20-56 rows");
 }
 
 // ---------------------------------------------------------------- bf16 GEMMs

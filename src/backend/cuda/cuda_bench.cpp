@@ -10,6 +10,7 @@
 #include "ds4r/kernel_bench.h"
 #include "ds4r/numeric.h"
 #include "gemm.cuh"
+#include "gemm_sm90.cuh"
 #include "hc.cuh"
 #include "quant.cuh"
 
@@ -116,7 +117,7 @@ Tensor upload_i32(CudaBackend& be, const std::vector<int32_t>& v) {
 }
 
 double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_expert, int64_t N, int64_t K,
-                                int n_proj, int iters) {
+                                int n_proj, int iters, int tile_rows) {
     DS4R_CHECK(experts > 0 && rows_per_expert > 0 && (n_proj == 1 || n_proj == 2) && K % 32 == 0 &&
                    experts * rows_per_expert < (int64_t{1} << 30),
                "bench: bad grouped GEMM arguments (%d experts x %lld rows, N=%lld K=%lld, %d projections)",
@@ -167,6 +168,7 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
     g.expert_end = d_ee.ptr<int32_t>();
     g.max_tiles = static_cast<int64_t>(tile_expert.size());
     g.max_rows_per_expert = rows_per_expert;
+    g.pairs = P;
     g.n_experts = experts;
     g.n_proj = n_proj;
     g.N = N;
@@ -175,6 +177,14 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
         g.w[z] = wp[z].data();
         g.s[z] = sp[z].data();
         g.y[z] = ys[static_cast<size_t>(z)].ptr<uint16_t>();
+    }
+    if (tile_rows != 0) {
+        // the Hopper kernels with a forced tile shape (their partials as the backend's family)
+        const auto partials = be.gemm().fp8_partials ? kern::Sm90Partials::Fp8Wgmma : kern::Sm90Partials::Fp16Widened;
+        const auto rows = tile_rows == 64 ? kern::Sm90GroupedRows::Rows64 : kern::Sm90GroupedRows::Rows128;
+        return time_tflops(be, P, N * n_proj, K, iters, [&] {
+            DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4_sm90_tiles(partials, rows, g, be.stream()));
+        });
     }
     return time_tflops(be, P, N * n_proj, K, iters,
                        [&] { DS4R_CUDA_CHECK(be.gemm().grouped_fp4(g, be.stream())); });
@@ -295,8 +305,9 @@ public:
         return bench_cublas_bf16_tflops(be_, M, N, K, iters);
     }
     double grouped_fp4_tflops(int experts, int64_t rows_per_expert, int64_t N, int64_t K, int n_proj,
-                              int iters) override {
-        return bench_grouped_fp4_tflops(be_, experts, rows_per_expert, N, K, n_proj, iters);
+                              int iters, int tile_rows) override {
+        if (tile_rows != 0 && !be_.gemm().hopper) return -1;
+        return bench_grouped_fp4_tflops(be_, experts, rows_per_expert, N, K, n_proj, iters, tile_rows);
     }
     double head_logits_tflops(int64_t M, int64_t V, int64_t D, int iters) override {
         return bench_head_logits_tflops(be_, M, V, D, iters);

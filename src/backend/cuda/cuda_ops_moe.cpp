@@ -101,6 +101,7 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
     g.expert_end = e_end.ptr<int32_t>();
     g.max_tiles = max_tiles;
     g.max_rows_per_expert = Mc;
+    g.pairs = P;
     g.n_experts = static_cast<int>(E);
 
     // 4. w1, w3 of every expert in one launch, then SwiGLU * routing weight -> bf16 -> act quant
