@@ -418,8 +418,12 @@ int run_bench(const BenchOptions& opt, std::FILE* out) {
     for (const auto& w : wl) {
         if (w == "kernels") {
             if (kb) {
-                bench_kernels(*kb, c, opt, resolve_chunk_rows(opt.chunk_rows, c, be->free_memory()), csv, out,
-                              &bf16_peak);
+                // the chunk rows a pass would run: the free memory once the two layer slots are taken
+                uint64_t slot = 0;
+                for (const LayerRole& r : ck.roles()) slot = std::max(slot, ck.layer_read_bytes(r.layer));
+                const size_t free_b = be->free_memory();
+                const size_t pass_free = free_b > 2 * slot ? free_b - static_cast<size_t>(2 * slot) : 0;
+                bench_kernels(*kb, c, opt, resolve_chunk_rows(opt.chunk_rows, c, pass_free), csv, out, &bf16_peak);
                 continue;
             }
             std::fprintf(out, "\nkernels: skipped (needs the CUDA backend)\n");

@@ -374,7 +374,7 @@ TEST(CudaGemmSm90, GroupedExpertsAgreeWithPortable) {
     check_grouped(counts, 256, 256, 34, "grouped: 384 experts");
     // workload b's chunks: ~38 rows per expert (Auto takes the 64-row tiles), N off the 256-column tile
     for (auto& c : counts) c = 20 + static_cast<int>(rng() % 37);
-    check_grouped(counts, 320, 128, 35, "grouped: 384 experts of 20-56 rows");
+    check_grouped(counts, 320, 256, 35, "grouped: 384 experts of 20-56 rows");
 }
 
 // ---------------------------------------------------------------- bf16 GEMMs
