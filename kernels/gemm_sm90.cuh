@@ -7,8 +7,9 @@
 // cudaErrorNoKernelImageForDevice).
 //
 // Differences from the portable kernels' operands:
-// - the block-scaled GEMMs take the activation codes in Fp8CodeOrder::Canonical (quant.cuh), not in
-//   the portable kernels' fragment order;
+// - the block-scaled GEMMs take the activation codes in sm90_act_order(partials) (quant.cuh): the
+//   widened partials (the default) the portable kernels' fragment order, the fp8 wgmma partials
+//   Fp8CodeOrder::Canonical;
 // - the block-scaled partial of each 32-wide K block: see Sm90Partials below.
 #pragma once
 
@@ -16,6 +17,7 @@
 #include <stdint.h>
 
 #include "gemm.cuh"
+#include "quant.cuh"
 
 namespace ds4r::kern {
 
@@ -28,7 +30,7 @@ cudaError_t launch_gemm_bf16_sm90(const uint16_t* x, int64_t lda, int64_t x_goff
                                   int64_t y_goff, int64_t M, int64_t N, int64_t K, int64_t groups,
                                   cudaStream_t stream);
 
-// As launch_gemm_fp8 / launch_gemm_fp4 (gemm.cuh) with q in Fp8CodeOrder::Canonical.
+// As launch_gemm_fp8 / launch_gemm_fp4 (gemm.cuh) with q in sm90_act_order(kSm90DefaultPartials).
 cudaError_t launch_gemm_fp8_sm90(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
                                  uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K,
                                  cudaStream_t stream);
@@ -36,15 +38,21 @@ cudaError_t launch_gemm_fp4_sm90(const uint8_t* q, const uint8_t* sa, const uint
                                  uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K,
                                  cudaStream_t stream);
 
-// As launch_grouped_gemm_fp4 (gemm.cuh) with g.q in Fp8CodeOrder::Canonical.
+// As launch_grouped_gemm_fp4 (gemm.cuh) with g.q in sm90_act_order(kSm90DefaultPartials).
 cudaError_t launch_grouped_gemm_fp4_sm90(const GroupedFp4Gemm& g, cudaStream_t stream);
 
 // How the block-scaled kernels form each 32-wide K block's partial: one fp8 wgmma (k32) on the codes
 // (the tensor core's fp8 sum: not always the exact one, docs/PERFORMANCE.md), or two fp16 wgmma (k16)
-// on the codes widened to fp16 in shared memory (the portable kernels' arithmetic, bit for bit).
+// on the codes widened to fp16 (the portable kernels' arithmetic, bit for bit: the weights in shared
+// memory by the converter warps, the activations in the consumers' registers, from fragment-ordered
+// codes as the portable kernels load them).
 // The launchers above use kSm90DefaultPartials; the *_partials variants take it (tests, bench).
 enum class Sm90Partials : int { Fp8Wgmma = 0, Fp16Widened = 1 };
 constexpr Sm90Partials kSm90DefaultPartials = Sm90Partials::Fp16Widened;
+// The activation code order each variant reads (the fp8 wgmma reads A from shared memory in K order).
+constexpr Fp8CodeOrder sm90_act_order(Sm90Partials p) {
+    return p == Sm90Partials::Fp16Widened ? Fp8CodeOrder::GemmFragment : Fp8CodeOrder::Canonical;
+}
 cudaError_t launch_gemm_fp8_sm90_partials(Sm90Partials partials, const uint8_t* q, const uint8_t* sa,
                                           const uint8_t* w, const uint8_t* sw, uint16_t* y, int64_t ldc,
                                           int64_t M, int64_t N, int64_t K, cudaStream_t stream);

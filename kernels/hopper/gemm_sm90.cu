@@ -89,7 +89,8 @@ struct Cfg {
     static constexpr int kBBytes = kOp == Op::Bf16 ? 2 * kKs : (kOp == Op::Fp4 ? kKs / 2 : kKs);
     static constexpr int kRawA = kWiden ? kABytes : 0;
     static constexpr int kRawB = kConvert ? kBBytes : 0;
-    static constexpr int kA = 0, kB = kBM * kRowBytes;
+    // widened: no A tile (the consumers widen A in registers from the raw rows)
+    static constexpr int kA = 0, kB = kWiden ? 0 : kBM * kRowBytes;
     static constexpr int kRawAOff = kB + kBN * kRowBytes;
     static constexpr int kRawBOff = kRawAOff + kBM * kRawA;
     static constexpr int kSa = kRawBOff + kBN * kRawB;
@@ -219,8 +220,10 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
             for (int r = lw * kRpwA + ra; r < C::kBM; r += kWarps * kRpwA) {
                 const int32_t ar = static_cast<int32_t>(lds32(bars.rows() + 4 * r));
                 const int n = ar >= 0 && off < a_bytes ? 16 : 0;
-                const uint32_t dst =
-                    C::kWiden ? st + C::kRawAOff + r * C::kRawA + ca * 16 : st + C::kA + swz128(r, ca);
+                // widened: raw rows of 64 bytes, 16-byte chunk ca at ca ^ ((r / 2) % 4) (conflict-free
+                // ldmatrix of 8 consecutive rows' same chunk, see consume)
+                const uint32_t dst = C::kWiden ? st + C::kRawAOff + r * C::kRawA + ((ca ^ ((r >> 1) & 3)) << 4)
+                                               : st + C::kA + swz128(r, ca);
                 cp_async16(dst, n ? j.a + static_cast<int64_t>(ar) * j.a_pitch + off : j.a, n);
             }
         }
@@ -273,32 +276,15 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
 }
 
 // ------------------------------------------------------------------ converters (fp4 / widened)
-// Converter p widens tile rows p + kLoaders * t of the stage's raw rows into the swizzled tiles:
-// fp4 -> e4m3 codes (fp8 MMA), or codes -> fp16 (widened MMA, the portable kernels' conversions: the
-// weights by gemm_tile's bit trick, the activation codes by cvt).
+// Converter p converts weight rows p + kConverters t of the stage's raw rows into the swizzled B tile:
+// fp4 -> e4m3 codes (fp8 MMA), or codes -> fp16 (widened MMA, the portable kernels' conversions by
+// gemm_tile's bit trick); the activations of the widened MMA are widened by the consumers (consume).
 template <class C>
 __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, int p) {
     for (int i = 0; i < n_stages; ++i) {
         const int s = i % C::kStages;
         mbar_wait(bars.loaded(s), (i / C::kStages) & 1);
         const uint32_t st = base + s * C::kStage;
-        if constexpr (C::kWiden) {
-            // A: 64 codes -> 64 fp16 = 8 chunks of the swizzled row
-#pragma unroll 1
-            for (int r = p; r < C::kBM; r += C::kConverters) {
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    const uint4 raw = lds128(st + C::kRawAOff + r * C::kRawA + c * 16);
-                    uint4 lo, hi;
-                    gemm::e4m3x4_to_f16x2x2(raw.x, lo.x, lo.y);
-                    gemm::e4m3x4_to_f16x2x2(raw.y, lo.z, lo.w);
-                    gemm::e4m3x4_to_f16x2x2(raw.z, hi.x, hi.y);
-                    gemm::e4m3x4_to_f16x2x2(raw.w, hi.z, hi.w);
-                    sts128(st + C::kA + swz128(r, 2 * c), lo);
-                    sts128(st + C::kA + swz128(r, 2 * c + 1), hi);
-                }
-            }
-        }
 #pragma unroll 1
         for (int r = p; r < C::kBN; r += C::kConverters) {
             if constexpr (C::kWiden && C::kOp == Op::Fp8) {
@@ -441,6 +427,11 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
     const int n0 = C::kSplitN ? C::kWgN * wg : 0;
     const int KB = j.k / 32;
     constexpr int kAcc = C::kWgN / 2;  // accumulators per thread (m64nN: N / 2)
+    // widened: this lane's ldmatrix row of the raw A rows (fragment-ordered codes, 64 bytes per row per
+    // stage, chunks swizzled by the loaders): matrix lane / 8 = (rows +8: bit 0, k16 half: bit 1)
+    const int a_row = (C::kSplitN ? 0 : 64 * wg) + 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
+    const uint32_t a_lane = static_cast<uint32_t>(a_row * C::kRawA);
+    const int a_half = lane >> 4, a_swz = (a_row >> 1) & 3;
     float acc[kAcc];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
@@ -450,8 +441,11 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
         // Block g lies in stage g / kKb (its scale byte (stage's q0) + g % kKb); a stage is freed once
         // its last block's partial is promoted (its scales are read then).
         float PA[64], PB[64];
+        // widened: the A fragments ([k16 step][4]) of the two blocks in flight; a wgmma reads them until
+        // it retires, so they stay live (fence_regs_u32) until its wait
+        uint32_t FA[2][4], FB[2][4];
         auto stage_of = [&](int g) { return base + ((g / C::kKb) % C::kStages) * C::kStage; };
-        auto issue = [&](float(&P)[64], int g) {
+        auto issue = [&](float(&P)[64], uint32_t(&F)[2][4], int g) {
             const int i = g / C::kKb, q = g % C::kKb, s = i % C::kStages;
             if (q == 0) {
                 mbar_wait(C::kConvert ? bars.full(s) : bars.loaded(s), (i / C::kStages) & 1);
@@ -460,19 +454,36 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
             }
             const uint32_t a_k = stage_of(g) + C::kA + (C::kSplitN ? 0 : wg * 64 * kRowBytes);
             const uint32_t b_k = stage_of(g) + C::kB + n0 * kRowBytes;
-            fence_regs(P);
-            wgmma_fence();
             if constexpr (C::kWiden) {
-                // the block's fresh partial: two fp16 k16 steps (64 bytes of the row)
-                wgmma_m64n128k16_f16(P, desc_k128(a_k + q * 64), desc_k128(b_k + q * 64), 0u);
-                wgmma_m64n128k16_f16(P, desc_k128(a_k + q * 64 + 32), desc_k128(b_k + q * 64 + 32), 1u);
+                // the block's fresh partial: two fp16 k16 steps, A widened here from one ldmatrix of
+                // fragment-ordered codes (rows g / g + 8 of both k16 halves, as the portable kernels)
+                uint32_t raw[4];
+                ldsm_x4(raw, stage_of(g) + C::kRawAOff + a_lane + (((2 * q + a_half) ^ a_swz) << 4));
+                uint32_t(&a0)[4] = F[0];
+                uint32_t(&a1)[4] = F[1];
+                gemm::e4m3x4_to_f16x2x2(raw[0], a0[0], a0[2]);
+                gemm::e4m3x4_to_f16x2x2(raw[1], a0[1], a0[3]);
+                gemm::e4m3x4_to_f16x2x2(raw[2], a1[0], a1[2]);
+                gemm::e4m3x4_to_f16x2x2(raw[3], a1[1], a1[3]);
+                fence_regs(P);
+                fence_regs_u32(a0);
+                fence_regs_u32(a1);
+                wgmma_fence();
+                wgmma_m64n128k16_f16_rs(P, a0, desc_k128(b_k + q * 64), 0u);
+                wgmma_m64n128k16_f16_rs(P, a1, desc_k128(b_k + q * 64 + 32), 1u);
             } else {
+                fence_regs(P);
+                wgmma_fence();
                 wgmma_m64n128k32_e4m3(P, desc_k128(a_k + q * 32), desc_k128(b_k + q * 32), 0u);
             }
             wgmma_commit();
         };
-        auto finish = [&](float(&P)[64], int g) {
+        auto finish = [&](float(&P)[64], uint32_t(&F)[2][4], int g) {
             fence_regs(P);
+            if constexpr (C::kWiden) {
+                fence_regs_u32(F[0]);
+                fence_regs_u32(F[1]);
+            }
             const int i = g / C::kKb, q = g % C::kKb;
             const int q0 = C::kWiden ? (2 * i) & 3 : 0;  // the stage's first byte in its scale words
             promote<C>(acc, P, stage_of(g), q0 + q, q0, r0, n0, lane);
@@ -482,16 +493,16 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
         // wgmma. (Keeping a wgmma in flight across the loop's back edge instead makes ptxas serialize
         // every wgmma: its C7514 advisory, checked by scripts/gpu_hopper.sh's build log.)
         for (int g = 0; g < KB; g += 2) {
-            issue(PA, g);
+            issue(PA, FA, g);
             if (g + 1 < KB) {
-                issue(PB, g + 1);
+                issue(PB, FB, g + 1);
                 wgmma_wait<1>();
-                finish(PA, g);
+                finish(PA, FA, g);
                 wgmma_wait<0>();
-                finish(PB, g + 1);
+                finish(PB, FB, g + 1);
             } else {
                 wgmma_wait<0>();
-                finish(PA, g);
+                finish(PA, FA, g);
             }
         }
     } else {

@@ -160,6 +160,31 @@ DS4R_WGMMA(wgmma_m64n128k16_bf16, "m64n128k16.f32.bf16.bf16", 64, "%64", "%65", 
 DS4R_WGMMA(wgmma_m64n128k16_f16, "m64n128k16.f32.f16.f16", 64, "%64", "%65", "%66", ", 0, 0")
 DS4R_WGMMA(wgmma_m64n256k16_bf16, "m64n256k16.f32.bf16.bf16", 128, "%128", "%129", "%130", ", 0, 0")
 
+// As wgmma_m64n128k16_f16 with A from registers: a[4] is the thread's fp16x2 fragment of the warp's 16
+// rows (the mma.sync m16n8k16 A fragment: rows g = (t % 32) / 4 and g + 8 of warp t / 32's slice,
+// k = 2 (t % 4) (+1) and + 8: a[0] (g, k), a[1] (g + 8, k), a[2] (g, k + 8), a[3] (g + 8, k + 8)).
+// The registers must stay unchanged until a wait retires the wgmma.
+__device__ __forceinline__ void wgmma_m64n128k16_f16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db,
+                                                        uint32_t scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" DS4R_WGMMA_D64_LIST
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                 : DS4R_WGMMA_D64_OUT
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));
+}
+// Keeps the compiler from moving the fragment registers' writes across wgmma fences / waits.
+__device__ __forceinline__ void fence_regs_u32(uint32_t (&a)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+// ldmatrix .x4 (four 8 x 16-byte matrices; lane l gives the address of matrix l / 8's row l % 8; r[j]:
+// the 4 bytes at row (lane / 4), bytes 4 (lane % 4) of matrix j) from a shared-memory address.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
 // cp.async completion on an mbarrier: one arrival when this thread's earlier cp.async copies have
 // landed (.noinc: the barrier's expected count already includes it).
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {

@@ -173,7 +173,9 @@ void expect_fp8_wgmma(const std::string& what, const Agreement& g) {
 std::vector<uint8_t> fp8_wgmma_linear(bool fp4, const Tensor& x, const Tensor& w, const Tensor& s, int64_t M,
                                       int64_t N, int64_t K) {
     CudaBackend& be = hop();
-    const CudaBackend::GemmActs a = be.quantize_gemm_acts(x, M, K);
+    // the fp8 wgmma reads the codes in K order (the widened default reads them fragment-ordered)
+    const CudaBackend::GemmActs a =
+        be.quantize_gemm_acts(x, M, K, kern::sm90_act_order(kern::Sm90Partials::Fp8Wgmma));
     Tensor y = poisoned(be, DType::BF16, {M, N});
     auto fn = fp4 ? kern::launch_gemm_fp4_sm90_partials : kern::launch_gemm_fp8_sm90_partials;
     DS4R_CUDA_CHECK(fn(kern::Sm90Partials::Fp8Wgmma, a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.ptr<uint8_t>(),
@@ -301,6 +303,12 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
     auto run = [&](CudaBackend& be) {
         Tensor x = upload(be, DType::BF16, {P, K}, xh.data());
         const CudaBackend::GemmActs a = be.quantize_gemm_acts(x, P, K);
+        // the Hopper variants' own code orders (the backend's family reads sm90_act_order(default))
+        CudaBackend::GemmActs av[2];
+        if (&be == &hop())
+            for (int v = 0; v < 2; ++v)
+                av[v] = be.quantize_gemm_acts(
+                    x, P, K, kern::sm90_act_order(v ? kern::Sm90Partials::Fp16Widened : kern::Sm90Partials::Fp8Wgmma));
         std::vector<Tensor> wt, st;
         std::vector<const uint8_t*> wp, sp;
         for (int e = 0; e < E; ++e) {
@@ -333,18 +341,24 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
         std::vector<uint8_t> out = host(be, y);
         if (&be == &hop()) {
             be.fill(y, 0xA5);
+            g.q = av[0].q.ptr<uint8_t>();
+            g.sa = av[0].s.ptr<uint8_t>();
             DS4R_CUDA_CHECK(
                 kern::launch_grouped_gemm_fp4_sm90_partials(kern::Sm90Partials::Fp8Wgmma, g, be.stream()));
             wg = host(be, y);
             for (int v = 0; v < 2; ++v)
                 for (int t = 0; t < 2; ++t) {
                     be.fill(y, 0x5A);
+                    g.q = av[v].q.ptr<uint8_t>();
+                    g.sa = av[v].s.ptr<uint8_t>();
                     DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4_sm90_tiles(
                         v ? kern::Sm90Partials::Fp16Widened : kern::Sm90Partials::Fp8Wgmma,
                         t ? kern::Sm90GroupedRows::Rows128 : kern::Sm90GroupedRows::Rows64, g, be.stream()));
                     tiles[v][t] = host(be, y);
                 }
             // the MoE's call: the pair count known, so Auto picks by rows per expert
+            g.q = a.q.ptr<uint8_t>();
+            g.sa = a.s.ptr<uint8_t>();
             g.pairs = P;
             be.fill(y, 0x3C);
             DS4R_CUDA_CHECK(be.gemm().grouped_fp4(g, be.stream()));

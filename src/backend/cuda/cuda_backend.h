@@ -96,11 +96,13 @@ public:
                        float eps) override;
     void mul_scalar_bf16(const Tensor& x, float factor) override;
     // The block-scaled GEMMs' A operand: x BF16 [M, K] (K % 32 == 0) -> q F8_E4M3 [M, K] activation
-    // codes in the GEMM's fragment order, s F8_E8M0 [M, K / 32] scales (NaN / inf blocks marked 0xFF).
+    // codes in the kernel family's code order (gemm().act_order; `order` overrides it, e.g. tests of
+    // another family's kernels), s F8_E8M0 [M, K / 32] scales (NaN / inf blocks marked 0xFF).
     struct GemmActs {
         Tensor q, s;
     };
     GemmActs quantize_gemm_acts(const Tensor& x, int64_t M, int64_t K);
+    GemmActs quantize_gemm_acts(const Tensor& x, int64_t M, int64_t K, kern::Fp8CodeOrder order);
     // rope_table's inverse frequencies F32 [rd / 2] on the GPU, after validating the call against
     // table F32 [n_pos, rd/2, 2] (also used by the CUDA test kit's libdevice table).
     Tensor rope_inv_freqs(double base, double factor, int64_t yarn_orig, double beta_fast, double beta_slow,

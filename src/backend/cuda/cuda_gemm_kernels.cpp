@@ -19,7 +19,7 @@ GemmKernels select_gemm_kernels(GpuKernels choice, int device) {
     k.fp8_partials = choice == GpuKernels::HopperFp8Partials;
     if (k.fp8_partials) {
         using kern::Sm90Partials;
-        k.act_order = kern::Fp8CodeOrder::Canonical;
+        k.act_order = kern::sm90_act_order(Sm90Partials::Fp8Wgmma);
         k.fp8 = [](const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw, uint16_t* y,
                    int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t st) {
             return kern::launch_gemm_fp8_sm90_partials(Sm90Partials::Fp8Wgmma, q, sa, w, sw, y, ldc, M, N, K,
@@ -35,7 +35,7 @@ GemmKernels select_gemm_kernels(GpuKernels choice, int device) {
         };
         k.bf16 = kern::launch_gemm_bf16_sm90;
     } else if (k.hopper) {
-        k.act_order = kern::Fp8CodeOrder::Canonical;
+        k.act_order = kern::sm90_act_order(kern::kSm90DefaultPartials);
         k.fp8 = kern::launch_gemm_fp8_sm90;
         k.fp4 = kern::launch_gemm_fp4_sm90;
         k.grouped_fp4 = kern::launch_grouped_gemm_fp4_sm90;

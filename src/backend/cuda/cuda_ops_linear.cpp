@@ -145,11 +145,15 @@ void CudaBackend::linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t group
 }
 
 CudaBackend::GemmActs CudaBackend::quantize_gemm_acts(const Tensor& x, int64_t M, int64_t K) {
+    return quantize_gemm_acts(x, M, K, gemm_.act_order);
+}
+
+CudaBackend::GemmActs CudaBackend::quantize_gemm_acts(const Tensor& x, int64_t M, int64_t K,
+                                                      kern::Fp8CodeOrder order) {
     GemmActs a{alloc(DType::F8_E4M3, {M, K}), alloc(DType::F8_E8M0, {M, K / 32})};
     if (M > 0)
         DS4R_CUDA_CHECK(kern::launch_act_quant_fp8(x.ptr<uint16_t>(), a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(),
-                                                   M, K, kern::Fp8ScaleBytes::GemmNanMarker, gemm_.act_order,
-                                                   stream()));
+                                                   M, K, kern::Fp8ScaleBytes::GemmNanMarker, order, stream()));
     return a;
 }
 
