@@ -37,9 +37,9 @@ def test_load_results_records(scored, token_seqs):
 
 def test_load_results_flat(scored, token_seqs):
     path, _ = scored
-    df = load_results(path, flat=True)
+    df = load_results(path, flat=True)  # a pandas DataFrame, or (without pandas) a dict of columns
     m = sum(len(s) - 1 for s in token_seqs)
-    assert len(df) == m
+    assert all(len(np.asarray(df[c])) == m for c in df.keys())
     recs = load_results(path)
     np.testing.assert_array_equal(np.asarray(df["logprob"]), np.concatenate([r["logprob"] for r in recs]))
     np.testing.assert_array_equal(np.asarray(df["rank"]), np.concatenate([r["rank"] for r in recs]))
