@@ -2,16 +2,19 @@
 // GEMM and the bf16 GEMMs, with the problems and numerics contracts of the portable kernels
 // (kernels/gemm.cuh; declarations in kernels/gemm_sm90.cuh). Compiled for sm_90a only.
 //
-// STRUCTURE (one 128-row output tile per CTA, 384 threads; 128 columns, bf16 256):
+// STRUCTURE (one 128-row output tile per CTA, 384 threads; 128 columns, bf16 256; the grouped experts
+// also 64 x 256, Cfg::kSplitN):
 // - warpgroup 2 is the producer. Its loaders copy every stage's A and B rows (128 bytes of K per row:
 //   128 fp8 codes, 64 packed fp4 bytes, 64 bf16, or 64 codes to widen) with coalesced 16-byte cp.async
 //   into kStages-deep 128-byte-swizzled shared tiles (or raw rows), plus the rows' e8m0 scale words;
-//   completion arrives on the stage's `loaded` mbarrier through cp.async itself. Where rows need
-//   converting (fp4 weights -> e4m3 codes, or codes -> fp16 for the widened partials), half of the
+//   completion arrives on the stage's `loaded` mbarrier through cp.async itself. Where weight rows
+//   need converting (fp4 -> e4m3 codes, or codes -> fp16 for the widened partials), half of the
 //   warpgroup converts them, fences the async proxy and arrives on `full`. Consumers free a stage
 //   on `empty`.
-// - warpgroups 0 and 1 are the consumers, rows 64 g .. 64 g + 63 each (m64n128 / m64n256). A thread's
-//   accumulator fragment is sm90_ptx.cuh's (rows r0 = 16 warp + lane / 4 and r0 + 8).
+// - warpgroups 0 and 1 are the consumers, rows 64 g .. 64 g + 63 each (m64n128 / m64n256; kSplitN: the
+//   same 64 rows, columns 128 g ..). A thread's accumulator fragment is sm90_ptx.cuh's (rows r0 =
+//   16 warp + lane / 4 and r0 + 8). For the widened partials they widen their A fragments themselves
+//   (ldmatrix of the raw, fragment-ordered codes, cvt, wgmma with A from registers).
 //
 // NUMERICS (gemm_tile.cuh NUMERICS, per output element; no tile shape or row count changes them):
 // - block-scaled (docs/MODEL.md 5.3): per 32-wide K block a fresh partial P (Sm90Partials: two fp16
@@ -48,14 +51,16 @@ constexpr int kConsumerRegs = 224, kProducerRegs = 56;
 constexpr int kSmemLimit = 227 * 1024;
 
 // The operands of a kernel: kOp and, for the block-scaled ones, kWiden: partials on fp16 wgmma (k16,
-// two per 32-wide K block) over the codes widened to fp16 in shared memory (the portable kernels'
-// arithmetic), instead of one fp8 wgmma (k32) on the codes.
+// two per 32-wide K block) over the codes widened to fp16 (weights in shared memory by the converters,
+// activations in the consumers' registers: the portable kernels' arithmetic), instead of one fp8
+// wgmma (k32) on the codes.
 //
-// One pipeline stage in shared memory (bytes; tiles 1024-aligned):
-//   A tile [128][128] | B tile [128][128]      swizzled MMA operands (codes, fp16 or bf16)
-//   raw A [128][kRawA] | raw B [128][kRawB]    rows as read, for the converter (widened / fp4 only)
-//   sa [128] u32 | sw [128] u32                e8m0 scale words (4 bytes of a row's K/32 scales)
-//   (fp4) saf [4][128] f32 | swf [4][128] f32 | flags [2] u32   the converter's scales and window flags
+// One pipeline stage in shared memory (bytes; tiles 1024-aligned; kBM x kBN tiles):
+//   A tile [kBM][128] (not widened) | B tile [kBN][128]   swizzled MMA operands (codes, fp16 or bf16)
+//   raw A [kBM][kRawA] | raw B [kBN][kRawB]   rows as read: widened A (16-byte chunks swizzled, for
+//                                             the consumers' ldmatrix), weights for the converters
+//   sa [kBM] u32 | sw [kSwRows] u32           e8m0 scale words (4 bytes of a row's K/32 scales)
+//   (fp4) saf [kKb][kBM] f32 | swf [kKb][kBN] f32 | flags [2] u32   the converter's scales and flags
 template <Op kOp_, bool kWiden_, int kBN_ = 128, int kBM_ = 128>
 struct Cfg {
     static constexpr Op kOp = kOp_;
