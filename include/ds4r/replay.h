@@ -37,7 +37,7 @@ struct ReplayOptions {
 
 // Rows per chunk that keep a chunk's activations (~ (14 + hc) * D * 4 bytes per row plus attention
 // scores, plus the state ring's 2 extra buffers of hc * (D * 2 + 4) bytes) within half of the
-// backend's free memory; 64 .. 8192.
+// backend's free memory (as a run starts, before its weight slots are allocated); 64 .. 8192.
 int64_t default_chunk_rows(const ModelConfig& cfg, size_t free_bytes);
 // The chunk size of a run (--max-batch-tokens of score / bench): `requested` rows when > 0, else
 // default_chunk_rows(cfg, free_bytes).

@@ -131,8 +131,9 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
     };
     // Rows per expert: the chunk's average (M rows), workload (b)'s pass average (b_sequences x b_tokens
     // routed to n_activated of n_routed experts: ~2,250), 128 (one tile per expert), and the average of
-    // the chunks the passes run (pass_chunk_rows: --chunk-rows, or the default for this GPU's memory
-    // budget; 2,420 rows = ~38 per expert on a 22 GB budget): the MoE runs one chunk at a time.
+    // the chunks the passes run (pass_chunk_rows: --max-batch-tokens, or the default for this GPU's
+    // memory budget: 8,192 rows = 128 per expert at full width on 22 GB; a small --max-batch-tokens or a
+    // small pass gives fewer): the MoE runs one chunk at a time.
     const int64_t experts_n = std::max<int64_t>(1, c.n_routed_experts);
     const int64_t b_rows =
         std::max<int64_t>(1, opt.b_sequences * opt.b_tokens * c.n_activated_experts / experts_n);
@@ -229,10 +230,11 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
     auto seqs = make_sequences(w, c.vocab_size, opt.seed);
     const int64_t total = w.sequences * w.tokens;
     const PrefetchOptions po = prefetch_options(opt.io);  // --io, --read-threads, --read-request-mb
-    std::unique_ptr<WeightSource> ws =
-        opt.prefetch ? make_prefetch_weight_source(be, ck, po) : make_sync_weight_source(be, ck);
+    // chunk rows as `score` sizes them: from the free memory before the weight slots are allocated
     ReplayOptions ro;
     ro.chunk_rows = resolve_chunk_rows(opt.chunk_rows, c, be.free_memory());
+    std::unique_ptr<WeightSource> ws =
+        opt.prefetch ? make_prefetch_weight_source(be, ck, po) : make_sync_weight_source(be, ck);
     if (kb) kb->reset_memory_high_water();
     PassRunner runner(be, ck, *ws, eng, ro);
     be.profile_reset();
@@ -418,12 +420,9 @@ int run_bench(const BenchOptions& opt, std::FILE* out) {
     for (const auto& w : wl) {
         if (w == "kernels") {
             if (kb) {
-                // the chunk rows a pass would run: the free memory once the two layer slots are taken
-                uint64_t slot = 0;
-                for (const LayerRole& r : ck.roles()) slot = std::max(slot, ck.layer_read_bytes(r.layer));
-                const size_t free_b = be->free_memory();
-                const size_t pass_free = free_b > 2 * slot ? free_b - static_cast<size_t>(2 * slot) : 0;
-                bench_kernels(*kb, c, opt, resolve_chunk_rows(opt.chunk_rows, c, pass_free), csv, out, &bf16_peak);
+                // the chunk rows a pass would run (sized as score and the workloads size them)
+                bench_kernels(*kb, c, opt, resolve_chunk_rows(opt.chunk_rows, c, be->free_memory()), csv, out,
+                              &bf16_peak);
                 continue;
             }
             std::fprintf(out, "\nkernels: skipped (needs the CUDA backend)\n");

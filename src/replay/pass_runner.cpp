@@ -18,11 +18,12 @@ namespace ds4r {
 int64_t default_chunk_rows(const ModelConfig& cfg, size_t free_bytes) {
     const int64_t activations = (14 + cfg.hc_mult) * cfg.dim * 4 + cfg.n_heads * cfg.head_dim * 8;
     const int64_t ring = 2 * cfg.hc_mult * (cfg.dim * 2 + 4);  // the state ring's 2 extra buffers
-    // Half the free memory over this per-row estimate (which is itself ~1.8x the measured marginal
-    // cost of a row at full width: 16.70 GB high-water at 2,420 rows, 19.03 GB at 8,192, 15.10 GB of
-    // them the weight slots; docs/PERFORMANCE.md). Larger chunks give the MoE more rows per expert per
-    // launch (fewer idle tile rows in the grouped GEMMs); an overestimate costs a pass rerun with
-    // halved chunks (PassRunner's out-of-memory retry), never a wrong number.
+    // Half the free memory (score and bench ask before the two weight slots are allocated) over this
+    // per-row estimate, which is itself ~1.8x the measured marginal cost of a row at full width
+    // (16.70 GB high-water at 2,420 rows, 19.03 GB at 8,192, 15.10 GB of them the weight slots;
+    // docs/PERFORMANCE.md): the released model on the 22 GB budget gets the 8,192 cap. Larger chunks
+    // give the MoE more rows per expert per launch (fewer idle tile rows in the grouped GEMMs); an
+    // overestimate costs a pass rerun with halved chunks (the out-of-memory retry), not a wrong number.
     return std::clamp<int64_t>(static_cast<int64_t>(free_bytes / 2) / (activations + ring), 64, 8192);
 }
 
