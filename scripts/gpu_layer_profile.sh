@@ -5,8 +5,9 @@
 # (--kernels $KERNELS, default auto: on an H200 the grouped experts at the passes' chunk average are
 # timed with both Hopper tile shapes); then workload b from the page cache on a $LAYERS-layer
 # full-width checkpoint with DS4R_PROFILE=1 (GPU time per region, moe/* and head/* steps), once with
-# the default GPU memory budget and once with --gpu-memory-gb $BIG_GB (larger chunks: more rows per
-# expert in each MoE launch).
+# the default chunks (8,192 rows at full width on the 22 GB budget: ~128 rows per expert in each MoE
+# launch) and once with --max-batch-tokens $SMALL_CHUNK (default 2,420: ~38 rows per expert, where the
+# grouped experts take the 64-row tiles).
 #   OUT=/tmp/out scripts/gpu_layer_profile.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,7 @@ OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 LAYERS="${LAYERS:-2}"
 KERNELS="${KERNELS:-auto}"
-BIG_GB="${BIG_GB:-60}"
+SMALL_CHUNK="${SMALL_CHUNK:-2420}"
 MODEL="${DS4R_PROFILE_MODEL:-/tmp/ds4r-fullwidth-$LAYERS}"
 export PATH=/usr/local/cuda/bin:$PATH
 T0=$(date +%s)
@@ -44,13 +45,13 @@ cat "$OUT/bench_kernels.txt"
 [ -f "$MODEL/model.safetensors.index.json" ] ||
   "$BIN" make-tiny "$MODEL" --preset full-width --layers "$LAYERS" --seed 1 --force -q > "$OUT/make_tiny.log" 2>&1
 stamp "make-tiny $LAYERS layers"
-for mem in default "$BIG_GB"; do
+for mem in default "$SMALL_CHUNK"; do
   extra=()
-  [ "$mem" = default ] || extra=(--gpu-memory-gb "$mem")
+  [ "$mem" = default ] || extra=(--max-batch-tokens "$mem")
   DS4R_PROFILE=1 timeout "${BENCH_TIMEOUT:-200}" "$BIN" bench --model "$MODEL" --workloads b --io buffered \
     --read-threads 8 --kernels "$KERNELS" "${extra[@]}" --csv "$OUT/bench_b_$mem.csv" \
     > "$OUT/bench_b_$mem.txt" 2> "$OUT/bench_b_$mem.err"
-  stamp "bench b, GPU memory $mem: rc=$?"
+  stamp "bench b, chunks $mem: rc=$?"
   grep -E "^workload|^total|layer GEMM|GPU memory" "$OUT/bench_b_$mem.txt" | sed 's/^ *//'
   grep -E "^  [0-9]+ |^  head|layer " "$OUT/bench_b_$mem.txt" | head -6
   awk '/profile \(/{f=1; print; next} f && /^    /{print; next} {f=0}' "$OUT/bench_b_$mem.txt" | head -24
