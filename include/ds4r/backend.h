@@ -236,6 +236,29 @@ private:
     Backend& be_;
 };
 
+// Sequential profiling regions of one sweep: ph("name") closes the previous region and opens the next;
+// the last one closes with ph (or at ph.close()).
+class ProfilePhase {
+public:
+    explicit ProfilePhase(Backend& be) : be_(be) {}
+    ~ProfilePhase() { close(); }
+    ProfilePhase(const ProfilePhase&) = delete;
+    ProfilePhase& operator=(const ProfilePhase&) = delete;
+    void operator()(const char* name) {
+        close();
+        be_.range_push(name);
+        open_ = true;
+    }
+    void close() {
+        if (open_) be_.range_pop();
+        open_ = false;
+    }
+
+private:
+    Backend& be_;
+    bool open_ = false;
+};
+
 std::unique_ptr<Backend> make_cpu_backend();
 
 // The CUDA backend's GEMM kernels (`--kernels`): Auto = the Hopper wgmma kernels on compute

@@ -31,26 +31,6 @@ Tensor empty_tensor(DType t, Shape s) {
     return x;
 }
 
-// Sequential profiling phases of a sweep: ph("name") closes the previous region and opens the next.
-class Phase {
-public:
-    explicit Phase(Backend& be) : be_(be) {}
-    ~Phase() { close(); }
-    void operator()(const char* name) {
-        close();
-        be_.range_push(name);
-        open_ = true;
-    }
-    void close() {
-        if (open_) be_.range_pop();
-        open_ = false;
-    }
-
-private:
-    Backend& be_;
-    bool open_ = false;
-};
-
 const Tensor& rope_table_for(const PassContext& ctx, const LayerRole& role) {
     // Window-only layers use the plain table, every other layer and every indexer the YaRN one (4.0).
     return role.ratio == 0 ? ctx.rope_plain : ctx.rope_yarn;
@@ -132,7 +112,7 @@ void begin_layer(PassContext& ctx, const LayerRole& role) {
 void engram_chunk(PassContext& ctx, const LayerWeights& w, const Tensor& X, const Tensor& e) {
     const ModelConfig& c = ctx.cfg;
     const int64_t M = X.dim(0);
-    Phase ph(ctx.be);
+    ProfilePhase ph(ctx.be);
     ph("engram");
     Tensor kv = ctx.be.alloc(DType::BF16, {M, (c.hc_mult + 1) * c.dim});
     ctx.be.linear_fp8(e, w.eng_wkv, kv);
@@ -156,7 +136,7 @@ void kv_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, co
     const float eps = static_cast<float>(c.norm_eps);
     const Tensor& table = rope_table_for(ctx, role);
 
-    Phase ph(be);
+    ProfilePhase ph(be);
     ph("kv.window");
 
     // (b) window KV: kv_norm(wkv(x)), RoPE on the last rd dims, fp8 round trip over all 512 dims.
@@ -242,7 +222,7 @@ void main_chunk(PassContext& ctx, const LayerWeights& w, const ChunkRows& rows, 
     const float eps = static_cast<float>(c.norm_eps);
     const Tensor& table = rope_table_for(ctx, role);
 
-    Phase ph(be);
+    ProfilePhase ph(be);
     ph("attn.q_proj");
 
     // (a) queries: qr = q_norm(wq_a(x)), q = wq_b(qr), RoPE on each head's last rd dims.
@@ -350,7 +330,7 @@ void head_chunk(PassContext& ctx, const GlobalWeights& g, const Tensor& X, const
                 const Tensor& targets, int k, const Tensor& collapsed, const HeadStatsOut& out) {
     Backend& be = ctx.be;
     const int64_t M = X.dim(0);
-    Phase ph(be);
+    ProfilePhase ph(be);
     ph("head");
     // Final collapse with the pre-mix the last block returned (4.9), then the final norm and the head.
     be.hc_pre(X, P, collapsed);

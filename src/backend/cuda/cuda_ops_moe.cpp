@@ -12,7 +12,6 @@
 //   7. y[r] = bf16(sum of the row's out_e in ascending expert id (fp32, from 0) + shared[r])
 // Every step is row-independent with fixed reduction orders: batch invariant, deterministic.
 #include <algorithm>
-#include <optional>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -50,15 +49,14 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
 
     // 1. activation quant of x (GEMM scale bytes: NaN blocks stay NaN through the block-scaled GEMMs)
     // (DS4R_PROFILE: sub-regions "moe/..." of the layer's "moe" region, one per step)
-    std::optional<ProfileRange> pr;
-    pr.emplace(be, "moe/act_quant");
+    ProfilePhase ph(be);
+    ph("moe/act_quant");
     const CudaBackend::GemmActs ax = be.quantize_gemm_acts(x, Mc, D);
     const Tensor& qx = ax.q;
     const Tensor& sx = ax.s;
 
     // 2. router
-    pr.reset();
-    pr.emplace(be, "moe/router");
+    ph("moe/router");
     {
         Tensor logits = be.alloc(DType::F32, {Mc, E});
         if (kern::gemm_bf16_supported(x.data, D, 0, w.gate_w.data, D, 0, D))
@@ -74,8 +72,7 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
 
     // 3. routing plan. Tiles: sum_e ceil(n_e / 128) <= (P + 127 * #non-empty experts) / 128, and
     // <= E * ceil(Mc / 128) (an expert holds each row at most once).
-    pr.reset();
-    pr.emplace(be, "moe/routing_plan");
+    ph("moe/routing_plan");
     const int64_t used = std::min<int64_t>(E, P);
     const int64_t max_tiles =
         std::max<int64_t>(1, std::min<int64_t>(E * ((Mc + 127) / 128), (P + 127 * used) / 128));
@@ -122,11 +119,9 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
         g.s[1] = ep.s3.data();
         g.y[0] = h1.ptr<uint16_t>();
         g.y[1] = h3.ptr<uint16_t>();
-        pr.reset();
-        pr.emplace(be, "moe/experts_w1_w3");
+        ph("moe/experts_w1_w3");
         DS4R_CUDA_CHECK(be.gemm().grouped_fp4(g, st));
-        pr.reset();
-        pr.emplace(be, "moe/swiglu_quant");
+        ph("moe/swiglu_quant");
         DS4R_CUDA_CHECK(kern::launch_swiglu_quant(h1.ptr<uint16_t>(), h3.ptr<uint16_t>(), pair_w.ptr<float>(),
                                                   p.swiglu_limit, P, I, q2.ptr<uint8_t>(), s2.ptr<uint8_t>(),
                                                   be.gemm().act_order, st));
@@ -146,15 +141,13 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
     g.s[1] = nullptr;
     g.y[0] = out_e.ptr<uint16_t>();
     g.y[1] = nullptr;
-    pr.reset();
-    pr.emplace(be, "moe/experts_w2");
+    ph("moe/experts_w2");
     DS4R_CUDA_CHECK(be.gemm().grouped_fp4(g, st));
     q2 = Tensor();
     s2 = Tensor();
 
     // 6. shared expert (fp8, no routing weight)
-    pr.reset();
-    pr.emplace(be, "moe/shared_expert");
+    ph("moe/shared_expert");
     Tensor shared = be.alloc(DType::BF16, {Mc, D});
     {
         Tensor q2s = be.alloc(DType::F8_E4M3, {Mc, Is});
@@ -175,8 +168,7 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
     }
 
     // 7. combine
-    pr.reset();
-    pr.emplace(be, "moe/combine");
+    ph("moe/combine");
     DS4R_CUDA_CHECK(kern::launch_moe_combine(out_e.ptr<uint16_t>(), out_idx.ptr<int32_t>(),
                                              slot_pos.ptr<int32_t>(), k, shared.ptr<uint16_t>(), Mc, D,
                                              y.ptr<uint16_t>(), st));
