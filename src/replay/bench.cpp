@@ -98,6 +98,14 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
         int64_t m, n, k;
         int kind;  // 0 fp8, 1 fp4, 2 bf16
     };
+    // One table row (and its CSV row): ours against cuBLAS, the bf16 peak and the mma.sync ceiling.
+    auto row = [&](const std::string& name, int64_t m, int64_t n, int64_t k, double ours, double ref,
+                   const std::string& note) {
+        std::fprintf(out, "  %-32s %6lld %6lld %6lld %10.1f %10.1f %7.0f%% %7.0f%% %8.0f%%\n", name.c_str(),
+                     (long long)m, (long long)n, (long long)k, ours, ref, 100 * ours / ref, 100 * ours / peak,
+                     100 * ours / mma_peak);
+        csv.row("kernels", name, -1, 0, m, n, k, ours, "TFLOP/s", note);
+    };
     const int64_t M = opt.kernel_rows;
     const int64_t per_expert =
         std::max<int64_t>(16, M * c.n_activated_experts / std::max<int64_t>(1, c.n_routed_experts));
@@ -117,10 +125,7 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
                       : s.kind == 1 ? kb.linear_fp4_tflops(s.m, s.n, s.k, it)
                                     : kb.linear_bf16_tflops(s.m, s.n, s.k, it);
         double ref = kb.cublas_bf16_tflops(s.m, s.n, s.k, it);
-        std::fprintf(out, "  %-32s %6lld %6lld %6lld %10.1f %10.1f %7.0f%% %7.0f%% %8.0f%%\n", s.name,
-                     (long long)s.m, (long long)s.n, (long long)s.k, ours, ref, 100 * ours / ref,
-                     100 * ours / peak, 100 * ours / mma_peak);
-        csv.row("kernels", s.name, -1, 0, s.m, s.n, s.k, ours, "TFLOP/s", strfmt("cublas=%.3f", ref));
+        row(s.name, s.m, s.n, s.k, ours, ref, strfmt("cublas=%.3f", ref));
     }
     // The routed experts as the MoE runs them: all experts of a chunk in one grouped launch, each with
     // the chunk's average rows per expert; cuBLAS is timed on one expert's dense GEMM of that shape.
@@ -147,22 +152,15 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
         for (const Grouped& g : grouped) {
             const double ours = kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it);
             const double ref = kb.cublas_bf16_tflops(rows, g.n, g.k, it);
-            std::fprintf(out, "  %-32s %6lld %6lld %6lld %10.1f %10.1f %7.0f%% %7.0f%% %8.0f%%\n", g.name,
-                         (long long)rows, (long long)g.n, (long long)g.k, ours, ref, 100 * ours / ref,
-                         100 * ours / peak, 100 * ours / mma_peak);
-            csv.row("kernels", g.name, -1, 0, rows, g.n, g.k, ours, "TFLOP/s",
-                    strfmt("experts=%lld cublas_one_expert=%.3f", (long long)c.n_routed_experts, ref));
+            const std::string note =
+                strfmt("experts=%lld cublas_one_expert=%.3f", (long long)c.n_routed_experts, ref);
+            row(g.name, rows, g.n, g.k, ours, ref, note);
+            if (rows != chunk_avg) continue;
             // the passes' chunk average on the Hopper kernels: each of their tile shapes, same run
             for (const int tr : {64, 128}) {
-                if (rows != chunk_avg) break;
                 const double forced = kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it, tr);
-                if (forced < 0) break;
-                const std::string nm = strfmt("%s, %d-row tiles", g.name, tr);
-                std::fprintf(out, "  %-32s %6lld %6lld %6lld %10.1f %10.1f %7.0f%% %7.0f%% %8.0f%%\n", nm.c_str(),
-                             (long long)rows, (long long)g.n, (long long)g.k, forced, ref, 100 * forced / ref,
-                             100 * forced / peak, 100 * forced / mma_peak);
-                csv.row("kernels", nm, -1, 0, rows, g.n, g.k, forced, "TFLOP/s",
-                        strfmt("experts=%lld cublas_one_expert=%.3f", (long long)c.n_routed_experts, ref));
+                if (forced < 0) break;  // the portable kernels: one tile shape
+                row(strfmt("%s, %d-row tiles", g.name, tr), rows, g.n, g.k, forced, ref, note);
             }
         }
     }
@@ -170,11 +168,7 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
     {
         const double ours = kb.head_logits_tflops(M, c.vocab_size, c.dim, it);
         const double ref = kb.cublas_bf16_tflops(M, c.vocab_size, c.dim, it);
-        std::fprintf(out, "  %-32s %6lld %6lld %6lld %10.1f %10.1f %7.0f%% %7.0f%% %8.0f%%\n",
-                     "head logits bf16->f32", (long long)M, (long long)c.vocab_size, (long long)c.dim, ours,
-                     ref, 100 * ours / ref, 100 * ours / peak, 100 * ours / mma_peak);
-        csv.row("kernels", "head logits bf16->f32", -1, 0, M, c.vocab_size, c.dim, ours, "TFLOP/s",
-                strfmt("cublas=%.3f", ref));
+        row("head logits bf16->f32", M, c.vocab_size, c.dim, ours, ref, strfmt("cublas=%.3f", ref));
     }
     // The mHC mixes kernel's accumulation variants (issue 10): time per call at M rows and the model's
     // dim, hc = 4 (the kernel's only hc). "*" marks the variant the backend runs.
