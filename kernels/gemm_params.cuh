@@ -82,9 +82,9 @@ inline GemmParams scaled_params(const uint8_t* q, const uint8_t* sa, const uint8
 
 // This block's tile (kBM x kBN, kOutBytes per output) of a GemmParams problem as a gemm_tile job. Grid:
 // blockIdx.x walks the tiles in a grouped raster (kGroupM M tiles sweep the N tiles together: L2 reuse
-// of B), blockIdx.z the problem.
+// of B), blockIdx.z the problem. Returns the tile's first row m0 (TMA coordinates).
 template <int kBM, int kBN, int kOutBytes>
-__device__ __forceinline__ void dense_tile_job(const GemmParams& p, gemm::TileJob& j) {
+__device__ __forceinline__ int dense_tile_job(const GemmParams& p, gemm::TileJob& j) {
     constexpr int kGroupM = 8;
     const int pid = static_cast<int>(blockIdx.x);
     const int per_group = kGroupM * p.tiles_n;
@@ -109,6 +109,7 @@ __device__ __forceinline__ void dense_tile_job(const GemmParams& p, gemm::TileJo
     j.m_valid = min(kBM, p.M - m0);
     j.n_valid = min(kBN, p.N - n0);
     j.k = p.K;
+    return m0;
 }
 
 // The routed experts' grouped GEMM. Grid: blockIdx.x the N tile, blockIdx.y the tile of the routing

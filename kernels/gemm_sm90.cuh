@@ -30,6 +30,15 @@ cudaError_t launch_gemm_bf16_sm90(const uint16_t* x, int64_t lda, int64_t x_goff
                                   int64_t y_goff, int64_t M, int64_t N, int64_t K, int64_t groups,
                                   cudaStream_t stream);
 
+// How the bf16 kernel fills its shared-memory stages: Auto: TMA copies (one thread, tensor maps built per
+// launch) where the operands allow a tensor map (16-byte aligned base and pitches), else the cp.async
+// loaders; CpAsync: always the loaders; Tma: TMA or cudaErrorNotSupported. Outputs are the same bits.
+enum class Sm90Loads : int { Auto = 0, CpAsync = 1, Tma = 2 };
+cudaError_t launch_gemm_bf16_sm90_loads(Sm90Loads loads, const uint16_t* x, int64_t lda, int64_t x_goff,
+                                        const uint16_t* w, int64_t ldw, int64_t w_goff, void* y, bool y_f32,
+                                        int64_t ldc, int64_t y_goff, int64_t M, int64_t N, int64_t K,
+                                        int64_t groups, cudaStream_t stream);
+
 // As launch_gemm_fp8 / launch_gemm_fp4 (gemm.cuh) with q in sm90_act_order(kSm90DefaultPartials).
 cudaError_t launch_gemm_fp8_sm90(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
                                  uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K,

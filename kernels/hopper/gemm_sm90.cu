@@ -4,7 +4,9 @@
 //
 // STRUCTURE (one 128-row output tile per CTA, 384 threads; 128 columns, bf16 256; the grouped experts
 // also 64 x 256, Cfg::kSplitN):
-// - warpgroup 2 is the producer. Its loaders copy every stage's A and B rows (128 bytes of K per row:
+// - warpgroup 2 is the producer. bf16 (when the operands allow a tensor map, Sm90Loads): one thread
+//   issues each stage's A and B boxes as TMA copies (128-byte swizzle, zero fill past the tensor),
+//   completing on `loaded` by their byte count. Otherwise its loaders copy every stage's A and B rows (128 bytes of K per row:
 //   128 fp8 codes, 64 packed fp4 bytes, 64 bf16, or 64 codes to widen) with coalesced 16-byte cp.async
 //   into kStages-deep 128-byte-swizzled shared tiles (or raw rows), plus the rows' e8m0 scale words;
 //   completion arrives on the stage's `loaded` mbarrier through cp.async itself. Where weight rows
@@ -24,6 +26,8 @@
 //   end. K blocks go in pairs: both wgmmas in flight, the first one's promotion overlapping the second.
 // - bf16: acc from +0 (zeroed registers, scale-d 1), wgmma k16 steps in K order, zero-filled K
 //   tails; bf16 (one RNE rounding) or f32 out.
+#include <cuda.h>  // CUtensorMap (cuTensorMapEncodeTiled through the runtime's driver entry point)
+
 #include "../common.cuh"
 #include "../gemm_params.cuh"
 #include "../gemm_sm90.cuh"
@@ -61,9 +65,13 @@ constexpr int kSmemLimit = 227 * 1024;
 //                                             the consumers' ldmatrix), weights for the converters
 //   sa [kBM] u32 | sw [kSwRows] u32           e8m0 scale words (4 bytes of a row's K/32 scales)
 //   (fp4) saf [kKb][kBM] f32 | swf [kKb][kBN] f32 | flags [2] u32   the converter's scales and flags
-template <Op kOp_, bool kWiden_, int kBN_ = 128, int kBM_ = 128>
+template <Op kOp_, bool kWiden_, int kBN_ = 128, int kBM_ = 128, bool kTma_ = false>
 struct Cfg {
     static constexpr Op kOp = kOp_;
+    // A and B tiles by TMA from one producer thread (bf16 only so far: the block-scaled kernels'
+    // raw rows and scale words still take the loaders)
+    static constexpr bool kTma = kTma_;
+    static_assert(!kTma || kOp_ == Op::Bf16, "TMA loads: bf16 kernels");
     // output tile rows: 128 (consumer warpgroup g: rows 64 g .. 64 g + 63, all columns), or 64 with
     // 256 columns (both warpgroups the same 64 rows, warpgroup g columns 128 g .. 128 g + 127: the
     // grouped experts' tiles when experts hold few rows; each output's instruction sequence is the same)
@@ -87,6 +95,7 @@ struct Cfg {
     static constexpr int kSwRows = kOp == Op::Fp8 ? kBN / 32 : kBN;
     static constexpr int kSaPerLoader = (kBM + kLoaders - 1) / kLoaders;
     static constexpr int kSwPerLoader = (kSwRows + kLoaders - 1) / kLoaders;
+    static_assert(kSaPerLoader > 0 && kSwPerLoader > 0, "scale rows per loader");
     static constexpr int kKs = (kOp == Op::Bf16 || kWiden) ? 64 : 128;  // K elements per stage
     static constexpr int kKb = kKs / 32;                                // 32-wide K blocks per stage
     static_assert(kKb >= 2, "K blocks per stage");
@@ -121,6 +130,11 @@ struct Cfg {
 struct Job : gemm::TileJob {
     bool c_pairs;      // pairs of adjacent outputs may be stored as one aligned access
     bool scale_words;  // scale rows are 4-byte aligned with K / 32 % 4 == 0: 4-byte async copies
+    // TMA (Cfg::kTma): the tensor maps of A [groups][M][K] and B [groups][N][K] (generic addresses of
+    // the kernel's __grid_constant__ parameters), the tile's first row m0 and problem z
+    const void* tma_a;
+    const void* tma_b;
+    int m0, z;
 };
 
 #if defined(DS4R_SM90A_DEVICE)
@@ -277,6 +291,23 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
         } else {
             cp_async_arrive(bars.loaded(s));
         }
+    }
+}
+
+// TMA loads (Cfg::kTma, run by one producer thread): each stage's A box (kBM rows x kKs elements at
+// (k, m0, z)) and B box (kBN rows at (k, n0, z)), in the 128-byte swizzle the wgmma descriptors read;
+// rows and K past the tensor arrive as zeros (the cp.async loaders' zero fill). The stage's barrier
+// gets one arrival that expects both boxes' bytes (zero-filled bytes count too).
+template <class C>
+__device__ __forceinline__ void load_tma(const Job& j, uint32_t base, Bars bars, int n_stages) {
+    constexpr uint32_t kBytes = static_cast<uint32_t>((C::kBM + C::kBN) * kRowBytes);
+    for (int i = 0; i < n_stages; ++i) {
+        const int s = i % C::kStages;
+        if (i >= C::kStages) mbar_wait(bars.empty(s), ((i / C::kStages) - 1) & 1);
+        const uint32_t st = base + s * C::kStage;
+        mbar_arrive_expect_tx(bars.loaded(s), kBytes);
+        tma_load_3d(st + C::kA, j.tma_a, i * C::kKs, j.m0, j.z, bars.loaded(s));
+        tma_load_3d(st + C::kB, j.tma_b, i * C::kKs, j.n0, j.z, bars.loaded(s));
     }
 }
 
@@ -573,7 +604,8 @@ __device__ __forceinline__ void tile(const Job& j, uint8_t* smem) {
     const int tid = threadIdx.x;
     if (tid == 0) {
         for (int s = 0; s < C::kStages; ++s) {
-            mbar_init(bars.loaded(s), C::kLoaders);  // each loader: one (cp.async) arrival
+            // each loader: one (cp.async) arrival; TMA: the one thread's expect-tx arrival
+            mbar_init(bars.loaded(s), C::kTma ? 1 : C::kLoaders);
             mbar_init(bars.full(s),
                       C::kConvert ? kProducers - C::kLoaders : 1);  // each converter (unused without)
             mbar_init(bars.empty(s), kConsumers);                   // every consumer thread
@@ -586,7 +618,9 @@ __device__ __forceinline__ void tile(const Job& j, uint8_t* smem) {
     if (tid >= kConsumers) {
         regs_dec<kProducerRegs>();
         const int p = tid - kConsumers;
-        if (p < C::kLoaders)
+        if constexpr (C::kTma) {
+            if (p == 0) load_tma<C>(j, base, bars, n_stages);
+        } else if (p < C::kLoaders)
             load<C>(j, base, bars, n_stages, p);
         else if constexpr (C::kConvert)
             convert<C>(bars, base, n_stages, p - C::kLoaders);
@@ -612,6 +646,27 @@ __global__ void __launch_bounds__(kThreads, 1) dense_kernel(const __grid_constan
 #endif
 }
 
+// The bf16 tensor maps of a TMA launch (A, B: [groups][rows][K], box {kKs, tile rows, 1}).
+struct TmaMaps {
+    CUtensorMap a, b;
+};
+
+template <class C, bool kOutF32>
+__global__ void __launch_bounds__(kThreads, 1)
+    dense_tma_kernel(const __grid_constant__ GemmParams p, const __grid_constant__ TmaMaps maps) {
+#if defined(DS4R_SM90A_DEVICE)
+    extern __shared__ __align__(1024) uint8_t smem[];
+    Job j;
+    j.m0 = dense_tile_job<C::kBM, C::kBN, kOutF32 ? 4 : 2>(p, j);
+    j.z = static_cast<int>(blockIdx.z);
+    j.tma_a = &maps.a;
+    j.tma_b = &maps.b;
+    j.c_pairs = p.c_pairs;
+    j.scale_words = p.scale_words;
+    tile<C, kOutF32>(j, smem);
+#endif
+}
+
 // The routed experts' grouped GEMM (gemm_params.cuh).
 template <class C>
 __global__ void __launch_bounds__(kThreads, 1) grouped_kernel(const __grid_constant__ GroupedParams p) {
@@ -630,17 +685,59 @@ bool aligned16(const void* p) {
 }
 
 // One instantiation (and one static attribute call) per kernel.
-template <class C, auto kKernel, class Params>
-cudaError_t launch(const Params& p, dim3 grid, cudaStream_t stream) {
+template <class C, auto kKernel, class... Args>
+cudaError_t launch(dim3 grid, cudaStream_t stream, const Args&... args) {
     static const cudaError_t attributes =
         cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kBytes);
     if (attributes != cudaSuccess) return attributes;
-    kKernel<<<grid, kThreads, C::kBytes, stream>>>(p);
+    kKernel<<<grid, kThreads, C::kBytes, stream>>>(args...);
     return cudaGetLastError();
 }
 
-template <class C, bool kOutF32>
-cudaError_t launch_dense(GemmParams p, int64_t M, int64_t N, int64_t groups, cudaStream_t stream) {
+// cuTensorMapEncodeTiled, from the driver through the runtime (no libcuda link); null where the
+// driver lacks it.
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiledFn encode_tiled() {
+    static const EncodeTiledFn fn = [] {
+        void* f = nullptr;
+        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+                cudaSuccess ||
+            found != cudaDriverEntryPointSuccess) {
+            (void)cudaGetLastError();  // not sticky: clear it for the launches that follow
+            return static_cast<EncodeTiledFn>(nullptr);
+        }
+        return reinterpret_cast<EncodeTiledFn>(f);
+    }();
+    return fn;
+}
+
+// The tensor map of a bf16 operand [groups][rows][k] (pitch, zstride: bytes) with boxes of kKs = 64
+// elements x box_rows rows in the 128-byte swizzle; false where TMA cannot describe it (alignment,
+// strides, sizes), and the caller takes the cp.async loaders.
+bool bf16_map(CUtensorMap* map, const uint8_t* base, int64_t k, int64_t rows, int64_t pitch, int64_t zstride,
+              int64_t groups, int box_rows) {
+    const EncodeTiledFn encode = encode_tiled();
+    if (encode == nullptr || k <= 0 || rows <= 0 || groups <= 0 || !aligned16(base) || pitch <= 0 ||
+        pitch % 16 != 0 || (groups > 1 && (zstride <= 0 || zstride % 16 != 0)))
+        return false;
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows),
+                                static_cast<cuuint64_t>(groups)};
+    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(pitch),
+                                   static_cast<cuuint64_t>(groups > 1 ? zstride : pitch)};
+    const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(box_rows), 1};
+    const cuuint32_t steps[3] = {1, 1, 1};
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint8_t*>(base), dims, strides, box, steps,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// extra: the TmaMaps of a Cfg::kTma kernel.
+template <class C, bool kOutF32, class... Extra>
+cudaError_t launch_dense(GemmParams p, int64_t M, int64_t N, int64_t groups, cudaStream_t stream,
+                         const Extra&... extra) {
     if (M == 0 || N == 0 || groups == 0) return cudaSuccess;
     const int64_t gn = (N + C::kBN - 1) / C::kBN, gm = (M + C::kBM - 1) / C::kBM;
     if (gn * gm > 0x7fffffffLL || groups > 65535 || M > 0x7fffffffLL || N > 0x7fffffffLL)
@@ -649,8 +746,29 @@ cudaError_t launch_dense(GemmParams p, int64_t M, int64_t N, int64_t groups, cud
     p.tiles_n = static_cast<int>(gn);
     p.M = static_cast<int>(M);
     p.N = static_cast<int>(N);
-    return launch<C, dense_kernel<C, kOutF32>>(
-        p, dim3(static_cast<unsigned>(gm * gn), 1, static_cast<unsigned>(groups)), stream);
+    const dim3 grid(static_cast<unsigned>(gm * gn), 1, static_cast<unsigned>(groups));
+    if constexpr (C::kTma)
+        return launch<C, dense_tma_kernel<C, kOutF32>>(grid, stream, p, extra...);
+    else
+        return launch<C, dense_kernel<C, kOutF32>>(grid, stream, p);
+}
+
+// The bf16 GEMM: TMA loads where the operands allow a tensor map (Auto; Tma: else cudaErrorNotSupported),
+// else the cp.async loaders. The same wgmma sequence either way (bit-identical outputs).
+template <bool kOutF32>
+cudaError_t launch_bf16(Sm90Loads loads, const GemmParams& p, int64_t M, int64_t N, int64_t K, int64_t groups,
+                        cudaStream_t stream) {
+    using CT = Cfg<Op::Bf16, false, 256, 128, true>;
+    using CC = Cfg<Op::Bf16, false, 256>;
+    if (M == 0 || N == 0 || groups == 0) return cudaSuccess;
+    if (loads != Sm90Loads::CpAsync) {
+        TmaMaps maps{};
+        if (bf16_map(&maps.a, p.a, K, M, p.a_pitch, p.a_zstride, groups, CT::kBM) &&
+            bf16_map(&maps.b, p.b, K, N, p.b_pitch, p.b_zstride, groups, CT::kBN))
+            return launch_dense<CT, kOutF32>(p, M, N, groups, stream, maps);
+        if (loads == Sm90Loads::Tma) return cudaErrorNotSupported;
+    }
+    return launch_dense<CC, kOutF32>(p, M, N, groups, stream);
 }
 
 template <Op kOp, bool kWiden>
@@ -668,7 +786,7 @@ cudaError_t launch_grouped(const GroupedFp4Gemm& g, cudaStream_t stream) {
     return for_each_grouped_batch(g, 128, C::kBN, [&](int e0, int e1, dim3 grid) {
         grid.y *= 128 / kBM;
         if (grid.y > 65535u) return cudaErrorInvalidValue;
-        return launch<C, grouped_kernel<C>>(grouped_params(g, e0, e1), grid, stream);
+        return launch<C, grouped_kernel<C>>(grid, stream, grouped_params(g, e0, e1));
     });
 }
 
@@ -692,15 +810,22 @@ bool sm90_gemm_usable(int device) {
     return major == 9 && minor == 0;
 }
 
+cudaError_t launch_gemm_bf16_sm90_loads(Sm90Loads loads, const uint16_t* x, int64_t lda, int64_t x_goff,
+                                        const uint16_t* w, int64_t ldw, int64_t w_goff, void* y, bool y_f32,
+                                        int64_t ldc, int64_t y_goff, int64_t M, int64_t N, int64_t K,
+                                        int64_t groups, cudaStream_t stream) {
+    if (!gemm_bf16_supported(x, lda, x_goff, w, ldw, w_goff, K)) return cudaErrorInvalidValue;
+    const GemmParams p = bf16_params(x, lda, x_goff, w, ldw, w_goff, y, y_f32, ldc, y_goff, M, N, K);
+    if (y_f32) return launch_bf16<true>(loads, p, M, N, K, groups, stream);
+    return launch_bf16<false>(loads, p, M, N, K, groups, stream);
+}
+
 cudaError_t launch_gemm_bf16_sm90(const uint16_t* x, int64_t lda, int64_t x_goff, const uint16_t* w,
                                   int64_t ldw, int64_t w_goff, void* y, bool y_f32, int64_t ldc,
                                   int64_t y_goff, int64_t M, int64_t N, int64_t K, int64_t groups,
                                   cudaStream_t stream) {
-    if (!gemm_bf16_supported(x, lda, x_goff, w, ldw, w_goff, K)) return cudaErrorInvalidValue;
-    const GemmParams p = bf16_params(x, lda, x_goff, w, ldw, w_goff, y, y_f32, ldc, y_goff, M, N, K);
-    using C = Cfg<Op::Bf16, false, 256>;
-    if (y_f32) return launch_dense<C, true>(p, M, N, groups, stream);
-    return launch_dense<C, false>(p, M, N, groups, stream);
+    return launch_gemm_bf16_sm90_loads(Sm90Loads::Auto, x, lda, x_goff, w, ldw, w_goff, y, y_f32, ldc, y_goff,
+                                       M, N, K, groups, stream);
 }
 
 cudaError_t launch_gemm_fp8_sm90_partials(Sm90Partials partials, const uint8_t* q, const uint8_t* sa,

@@ -197,6 +197,23 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
 __device__ __forceinline__ void cp_async_wait_all() {
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
+// ------------------------------------------------------------------ TMA (bulk tensor copies)
+// One arrival on the barrier that also expects `bytes` more transaction bytes (the TMA copies below
+// complete them), for this phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Copies the box at element coordinates (c0: innermost, c1, c2) of the tensor map at generic address
+// `map` (a __grid_constant__ kernel parameter) into shared memory at dst (1024-byte aligned for the
+// 128-byte swizzle), completing its bytes on `bar`. Boxes reaching past the tensor are zero-filled.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, int c0, int c1, int c2, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+        "%4}], [%5];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+
 // Named barrier for `threads` threads (a multiple of 32) of the CTA.
 __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

@@ -126,6 +126,11 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
                                     : kb.linear_bf16_tflops(s.m, s.n, s.k, it);
         double ref = kb.cublas_bf16_tflops(s.m, s.n, s.k, it);
         row(s.name, s.m, s.n, s.k, ours, ref, strfmt("cublas=%.3f", ref));
+        // the Hopper bf16 kernel's baseline: the same kernel on its cp.async loaders instead of TMA
+        if (s.kind == 2) {
+            const double cp = kb.hopper_bf16_cp_async_tflops(s.m, s.n, s.k, false, it);
+            if (cp >= 0) row(strfmt("%s, cp.async loads", s.name), s.m, s.n, s.k, cp, ref, "baseline");
+        }
     }
     // The routed experts as the MoE runs them: all experts of a chunk in one grouped launch, each with
     // the chunk's average rows per expert; cuBLAS is timed on one expert's dense GEMM of that shape.
@@ -169,6 +174,8 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
         const double ours = kb.head_logits_tflops(M, c.vocab_size, c.dim, it);
         const double ref = kb.cublas_bf16_tflops(M, c.vocab_size, c.dim, it);
         row("head logits bf16->f32", M, c.vocab_size, c.dim, ours, ref, strfmt("cublas=%.3f", ref));
+        const double cp = kb.hopper_bf16_cp_async_tflops(M, c.vocab_size, c.dim, true, it);
+        if (cp >= 0) row("head logits, cp.async loads", M, c.vocab_size, c.dim, cp, ref, "baseline");
     }
     // The mHC mixes kernel's accumulation variants (issue 10): time per call at M rows and the model's
     // dim, hc = 4 (the kernel's only hc). "*" marks the variant the backend runs.

@@ -199,6 +199,18 @@ double bench_head_logits_tflops(CudaBackend& be, int64_t M, int64_t V, int64_t D
     });
 }
 
+double bench_hopper_bf16_cp_async_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, bool f32_out,
+                                         int iters) {
+    Tensor x = random_bf16(be, M, K, 4.0f, 23);
+    Tensor w = random_bf16(be, N, K, 0.05f, 24);
+    Tensor y = be.alloc(f32_out ? DType::F32 : DType::BF16, {M, N});
+    return time_tflops(be, M, N, K, iters, [&] {
+        DS4R_CUDA_CHECK(kern::launch_gemm_bf16_sm90_loads(kern::Sm90Loads::CpAsync, x.ptr<uint16_t>(), K, 0,
+                                                          w.ptr<uint16_t>(), K, 0, y.data, f32_out, N, 0, M, N,
+                                                          K, 1, be.stream()));
+    });
+}
+
 double bench_mma_sync_peak_tflops(CudaBackend& be) {
     const int blocks = 2 * std::max(1, be.props().multiProcessorCount);
     Tensor out = be.alloc(DType::F32, {static_cast<int64_t>(blocks) * kern::mma_peak_threads_per_block()});
@@ -313,6 +325,10 @@ public:
         return bench_head_logits_tflops(be_, M, V, D, iters);
     }
     std::string gemm_family() const override { return be_.gemm().name(); }
+    double hopper_bf16_cp_async_tflops(int64_t M, int64_t N, int64_t K, bool f32_out, int iters) override {
+        if (!be_.gemm().hopper) return -1;
+        return bench_hopper_bf16_cp_async_tflops(be_, M, N, K, f32_out, iters);
+    }
     double mma_sync_peak_tflops() override { return bench_mma_sync_peak_tflops(be_); }
     double hc_mixes_ms(int variant, int64_t M, int64_t D, int iters) override {
         return bench_hc_mixes_ms(be_, variant, M, D, iters);
