@@ -30,7 +30,7 @@ cudaError_t launch_gemm_bf16_sm90(const uint16_t* x, int64_t lda, int64_t x_goff
                                   int64_t y_goff, int64_t M, int64_t N, int64_t K, int64_t groups,
                                   cudaStream_t stream);
 
-// How the bf16 kernel fills its shared-memory stages: Auto: TMA copies (one thread, tensor maps built per
+// How the bf16 and block-scaled kernels fill their shared-memory stages: Auto: TMA copies (one thread, tensor maps built per
 // launch) where the operands allow a tensor map (16-byte aligned base and pitches), else the cp.async
 // loaders; CpAsync: always the loaders; Tma: TMA or cudaErrorNotSupported. Outputs are the same bits.
 enum class Sm90Loads : int { Auto = 0, CpAsync = 1, Tma = 2 };
@@ -62,12 +62,16 @@ constexpr Sm90Partials kSm90DefaultPartials = Sm90Partials::Fp16Widened;
 constexpr Fp8CodeOrder sm90_act_order(Sm90Partials p) {
     return p == Sm90Partials::Fp16Widened ? Fp8CodeOrder::GemmFragment : Fp8CodeOrder::Canonical;
 }
+// loads: as the bf16 kernel's (Auto: TMA for the A and B tiles where the operands allow a tensor map;
+// the scale words always take the cp.async loaders).
 cudaError_t launch_gemm_fp8_sm90_partials(Sm90Partials partials, const uint8_t* q, const uint8_t* sa,
                                           const uint8_t* w, const uint8_t* sw, uint16_t* y, int64_t ldc,
-                                          int64_t M, int64_t N, int64_t K, cudaStream_t stream);
+                                          int64_t M, int64_t N, int64_t K, cudaStream_t stream,
+                                          Sm90Loads loads = Sm90Loads::Auto);
 cudaError_t launch_gemm_fp4_sm90_partials(Sm90Partials partials, const uint8_t* q, const uint8_t* sa,
                                           const uint8_t* w, const uint8_t* sw, uint16_t* y, int64_t ldc,
-                                          int64_t M, int64_t N, int64_t K, cudaStream_t stream);
+                                          int64_t M, int64_t N, int64_t K, cudaStream_t stream,
+                                          Sm90Loads loads = Sm90Loads::Auto);
 cudaError_t launch_grouped_gemm_fp4_sm90_partials(Sm90Partials partials, const GroupedFp4Gemm& g,
                                                   cudaStream_t stream);
 

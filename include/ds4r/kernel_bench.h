@@ -40,10 +40,11 @@ public:
                                       int iters, int tile_rows = 0) = 0;
     // The output head's logits GEMM as head_stats runs it: x bf16 [M, D] . head bf16 [V, D]^T -> f32.
     virtual double head_logits_tflops(int64_t M, int64_t V, int64_t D, int iters) = 0;
-    // The Hopper bf16 kernel forced onto its cp.async loaders (the baseline of its TMA loads, which the
-    // backend takes where it can): x bf16 [M, K] . w bf16 [N, K]^T -> f32 (f32_out) or bf16. -1 on
-    // the portable kernels.
-    virtual double hopper_bf16_cp_async_tflops(int64_t M, int64_t N, int64_t K, bool f32_out, int iters) = 0;
+    // A Hopper GEMM kernel alone with its stages filled by TMA (tma) or by the cp.async loaders (the
+    // baseline; the backend takes TMA where it can): kind 0 fp8 block-scaled, 1 fp4 block-scaled
+    // (activations quantized beforehand, the default partials), 2 bf16 -> bf16, 3 bf16 -> f32; x [M, K],
+    // w [N, K]. -1 on the portable kernels.
+    virtual double hopper_gemm_tflops(int kind, int64_t M, int64_t N, int64_t K, bool tma, int iters) = 0;
     // The GEMM kernel family the backend runs (--kernels), e.g. "hopper wgmma".
     virtual std::string gemm_family() const = 0;
     // The instruction-level ceiling of the portable tensor-core path: back-to-back independent

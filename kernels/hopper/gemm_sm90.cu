@@ -68,10 +68,9 @@ constexpr int kSmemLimit = 227 * 1024;
 template <Op kOp_, bool kWiden_, int kBN_ = 128, int kBM_ = 128, bool kTma_ = false>
 struct Cfg {
     static constexpr Op kOp = kOp_;
-    // A and B tiles by TMA from one producer thread (bf16 only so far: the block-scaled kernels'
-    // raw rows and scale words still take the loaders)
+    // A and B tiles by TMA from one producer thread (the plain problems; the grouped experts' rows
+    // and every scale word still take the loaders)
     static constexpr bool kTma = kTma_;
-    static_assert(!kTma || kOp_ == Op::Bf16, "TMA loads: bf16 kernels");
     // output tile rows: 128 (consumer warpgroup g: rows 64 g .. 64 g + 63, all columns), or 64 with
     // 256 columns (both warpgroups the same 64 rows, warpgroup g columns 128 g .. 128 g + 127: the
     // grouped experts' tiles when experts hold few rows; each output's instruction sequence is the same)
@@ -103,6 +102,9 @@ struct Cfg {
     static constexpr int kBBytes = kOp == Op::Bf16 ? 2 * kKs : (kOp == Op::Fp4 ? kKs / 2 : kKs);
     static constexpr int kRawA = kWiden ? kABytes : 0;
     static constexpr int kRawB = kConvert ? kBBytes : 0;
+    // TMA: a stage's A box (kBM rows x kABytes) and B box (kBN rows x kBBytes), bytes
+    static constexpr uint32_t kTmaBytes = static_cast<uint32_t>(kBM * kABytes + kBN * kBBytes);
+    static_assert(kTmaBytes > 0, "stage bytes");
     // widened: no A tile (the consumers widen A in registers from the raw rows)
     static constexpr int kA = 0, kB = kWiden ? 0 : kBM * kRowBytes;
     static constexpr int kRawAOff = kB + kBN * kRowBytes;
@@ -185,6 +187,32 @@ struct Bars {
     __device__ uint32_t rows() const { return base + 192; }  // i32 [128]: A row of each tile row, -1 beyond
 };
 
+// TMA copies of stage i's A box (kBM rows x kABytes bytes at (K byte / element offset, m0, z)) and B
+// box (kBN rows at (.., n0, z)) into the places the cp.async loaders fill (tensor maps built by the
+// host with the matching swizzle: 128 bytes for MMA tiles, 64 for the widened raw A rows, none for
+// the converters' raw B rows); rows and K past the tensor arrive as zeros, as the loaders' zero fill.
+// One arrival on loaded[s] that expects both boxes' bytes (zero-filled bytes count too). Run by one
+// thread.
+template <class C>
+__device__ __forceinline__ void tma_stage(const Job& j, uint32_t st, Bars bars, int i, int s) {
+    // coordinates of dimension 0: elements (bf16) or bytes (codes)
+    const int ka = i * (C::kOp == Op::Bf16 ? C::kKs : C::kABytes);
+    const int kb = i * (C::kOp == Op::Bf16 ? C::kKs : C::kBBytes);
+    mbar_arrive_expect_tx(bars.loaded(s), C::kTmaBytes);
+    tma_load_3d(C::kWiden ? st + C::kRawAOff : st + C::kA, j.tma_a, ka, j.m0, j.z, bars.loaded(s));
+    tma_load_3d(C::kConvert ? st + C::kRawBOff : st + C::kB, j.tma_b, kb, j.n0, j.z, bars.loaded(s));
+}
+
+// The bf16 TMA producer (no scale words): one thread.
+template <class C>
+__device__ __forceinline__ void load_tma(const Job& j, uint32_t base, Bars bars, int n_stages) {
+    for (int i = 0; i < n_stages; ++i) {
+        const int s = i % C::kStages;
+        if (i >= C::kStages) mbar_wait(bars.empty(s), ((i / C::kStages) - 1) & 1);
+        tma_stage<C>(j, base + s * C::kStage, bars, i, s);
+    }
+}
+
 // ------------------------------------------------------------------ loaders
 // The loaders copy every stage's A and B rows, kStages ahead of the consumers, with coalesced 16-byte
 // cp.async (the lanes of a warp cover whole 128-byte row segments), and the rows' scale words (loader
@@ -232,8 +260,11 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
         const int s = i % C::kStages;
         if (i >= C::kStages) mbar_wait(bars.empty(s), ((i / C::kStages) - 1) & 1);
         const uint32_t st = base + s * C::kStage;
+        if constexpr (C::kTma) {
+            if (p == 0) tma_stage<C>(j, st, bars, i, s);
+        }
         // A: straight into the swizzled tile, or (widened) into the raw rows
-        {
+        if constexpr (!C::kTma) {
             const int off = i * C::kABytes + ca * 16;
 #pragma unroll 4
             for (int r = lw * kRpwA + ra; r < C::kBM; r += kWarps * kRpwA) {
@@ -246,7 +277,7 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
                 cp_async16(dst, n ? j.a + static_cast<int64_t>(ar) * j.a_pitch + off : j.a, n);
             }
         }
-        {
+        if constexpr (!C::kTma) {
             const int off = i * C::kBBytes + cb * 16;
 #pragma unroll 4
             for (int r = lw * kRpwB + rb; r < C::kBN; r += kWarps * kRpwB) {
@@ -291,23 +322,6 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
         } else {
             cp_async_arrive(bars.loaded(s));
         }
-    }
-}
-
-// TMA loads (Cfg::kTma, run by one producer thread): each stage's A box (kBM rows x kKs elements at
-// (k, m0, z)) and B box (kBN rows at (k, n0, z)), in the 128-byte swizzle the wgmma descriptors read;
-// rows and K past the tensor arrive as zeros (the cp.async loaders' zero fill). The stage's barrier
-// gets one arrival that expects both boxes' bytes (zero-filled bytes count too).
-template <class C>
-__device__ __forceinline__ void load_tma(const Job& j, uint32_t base, Bars bars, int n_stages) {
-    constexpr uint32_t kBytes = static_cast<uint32_t>((C::kBM + C::kBN) * kRowBytes);
-    for (int i = 0; i < n_stages; ++i) {
-        const int s = i % C::kStages;
-        if (i >= C::kStages) mbar_wait(bars.empty(s), ((i / C::kStages) - 1) & 1);
-        const uint32_t st = base + s * C::kStage;
-        mbar_arrive_expect_tx(bars.loaded(s), kBytes);
-        tma_load_3d(st + C::kA, j.tma_a, i * C::kKs, j.m0, j.z, bars.loaded(s));
-        tma_load_3d(st + C::kB, j.tma_b, i * C::kKs, j.n0, j.z, bars.loaded(s));
     }
 }
 
@@ -604,8 +618,9 @@ __device__ __forceinline__ void tile(const Job& j, uint8_t* smem) {
     const int tid = threadIdx.x;
     if (tid == 0) {
         for (int s = 0; s < C::kStages; ++s) {
-            // each loader: one (cp.async) arrival; TMA: the one thread's expect-tx arrival
-            mbar_init(bars.loaded(s), C::kTma ? 1 : C::kLoaders);
+            // each loader: one (cp.async) arrival; TMA: plus the issuing thread's expect-tx arrival
+            // (bf16: that one alone, the loaders have no scale words)
+            mbar_init(bars.loaded(s), C::kTma ? (C::kQuant ? C::kLoaders + 1 : 1) : C::kLoaders);
             mbar_init(bars.full(s),
                       C::kConvert ? kProducers - C::kLoaders : 1);  // each converter (unused without)
             mbar_init(bars.empty(s), kConsumers);                   // every consumer thread
@@ -618,7 +633,7 @@ __device__ __forceinline__ void tile(const Job& j, uint8_t* smem) {
     if (tid >= kConsumers) {
         regs_dec<kProducerRegs>();
         const int p = tid - kConsumers;
-        if constexpr (C::kTma) {
+        if constexpr (C::kTma && !C::kQuant) {
             if (p == 0) load_tma<C>(j, base, bars, n_stages);
         } else if (p < C::kLoaders)
             load<C>(j, base, bars, n_stages, p);
@@ -646,7 +661,7 @@ __global__ void __launch_bounds__(kThreads, 1) dense_kernel(const __grid_constan
 #endif
 }
 
-// The bf16 tensor maps of a TMA launch (A, B: [groups][rows][K], box {kKs, tile rows, 1}).
+// The tensor maps of a TMA launch (A, B: [groups][rows][K elements or bytes], boxes of one stage).
 struct TmaMaps {
     CUtensorMap a, b;
 };
@@ -714,11 +729,11 @@ EncodeTiledFn encode_tiled() {
     return fn;
 }
 
-// The tensor map of a bf16 operand [groups][rows][k] (pitch, zstride: bytes) with boxes of kKs = 64
-// elements x box_rows rows in the 128-byte swizzle; false where TMA cannot describe it (alignment,
-// strides, sizes), and the caller takes the cp.async loaders.
-bool bf16_map(CUtensorMap* map, const uint8_t* base, int64_t k, int64_t rows, int64_t pitch, int64_t zstride,
-              int64_t groups, int box_rows) {
+// One operand's tensor map: [groups][rows][k] elements of `bf16` (2 bytes) or bytes (1), pitch and
+// zstride in bytes; boxes of box_k elements x box_rows rows with the given swizzle. False where TMA
+// cannot describe it (alignment, strides, sizes): the caller then takes the cp.async loaders.
+bool operand_map(CUtensorMap* map, bool bf16, const uint8_t* base, int64_t k, int64_t rows, int64_t pitch,
+                 int64_t zstride, int64_t groups, int box_k, int box_rows, CUtensorMapSwizzle swizzle) {
     const EncodeTiledFn encode = encode_tiled();
     if (encode == nullptr || k <= 0 || rows <= 0 || groups <= 0 || !aligned16(base) || pitch <= 0 ||
         pitch % 16 != 0 || (groups > 1 && (zstride <= 0 || zstride % 16 != 0)))
@@ -727,11 +742,25 @@ bool bf16_map(CUtensorMap* map, const uint8_t* base, int64_t k, int64_t rows, in
                                 static_cast<cuuint64_t>(groups)};
     const cuuint64_t strides[2] = {static_cast<cuuint64_t>(pitch),
                                    static_cast<cuuint64_t>(groups > 1 ? zstride : pitch)};
-    const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(box_rows), 1};
+    const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_k), static_cast<cuuint32_t>(box_rows), 1};
     const cuuint32_t steps[3] = {1, 1, 1};
-    return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint8_t*>(base), dims, strides, box, steps,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 3,
+                  const_cast<uint8_t*>(base), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The A and B maps of a Cfg::kTma kernel C for problem p (M x N, K elements, `groups` along z), with the
+// layouts its stages hold (Cfg: swizzled MMA tiles, widened raw A rows, converters' raw B rows).
+template <class C>
+bool operand_maps(TmaMaps* maps, const GemmParams& p, int64_t M, int64_t N, int64_t K, int64_t groups) {
+    constexpr bool kBf16 = C::kOp == Op::Bf16;
+    // dimension 0: K elements (bf16) or bytes (codes; fp4 weights: two per byte)
+    const int64_t a_k = K, b_k = C::kOp == Op::Fp4 ? K / 2 : K;
+    const CUtensorMapSwizzle sa = C::kWiden ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
+    const CUtensorMapSwizzle sb = C::kConvert ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B;
+    const int box_a = kBf16 ? C::kKs : C::kABytes, box_b = kBf16 ? C::kKs : C::kBBytes;
+    return operand_map(&maps->a, kBf16, p.a, a_k, M, p.a_pitch, p.a_zstride, groups, box_a, C::kBM, sa) &&
+           operand_map(&maps->b, kBf16, p.b, b_k, N, p.b_pitch, p.b_zstride, groups, box_b, C::kBN, sb);
 }
 
 // extra: the TmaMaps of a Cfg::kTma kernel.
@@ -763,19 +792,26 @@ cudaError_t launch_bf16(Sm90Loads loads, const GemmParams& p, int64_t M, int64_t
     if (M == 0 || N == 0 || groups == 0) return cudaSuccess;
     if (loads != Sm90Loads::CpAsync) {
         TmaMaps maps{};
-        if (bf16_map(&maps.a, p.a, K, M, p.a_pitch, p.a_zstride, groups, CT::kBM) &&
-            bf16_map(&maps.b, p.b, K, N, p.b_pitch, p.b_zstride, groups, CT::kBN))
-            return launch_dense<CT, kOutF32>(p, M, N, groups, stream, maps);
+        if (operand_maps<CT>(&maps, p, M, N, K, groups)) return launch_dense<CT, kOutF32>(p, M, N, groups, stream, maps);
         if (loads == Sm90Loads::Tma) return cudaErrorNotSupported;
     }
     return launch_dense<CC, kOutF32>(p, M, N, groups, stream);
 }
 
+// A block-scaled linear; loads as launch_bf16's.
 template <Op kOp, bool kWiden>
-cudaError_t launch_scaled(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
-                          uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
+cudaError_t launch_scaled(Sm90Loads loads, const uint8_t* q, const uint8_t* sa, const uint8_t* w,
+                          const uint8_t* sw, uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K,
+                          cudaStream_t stream) {
     if (K % 32 != 0 || K > 0x7fffffffLL || !aligned16(q) || !aligned16(w)) return cudaErrorInvalidValue;
     const GemmParams p = scaled_params(q, sa, w, sw, kOp == Op::Fp4, y, ldc, M, N, K);
+    using CT = Cfg<kOp, kWiden, 128, 128, true>;
+    if (M == 0 || N == 0) return cudaSuccess;
+    if (loads != Sm90Loads::CpAsync) {
+        TmaMaps maps{};
+        if (operand_maps<CT>(&maps, p, M, N, K, 1)) return launch_dense<CT, false>(p, M, N, 1, stream, maps);
+        if (loads == Sm90Loads::Tma) return cudaErrorNotSupported;
+    }
     return launch_dense<Cfg<kOp, kWiden>, false>(p, M, N, 1, stream);
 }
 
@@ -830,18 +866,20 @@ cudaError_t launch_gemm_bf16_sm90(const uint16_t* x, int64_t lda, int64_t x_goff
 
 cudaError_t launch_gemm_fp8_sm90_partials(Sm90Partials partials, const uint8_t* q, const uint8_t* sa,
                                           const uint8_t* w, const uint8_t* sw, uint16_t* y, int64_t ldc,
-                                          int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
+                                          int64_t M, int64_t N, int64_t K, cudaStream_t stream,
+                                          Sm90Loads loads) {
     if (partials == Sm90Partials::Fp16Widened)
-        return launch_scaled<Op::Fp8, true>(q, sa, w, sw, y, ldc, M, N, K, stream);
-    return launch_scaled<Op::Fp8, false>(q, sa, w, sw, y, ldc, M, N, K, stream);
+        return launch_scaled<Op::Fp8, true>(loads, q, sa, w, sw, y, ldc, M, N, K, stream);
+    return launch_scaled<Op::Fp8, false>(loads, q, sa, w, sw, y, ldc, M, N, K, stream);
 }
 
 cudaError_t launch_gemm_fp4_sm90_partials(Sm90Partials partials, const uint8_t* q, const uint8_t* sa,
                                           const uint8_t* w, const uint8_t* sw, uint16_t* y, int64_t ldc,
-                                          int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
+                                          int64_t M, int64_t N, int64_t K, cudaStream_t stream,
+                                          Sm90Loads loads) {
     if (partials == Sm90Partials::Fp16Widened)
-        return launch_scaled<Op::Fp4, true>(q, sa, w, sw, y, ldc, M, N, K, stream);
-    return launch_scaled<Op::Fp4, false>(q, sa, w, sw, y, ldc, M, N, K, stream);
+        return launch_scaled<Op::Fp4, true>(loads, q, sa, w, sw, y, ldc, M, N, K, stream);
+    return launch_scaled<Op::Fp4, false>(loads, q, sa, w, sw, y, ldc, M, N, K, stream);
 }
 
 cudaError_t launch_grouped_gemm_fp4_sm90_tiles(Sm90Partials partials, Sm90GroupedRows rows,

@@ -126,10 +126,18 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
                                     : kb.linear_bf16_tflops(s.m, s.n, s.k, it);
         double ref = kb.cublas_bf16_tflops(s.m, s.n, s.k, it);
         row(s.name, s.m, s.n, s.k, ours, ref, strfmt("cublas=%.3f", ref));
-        // the Hopper bf16 kernel's baseline: the same kernel on its cp.async loaders instead of TMA
+        // the Hopper kernels' baseline: the same kernel on its cp.async loaders instead of TMA (the
+        // block-scaled ones as GEMMs alone, both ways: the rows above include the activation quant)
         if (s.kind == 2) {
-            const double cp = kb.hopper_bf16_cp_async_tflops(s.m, s.n, s.k, false, it);
+            const double cp = kb.hopper_gemm_tflops(2, s.m, s.n, s.k, false, it);
             if (cp >= 0) row(strfmt("%s, cp.async loads", s.name), s.m, s.n, s.k, cp, ref, "baseline");
+        } else {
+            const double tma = kb.hopper_gemm_tflops(s.kind, s.m, s.n, s.k, true, it);
+            if (tma >= 0) {
+                row(strfmt("%s, GEMM alone, TMA", s.name), s.m, s.n, s.k, tma, ref, "gemm only");
+                const double cp = kb.hopper_gemm_tflops(s.kind, s.m, s.n, s.k, false, it);
+                row(strfmt("%s, GEMM alone, cp.async", s.name), s.m, s.n, s.k, cp, ref, "baseline");
+            }
         }
     }
     // The routed experts as the MoE runs them: all experts of a chunk in one grouped launch, each with
@@ -174,7 +182,7 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
         const double ours = kb.head_logits_tflops(M, c.vocab_size, c.dim, it);
         const double ref = kb.cublas_bf16_tflops(M, c.vocab_size, c.dim, it);
         row("head logits bf16->f32", M, c.vocab_size, c.dim, ours, ref, strfmt("cublas=%.3f", ref));
-        const double cp = kb.hopper_bf16_cp_async_tflops(M, c.vocab_size, c.dim, true, it);
+        const double cp = kb.hopper_gemm_tflops(3, M, c.vocab_size, c.dim, false, it);
         if (cp >= 0) row("head logits, cp.async loads", M, c.vocab_size, c.dim, cp, ref, "baseline");
     }
     // The mHC mixes kernel's accumulation variants (issue 10): time per call at M rows and the model's

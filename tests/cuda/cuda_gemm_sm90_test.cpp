@@ -179,7 +179,7 @@ std::vector<uint8_t> fp8_wgmma_linear(bool fp4, const Tensor& x, const Tensor& w
     Tensor y = poisoned(be, DType::BF16, {M, N});
     auto fn = fp4 ? kern::launch_gemm_fp4_sm90_partials : kern::launch_gemm_fp8_sm90_partials;
     DS4R_CUDA_CHECK(fn(kern::Sm90Partials::Fp8Wgmma, a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.ptr<uint8_t>(),
-                       s.ptr<uint8_t>(), y.ptr<uint16_t>(), N, M, N, K, be.stream()));
+                       s.ptr<uint8_t>(), y.ptr<uint16_t>(), N, M, N, K, be.stream(), kern::Sm90Loads::Auto));
     return host(be, y);
 }
 
@@ -497,7 +497,53 @@ TEST(CudaGemmSm90, Bf16TmaLoadsEqualCpAsyncLoads) {
             // TMA describes groups as a third dimension; a stride below the row pitch may be refused
             std::printf("[ note ] %s: TMA refused the grouped layout; the cp.async loaders ran\n", what.c_str());
         }
-        if (!tma.empty()) EXPECT_EQ(tma, cp) << what << ": TMA loads differ from the cp.async loaders";
+        if (!tma.empty()) {
+            EXPECT_EQ(tma, cp) << what << ": TMA loads differ from the cp.async loaders";
+        }
+    }
+}
+
+// The block-scaled kernels' A and B tiles by TMA (swizzled MMA tiles, the widened variant's raw A rows
+// in the 64-byte swizzle, the converters' raw B rows unswizzled) or by the cp.async loaders: the same
+// bits, in both partial variants, with M / N / K tails (K = 32: one block in a 64- or 128-wide stage).
+TEST(CudaGemmSm90, ScaledTmaLoadsEqualCpAsyncLoads) {
+    DS4R_REQUIRE_HOPPER();
+    struct Case {
+        int64_t M, N, K;
+    };
+    const Case cases[] = {{1, 200, 96}, {7, 1024, 32}, {129, 300, 5120}, {257, 384, 1280}, {8193, 256, 512}};
+    CudaBackend& be = hop();
+    std::mt19937_64 rng(71);
+    for (const Case& c : cases) {
+        if (sanitizer_run() && c.M > 300) continue;
+        const auto xh = rand_x(c.M, c.K, 72);
+        Tensor x = upload(be, DType::BF16, {c.M, c.K}, xh.data());
+        for (const bool fp4 : {false, true}) {
+            const int64_t wb = fp4 ? c.N * c.K / 2 : c.N * c.K, srows = fp4 ? c.N : (c.N + 31) / 32;
+            std::vector<uint8_t> wh = rand_fp8_codes(static_cast<size_t>(wb), rng);
+            std::vector<uint8_t> sh(static_cast<size_t>(srows * (c.K / 32)));
+            for (auto& b : sh) b = scale_byte(rng, false);
+            Tensor w = upload(be, fp4 ? DType::I8 : DType::F8_E4M3, {wb}, wh.data()),
+                   sw = upload(be, DType::F8_E8M0, {srows, c.K / 32}, sh.data());
+            for (const auto partials : {kern::Sm90Partials::Fp16Widened, kern::Sm90Partials::Fp8Wgmma}) {
+                const std::string what = std::string(fp4 ? "fp4" : "fp8") +
+                                         (partials == kern::Sm90Partials::Fp8Wgmma ? " fp8-wgmma" : " widened") +
+                                         " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
+                                         " K=" + std::to_string(c.K);
+                const CudaBackend::GemmActs a = be.quantize_gemm_acts(x, c.M, c.K, kern::sm90_act_order(partials));
+                auto run = [&](kern::Sm90Loads loads) {
+                    Tensor y = poisoned(be, DType::BF16, {c.M, c.N});
+                    auto fn = fp4 ? kern::launch_gemm_fp4_sm90_partials : kern::launch_gemm_fp8_sm90_partials;
+                    DS4R_CUDA_CHECK(fn(partials, a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.ptr<uint8_t>(),
+                                       sw.ptr<uint8_t>(), y.ptr<uint16_t>(), c.N, c.M, c.N, c.K, be.stream(), loads));
+                    return host(be, y);
+                };
+                const auto tma = run(kern::Sm90Loads::Tma), cp = run(kern::Sm90Loads::CpAsync),
+                           automatic = run(kern::Sm90Loads::Auto);
+                EXPECT_EQ(tma, cp) << what << ": TMA loads differ from the cp.async loaders";
+                EXPECT_EQ(automatic, tma) << what << ": Auto differs from TMA";
+            }
+        }
     }
 }
 

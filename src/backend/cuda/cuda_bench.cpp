@@ -199,15 +199,31 @@ double bench_head_logits_tflops(CudaBackend& be, int64_t M, int64_t V, int64_t D
     });
 }
 
-double bench_hopper_bf16_cp_async_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, bool f32_out,
-                                         int iters) {
+double bench_hopper_gemm_tflops(CudaBackend& be, int kind, int64_t M, int64_t N, int64_t K, bool tma,
+                                int iters) {
+    const auto loads = tma ? kern::Sm90Loads::Tma : kern::Sm90Loads::CpAsync;
     Tensor x = random_bf16(be, M, K, 4.0f, 23);
-    Tensor w = random_bf16(be, N, K, 0.05f, 24);
-    Tensor y = be.alloc(f32_out ? DType::F32 : DType::BF16, {M, N});
+    if (kind >= 2) {
+        Tensor w = random_bf16(be, N, K, 0.05f, 24);
+        const bool f32_out = kind == 3;
+        Tensor y = be.alloc(f32_out ? DType::F32 : DType::BF16, {M, N});
+        return time_tflops(be, M, N, K, iters, [&] {
+            DS4R_CUDA_CHECK(kern::launch_gemm_bf16_sm90_loads(loads, x.ptr<uint16_t>(), K, 0, w.ptr<uint16_t>(),
+                                                              K, 0, y.data, f32_out, N, 0, M, N, K, 1,
+                                                              be.stream()));
+        });
+    }
+    const bool fp4 = kind == 1;
+    const auto partials = be.gemm().fp8_partials ? kern::Sm90Partials::Fp8Wgmma : kern::Sm90Partials::Fp16Widened;
+    const CudaBackend::GemmActs a = be.quantize_gemm_acts(x, M, K, kern::sm90_act_order(partials));
+    Tensor w = fp4 ? random_bytes(be, DType::I8, {N, K / 2}, 25, [](uint64_t v) { return static_cast<uint8_t>(v >> 24); })
+                   : random_bytes(be, DType::F8_E4M3, {N, K}, 25, e4m3_code);
+    Tensor s = random_bytes(be, DType::F8_E8M0, {fp4 ? N : (N + 31) / 32, K / 32}, 26, scale_byte);
+    Tensor y = be.alloc(DType::BF16, {M, N});
+    auto fn = fp4 ? kern::launch_gemm_fp4_sm90_partials : kern::launch_gemm_fp8_sm90_partials;
     return time_tflops(be, M, N, K, iters, [&] {
-        DS4R_CUDA_CHECK(kern::launch_gemm_bf16_sm90_loads(kern::Sm90Loads::CpAsync, x.ptr<uint16_t>(), K, 0,
-                                                          w.ptr<uint16_t>(), K, 0, y.data, f32_out, N, 0, M, N,
-                                                          K, 1, be.stream()));
+        DS4R_CUDA_CHECK(fn(partials, a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.ptr<uint8_t>(), s.ptr<uint8_t>(),
+                           y.ptr<uint16_t>(), N, M, N, K, be.stream(), loads));
     });
 }
 
@@ -325,9 +341,9 @@ public:
         return bench_head_logits_tflops(be_, M, V, D, iters);
     }
     std::string gemm_family() const override { return be_.gemm().name(); }
-    double hopper_bf16_cp_async_tflops(int64_t M, int64_t N, int64_t K, bool f32_out, int iters) override {
+    double hopper_gemm_tflops(int kind, int64_t M, int64_t N, int64_t K, bool tma, int iters) override {
         if (!be_.gemm().hopper) return -1;
-        return bench_hopper_bf16_cp_async_tflops(be_, M, N, K, f32_out, iters);
+        return bench_hopper_gemm_tflops(be_, kind, M, N, K, tma, iters);
     }
     double mma_sync_peak_tflops() override { return bench_mma_sync_peak_tflops(be_); }
     double hc_mixes_ms(int variant, int64_t M, int64_t D, int iters) override {
