@@ -195,20 +195,23 @@ __device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t w, uint32_t& lo, uint
 // even element). Nibble s|eem: placing eem at fp16 bits 11..9 and s at bit 15 gives exactly the
 // e2m1 value * 2^-14 (e = 0, m = 1 is the fp16 subnormal 2^-15); the fp16 multiply by 2^14 restores
 // it exactly. byte * 0x00200200 puts the low nibble at bits 12..9 and the high one at 28..25; adding
-// 7 * (sign bits 12 / 28) moves them to 15 / 31.
-__device__ __forceinline__ uint32_t e2m1x2_to_f16x2(uint32_t byte) {
+// 7 * (sign bits 12 / 28) moves them to 15 / 31. mult2: the fp16x2 multiplier, 2^14 (0x7400) in both
+// halves; the Hopper kernels pass 2^(14 + b) to take a power-of-two scale 2^b into the values (exact
+// where every e2m1 value * 2^b is a normal fp16: b in [-13, 1]).
+constexpr uint32_t kE2m1F16Mult = 0x74007400u;
+__device__ __forceinline__ uint32_t e2m1x2_to_f16x2(uint32_t byte, uint32_t mult2 = kE2m1F16Mult) {
     const uint32_t u = (byte * 0x00200200u) & 0x1E001E00u;
     const uint32_t h = u + 7u * (u & 0x10001000u);
     __half2 v = *reinterpret_cast<const __half2*>(&h);
-    v = __hmul2(v, __halves2half2(__ushort_as_half(0x7400), __ushort_as_half(0x7400)));  // * 2^14
+    v = __hmul2(v, *reinterpret_cast<const __half2*>(&mult2));
     return *reinterpret_cast<const uint32_t*>(&v);
 }
-__device__ __forceinline__ uint4 e2m1x8_to_f16x8(uint32_t w) {
+__device__ __forceinline__ uint4 e2m1x8_to_f16x8(uint32_t w, uint32_t mult2 = kE2m1F16Mult) {
     uint4 r;
-    r.x = e2m1x2_to_f16x2(w & 0xffu);
-    r.y = e2m1x2_to_f16x2((w >> 8) & 0xffu);
-    r.z = e2m1x2_to_f16x2((w >> 16) & 0xffu);
-    r.w = e2m1x2_to_f16x2(w >> 24);
+    r.x = e2m1x2_to_f16x2(w & 0xffu, mult2);
+    r.y = e2m1x2_to_f16x2((w >> 8) & 0xffu, mult2);
+    r.z = e2m1x2_to_f16x2((w >> 16) & 0xffu, mult2);
+    r.w = e2m1x2_to_f16x2(w >> 24, mult2);
     return r;
 }
 

@@ -326,15 +326,64 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
 }
 
 // ------------------------------------------------------------------ converters (fp4 / widened)
+// fp4 column scales that the widened B can take into its values: b = byte - 127 in [-13, 1], where
+// every e2m1 value * 2^b is a normal fp16 (0.5 * 2^-13 .. 6 * 2^1) and the conversion's multiplier
+// 2^(14 + b) is one too.
+constexpr uint32_t kFoldLo = 114, kFoldSpan = 14;
+__device__ __forceinline__ bool sw_foldable(uint32_t b) {
+    return b - kFoldLo <= kFoldSpan;
+}
+
+// fp4 stage i's scales, before its weights are converted (converter p): the f32 tables ([K block][row /
+// column]) and the flag words, one per converter warp: bit 0 some scale lies outside the fused
+// form's window, bit 1 some column scale outside sw_foldable (always set where B is not widened).
+// Returns whether the stage's B takes its column scales (no bit set in either word): then every
+// partial the consumers get is P * sw, exactly (the products' and sums' exponents all shift by b, no
+// value leaves the normal range: scaling by a power of two commutes with every rounding), and
+// fma(P * sw, sa, acc) is the fused form's fma(P, sa * sw, acc) bit for bit.
+template <class C>
+__device__ __forceinline__ bool stage_scales(uint32_t st, int i, int p) {
+    const int q0 = C::kWiden ? (2 * i) & 3 : 0;
+    bool ok = true, fold = C::kWiden;
+#pragma unroll
+    for (int r = p; r < C::kBM; r += C::kConverters) {
+        const uint32_t wa = lds32(st + C::kSa + 4 * r);
+#pragma unroll
+        for (int q = 0; q < C::kKb; ++q) {
+            const uint32_t ba = (wa >> (8 * (q0 + q))) & 0xFFu;
+            ok = ok && sa_in_window(ba);
+            sts32(st + C::kSaF + 4 * (q * C::kBM + r), __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(ba))));
+        }
+    }
+#pragma unroll
+    for (int r = p; r < C::kBN; r += C::kConverters) {
+        const uint32_t ww = lds32(st + C::kSw + 4 * r);
+#pragma unroll
+        for (int q = 0; q < C::kKb; ++q) {
+            const uint32_t bw = (ww >> (8 * (q0 + q))) & 0xFFu;
+            ok = ok && sw_in_window(bw);
+            fold = fold && sw_foldable(bw);
+            sts32(st + C::kSwF + 4 * (q * C::kBN + r), __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(bw))));
+        }
+    }
+    const unsigned bad = __ballot_sync(0xffffffffu, !ok), no_fold = __ballot_sync(0xffffffffu, !fold);
+    if ((p & 31) == 0) sts32(st + C::kFlags + 4 * (p / 32), (bad ? 1u : 0u) | (no_fold ? 2u : 0u));
+    named_barrier(2, C::kConverters);  // both converter warps' words written
+    return (lds32(st + C::kFlags) | lds32(st + C::kFlags + 4)) == 0;
+}
+
 // Converter p converts weight rows p + kConverters t of the stage's raw rows into the swizzled B tile:
 // fp4 -> e4m3 codes (fp8 MMA), or codes -> fp16 (widened MMA, the portable kernels' conversions by
-// gemm_tile's bit trick); the activations of the widened MMA are widened by the consumers (consume).
+// gemm_tile's bit trick; fp4 with the column scales taken in where stage_scales allows); the
+// activations of the widened MMA are widened by the consumers (consume).
 template <class C>
 __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, int p) {
     for (int i = 0; i < n_stages; ++i) {
         const int s = i % C::kStages;
         mbar_wait(bars.loaded(s), (i / C::kStages) & 1);
         const uint32_t st = base + s * C::kStage;
+        bool fold = false;
+        if constexpr (C::kScaleF) fold = stage_scales<C>(st, i, p);
 #pragma unroll 1
         for (int r = p; r < C::kBN; r += C::kConverters) {
             if constexpr (C::kWiden && C::kOp == Op::Fp8) {
@@ -345,13 +394,18 @@ __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, 
                     sts128(st + C::kB + swz128(r, 2 * c + 1), gemm::e4m3x8_to_f16x8(raw.z, raw.w));
                 }
             } else if constexpr (C::kWiden) {
+                // folded: this row's scale byte of block c (the stage's bytes from q0) gives the
+                // multiplier 2^(14 + b) = fp16 exponent field byte - 98
+                const uint32_t ww = fold ? lds32(st + C::kSw + 4 * r) >> (8 * ((2 * i) & 3)) : 0u;
 #pragma unroll
-                for (int c = 0; c < 2; ++c) {  // 32 bytes = 64 codes -> 8 chunks
+                for (int c = 0; c < 2; ++c) {  // 32 bytes = 64 codes -> 8 chunks; chunk pair c: K block c
+                    const uint32_t mult =
+                        fold ? (((ww >> (8 * c)) & 0xFFu) - 98u) * 0x04000400u : gemm::kE2m1F16Mult;
                     const uint4 raw = lds128(st + C::kRawBOff + r * C::kRawB + c * 16);
-                    sts128(st + C::kB + swz128(r, 4 * c), gemm::e2m1x8_to_f16x8(raw.x));
-                    sts128(st + C::kB + swz128(r, 4 * c + 1), gemm::e2m1x8_to_f16x8(raw.y));
-                    sts128(st + C::kB + swz128(r, 4 * c + 2), gemm::e2m1x8_to_f16x8(raw.z));
-                    sts128(st + C::kB + swz128(r, 4 * c + 3), gemm::e2m1x8_to_f16x8(raw.w));
+                    sts128(st + C::kB + swz128(r, 4 * c), gemm::e2m1x8_to_f16x8(raw.x, mult));
+                    sts128(st + C::kB + swz128(r, 4 * c + 1), gemm::e2m1x8_to_f16x8(raw.y, mult));
+                    sts128(st + C::kB + swz128(r, 4 * c + 2), gemm::e2m1x8_to_f16x8(raw.z, mult));
+                    sts128(st + C::kB + swz128(r, 4 * c + 3), gemm::e2m1x8_to_f16x8(raw.w, mult));
                 }
             } else {
                 // fp4 -> e4m3: 64 bytes = 128 codes -> 8 chunks
@@ -366,36 +420,6 @@ __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, 
                                       e2m1x4_to_e4m3x4(raw.w & 0xFFFFu), e2m1x4_to_e4m3x4(raw.w >> 16)));
                 }
             }
-        }
-        if constexpr (C::kScaleF) {
-            // fp4: the stage's scales as f32 ([K block][row / column]) and whether all lie in the
-            // fused form's window (one flag word per converter warp; nonzero: not all)
-            const int q0 = C::kWiden ? (2 * i) & 3 : 0;
-            bool ok = true;
-#pragma unroll
-            for (int r = p; r < C::kBM; r += C::kConverters) {
-                const uint32_t wa = lds32(st + C::kSa + 4 * r);
-#pragma unroll
-                for (int q = 0; q < C::kKb; ++q) {
-                    const uint32_t ba = (wa >> (8 * (q0 + q))) & 0xFFu;
-                    ok = ok && sa_in_window(ba);
-                    sts32(st + C::kSaF + 4 * (q * C::kBM + r),
-                          __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(ba))));
-                }
-            }
-#pragma unroll
-            for (int r = p; r < C::kBN; r += C::kConverters) {
-                const uint32_t ww = lds32(st + C::kSw + 4 * r);
-#pragma unroll
-                for (int q = 0; q < C::kKb; ++q) {
-                    const uint32_t bw = (ww >> (8 * (q0 + q))) & 0xFFu;
-                    ok = ok && sw_in_window(bw);
-                    sts32(st + C::kSwF + 4 * (q * C::kBN + r),
-                          __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(bw))));
-                }
-            }
-            const unsigned bad = __ballot_sync(0xffffffffu, !ok);
-            if ((p & 31) == 0) sts32(st + C::kFlags + 4 * (p / 32), bad);
         }
         fence_proxy_async();
         mbar_arrive(bars.full(s));
@@ -444,7 +468,14 @@ __device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], 
         const int kq = q - q0;  // the block's index inside the stage
         const float fa0 = __uint_as_float(lds32(st + C::kSaF + 4 * (kq * C::kBM + r0)));
         const float fa1 = __uint_as_float(lds32(st + C::kSaF + 4 * (kq * C::kBM + r0 + 8)));
-        const bool all_fast = (lds32(st + C::kFlags) | lds32(st + C::kFlags + 4)) == 0;
+        const uint32_t flags = lds32(st + C::kFlags) | lds32(st + C::kFlags + 4);  // stage_scales
+        if (flags == 0) {
+            // B took the column scales (stage_scales): P is P * sw, acc = fma(P * sw, sa, acc)
+#pragma unroll
+            for (int i = 0; i < 64; ++i) acc[i] = __fmaf_rn(P[i], ((i >> 1) & 1) ? fa1 : fa0, acc[i]);
+            return;
+        }
+        const bool all_fast = (flags & 1u) == 0;
 #pragma unroll
         for (int jj = 0; jj < 16; ++jj) {
             const int col = n0 + 8 * jj + 2 * (lane & 3);
