@@ -2,9 +2,13 @@
 // rel 1e-6, target logit, rank and top-k identical. Most cases use integer-grid inputs whose logits
 // are exact in fp32 on both backends (so ranks and top-k are bit-comparable, with many exact ties
 // that the lower-id rule must break); one random case checks the fp32 GEMM path with tolerances.
-// Plus batch invariance across the 256-row logits chunks and determinism.
+// Plus batch invariance across the 256-row logits chunks and determinism. The row-statistics kernel's
+// paths (kernels/head.cu: the candidate list, its rank / bitonic orderings, the exact radix fallback)
+// are reached through head_stats and, for logits a GEMM of bf16 inputs cannot make (NaN, +-inf,
+// misaligned rows), through launch_head_row_stats against a host reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +18,11 @@
 
 #include "cuda_test_util.h"
 #include "ds4r/numeric.h"
+
+#ifdef DS4R_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "head.cuh"
+#endif
 
 using namespace ds4r;
 using namespace ds4r::test;
@@ -218,3 +227,197 @@ TEST(CudaHead, BatchInvariantAcrossChunksAndDeterministic) {
         targets[static_cast<size_t>(r)] = r % 3 == 0 ? -1 : static_cast<int32_t>(r * 7 % V);
     check_rows_alone(x, ph, targets, M, D, 8, {0, 1, 128, 255, 256, 299}, "head_stats batch invariance");
 }
+
+TEST(CudaHead, RowStatsPaths) {
+    DS4R_REQUIRE_CUDA();
+    // All logits equal, V above the kernel's 4,096-entry candidate list: the exact fallback for every k
+    // (TinyExactTopkVariants' all-tie rows, V = 512, fit the list: 512 candidates, the rank ordering).
+    {
+        const int64_t V = 5000, D = 64, M = 5;
+        auto x = int_grid_bf16(M * D, 2, 0, 41);
+        auto h = int_grid_bf16(D, 3, -6, 42);
+        std::vector<uint16_t> rows(static_cast<size_t>(V * D));
+        for (int64_t v = 0; v < V; ++v) std::memcpy(&rows[v * D], h.data(), D * 2);
+        HeadCase hc = make_case(x, rows, some_targets(M, V, 43), M, V, D);
+        for (int k : {1, 8, 300, 512, 513})
+            check_exact(hc, k, "head_stats all-equal V=5000 k=" + std::to_string(k));
+    }
+    // Few distinct logits (D = 8 of a narrow grid): exact ties at the k-th value across the whole row,
+    // thousands of candidates (the bitonic ordering) or more than the list holds (the fallback).
+    {
+        const int64_t V = 20000, D = 8, M = 6;
+        auto x = int_grid_bf16(M * D, 1, 0, 51);
+        auto h = int_grid_bf16(V * D, 2, -6, 52);
+        HeadCase hc = make_case(x, h, some_targets(M, V, 53), M, V, D);
+        for (int k : {1, 8, 20, 512, 1024})
+            check_exact(hc, k, "head_stats few-valued k=" + std::to_string(k));
+    }
+    // k = 512 (the largest the candidate path takes), 513 and 1024 (the fallback) with V = 4096.
+    {
+        const int64_t V = 4096, D = 64, M = 4;
+        auto x = int_grid_bf16(M * D, 2, 0, 61);
+        auto h = int_grid_bf16(V * D, 3, -6, 62);
+        HeadCase hc = make_case(x, h, some_targets(M, V, 63), M, V, D);
+        for (int k : {100, 512, 513, 1024}) check_exact(hc, k, "head_stats V=4096 k=" + std::to_string(k));
+    }
+    // V % 4 != 0 (rows after the first are not 16-byte aligned), k up to V.
+    for (int64_t V : {1, 3, 7, 1001, 4097}) {
+        const int64_t D = 32, M = 9;
+        auto x = int_grid_bf16(M * D, 2, 0, 70 + V);
+        auto h = int_grid_bf16(V * D, 3, -6, 80 + V);
+        HeadCase hc = make_case(x, h, some_targets(M, V, 90 + V), M, V, D);
+        for (int k : {1, 3, 8, 512, 1024})
+            if (k <= V) check_exact(hc, k, "head_stats V=" + std::to_string(V) + " k=" + std::to_string(k));
+        if (V <= 1024) check_exact(hc, static_cast<int>(V), "head_stats V=" + std::to_string(V) + " k=V");
+    }
+}
+
+#ifdef DS4R_HAVE_CUDA
+namespace {
+
+// Host reference of one row (head.cuh's contract): sums in long double, top-k by a stable sort.
+struct RowRef {
+    double lse, ent;
+    float tl;
+    int32_t rank;
+    std::vector<int32_t> ids;
+};
+RowRef row_reference(const float* l, int64_t V, int32_t t, int k) {
+    long double mx = -INFINITY;
+    for (int64_t v = 0; v < V; ++v)
+        if (!std::isnan(l[v])) mx = std::max(mx, static_cast<long double>(l[v]));
+    long double se = 0, sel = 0;
+    for (int64_t v = 0; v < V; ++v) {
+        const long double e = std::exp(static_cast<long double>(l[v]) - mx);  // NaN for +-inf - +-inf
+        se += e;
+        sel += e * static_cast<long double>(l[v]);  // 0 * -inf = NaN, as the CPU's sum
+    }
+    RowRef o;
+    o.lse = static_cast<double>(mx + std::log(se));
+    o.ent = static_cast<double>(mx + std::log(se) - sel / se);
+    o.tl = t >= 0 ? l[t] : 0.0f;
+    int64_t above = 0;
+    if (t >= 0)
+        for (int64_t v = 0; v < V; ++v) above += l[v] > l[t] ? 1 : 0;
+    o.rank = t >= 0 ? static_cast<int32_t>(1 + above) : 0;
+    std::vector<int32_t> ord(static_cast<size_t>(V));
+    for (int64_t v = 0; v < V; ++v) ord[static_cast<size_t>(v)] = static_cast<int32_t>(v);
+    auto above_nan_aware = [](float a, float b) { return !std::isnan(a) && (std::isnan(b) || a > b); };
+    std::stable_sort(ord.begin(), ord.end(),
+                     [&](int32_t a, int32_t b) { return above_nan_aware(l[a], l[b]); });
+    o.ids.assign(ord.begin(), ord.begin() + k);
+    return o;
+}
+
+struct DirectOut {
+    std::vector<double> lse, ent;
+    std::vector<float> tl, logit;
+    std::vector<int32_t> rank, ids;
+};
+
+// launch_head_row_stats on R rows of V logits placed `offset` floats past a 256-byte aligned buffer.
+DirectOut run_row_stats(const std::vector<float>& logits, const std::vector<int32_t>& targets, int64_t R,
+                        int64_t V, int k, int64_t offset) {
+    auto& be = dynamic_cast<CudaBackend&>(*cuda());
+    Tensor buf = be.alloc(DType::F32, {R * V + offset});
+    be.upload(buf, static_cast<size_t>(offset) * 4, logits.data(), logits.size() * 4);
+    Tensor tg = be.alloc(DType::I32, {R});
+    be.upload(tg, 0, targets.data(), targets.size() * 4);
+    HeadOuts o(R, std::max(k, 1));
+    DS4R_CUDA_CHECK(kern::launch_head_row_stats(
+        buf.ptr<float>() + offset, tg.ptr<int32_t>(), R, V, k, o.lse.g.ptr<double>(), o.ent.g.ptr<double>(),
+        o.tl.g.ptr<float>(), o.rank.g.ptr<int32_t>(), k > 0 ? o.ids.g.ptr<int32_t>() : nullptr,
+        k > 0 ? o.logit.g.ptr<float>() : nullptr, be.stream()));
+    DirectOut d;
+    auto get = [&](auto& v, const Tensor& t, size_t n) {
+        v.resize(n);
+        if (n) be.download(v.data(), t, 0, n * sizeof(v[0]));
+    };
+    get(d.lse, o.lse.g, static_cast<size_t>(R));
+    get(d.ent, o.ent.g, static_cast<size_t>(R));
+    get(d.tl, o.tl.g, static_cast<size_t>(R));
+    get(d.rank, o.rank.g, static_cast<size_t>(R));
+    get(d.ids, o.ids.g, static_cast<size_t>(R * k));
+    get(d.logit, o.logit.g, static_cast<size_t>(R * k));
+    return d;
+}
+
+void expect_close_or_nan(double got, double want, const std::string& what) {
+    if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got)) << what << ": " << got << ", want NaN";
+    } else {
+        EXPECT_NEAR(got, want, 1e-9 * std::fabs(want) + 1e-12) << what;
+    }
+}
+
+bool same_bits(const DirectOut& a, const DirectOut& b, int64_t ra, int64_t rb, int k) {
+    auto eq = [](const void* x, const void* y, size_t n) { return std::memcmp(x, y, n) == 0; };
+    return eq(&a.lse[ra], &b.lse[rb], 8) && eq(&a.ent[ra], &b.ent[rb], 8) && eq(&a.tl[ra], &b.tl[rb], 4) &&
+           a.rank[ra] == b.rank[rb] && eq(&a.ids[ra * k], &b.ids[rb * k], 4 * static_cast<size_t>(k)) &&
+           eq(&a.logit[ra * k], &b.logit[rb * k], 4 * static_cast<size_t>(k));
+}
+
+}  // namespace
+
+// NaN, +-inf, +-0 and denormal logits, rows not 16-byte aligned (V % 4 != 0 and an offset buffer),
+// every top-k path; each row's bits also equal when computed alone at another alignment.
+TEST(CudaHead, RowStatsSpecialValuesAndAlignment) {
+    DS4R_REQUIRE_CUDA();
+    for (int64_t V : {int64_t{3001}, int64_t{6000}}) {
+        const int64_t R = 12;
+        std::mt19937_64 rng(static_cast<uint64_t>(V));
+        std::normal_distribution<float> nd(0.0f, 3.0f);
+        std::vector<float> L(static_cast<size_t>(R * V));
+        for (auto& v : L) v = nd(rng);
+        auto at = [&](int64_t r, int64_t v) -> float& { return L[static_cast<size_t>(r * V + v)]; };
+        for (int64_t v = 0; v < V; v += 7) at(0, v) = NAN;        // NaNs among numbers
+        for (int64_t v = 0; v < V; v += 5) at(1, v) = -INFINITY;  // -inf among numbers
+        at(2, 17) = INFINITY;                                     // one +inf
+        for (int64_t v = 0; v < V; ++v) {
+            at(3, v) = NAN;                                           // all NaN
+            at(4, v) = -INFINITY;                                     // all -inf
+            at(5, v) = v < V / 2 ? NAN : -INFINITY;                   // no number
+            if (v % 2) at(6, v) = NAN;                                // half NaN
+            if (v < V - 3) at(7, v) = NAN;                            // 3 numbers, at the end
+            at(8, v) = v % 3 ? 0.0f : -0.0f;                          // +0 == -0 ties
+            at(9, v) = 1e-42f * static_cast<float>(v % 13) - 5e-42f;  // denormals
+            at(10, v) = static_cast<float>(static_cast<int>(v % 5));  // 5 values, V / 5 ties each
+        }
+        at(11, V - 1) = 40.0f;  // a peaked row: the max in the last (partial) group
+        at(11, 0) = 40.0f;
+        std::vector<int32_t> targets(static_cast<size_t>(R));
+        for (int64_t r = 0; r < R; ++r)
+            targets[static_cast<size_t>(r)] = r % 4 == 3 ? -1 : static_cast<int32_t>((r * 997) % V);
+        targets[0] = 7;  // a NaN target: rank 1 (nothing compares greater)
+        for (int k : {0, 1, 3, 8, 100, 512, 600, 1024}) {
+            const std::string what = "row_stats V=" + std::to_string(V) + " k=" + std::to_string(k);
+            const DirectOut d = run_row_stats(L, targets, R, V, k, 0);
+            for (int64_t r = 0; r < R; ++r) {
+                const RowRef want =
+                    row_reference(&L[static_cast<size_t>(r * V)], V, targets[static_cast<size_t>(r)], k);
+                const std::string w = what + " row " + std::to_string(r);
+                expect_close_or_nan(d.lse[static_cast<size_t>(r)], want.lse, w + " lse");
+                expect_close_or_nan(d.ent[static_cast<size_t>(r)], want.ent, w + " entropy");
+                EXPECT_EQ(0, std::memcmp(&d.tl[static_cast<size_t>(r)], &want.tl, 4)) << w << " target_logit";
+                EXPECT_EQ(d.rank[static_cast<size_t>(r)], want.rank) << w << " rank";
+                for (int i = 0; i < k; ++i) {
+                    const size_t j = static_cast<size_t>(r * k + i);
+                    ASSERT_EQ(d.ids[j], want.ids[static_cast<size_t>(i)]) << w << " topk_ids[" << i << "]";
+                    const float lv = L[static_cast<size_t>(r * V + want.ids[static_cast<size_t>(i)])];
+                    EXPECT_EQ(0, std::memcmp(&d.logit[j], &lv, 4)) << w << " topk_logit[" << i << "]";
+                }
+            }
+            if (k == 0) continue;
+            // the same rows at another address (offset by 1 float) and rows alone: the same bits
+            const DirectOut d1 = run_row_stats(L, targets, R, V, k, 1);
+            for (int64_t r = 0; r < R; ++r)
+                EXPECT_TRUE(same_bits(d, d1, r, r, k)) << what << " row " << r << " moved";
+            for (int64_t r : {int64_t{0}, int64_t{5}, R - 1}) {
+                std::vector<float> one(L.begin() + r * V, L.begin() + (r + 1) * V);
+                const DirectOut a = run_row_stats(one, {targets[static_cast<size_t>(r)]}, 1, V, k, 3);
+                EXPECT_TRUE(same_bits(d, a, r, 0, k)) << what << " row " << r << " alone";
+            }
+        }
+    }
+}
+#endif  // DS4R_HAVE_CUDA
