@@ -4,9 +4,10 @@
 //
 // STRUCTURE (one 128-row output tile per CTA, 384 threads; 128 columns, bf16 256; the grouped experts
 // also 64 x 256, Cfg::kSplitN):
-// - warpgroup 2 is the producer. bf16 (when the operands allow a tensor map, Sm90Loads): one thread
-//   issues each stage's A and B boxes as TMA copies (128-byte swizzle, zero fill past the tensor),
-//   completing on `loaded` by their byte count. Otherwise its loaders copy every stage's A and B rows (128 bytes of K per row:
+// - warpgroup 2 is the producer. Plain problems (when the operands allow a tensor map, Sm90Loads):
+//   one thread issues each stage's A and B boxes as TMA copies into the layouts below (zero fill past
+//   the tensor), completing on `loaded` by their byte count; the loaders copy only the scale words.
+//   Otherwise (and the grouped experts' gathered rows always) its loaders copy every stage's A and B rows (128 bytes of K per row:
 //   128 fp8 codes, 64 packed fp4 bytes, 64 bf16, or 64 codes to widen) with coalesced 16-byte cp.async
 //   into kStages-deep 128-byte-swizzled shared tiles (or raw rows), plus the rows' e8m0 scale words;
 //   completion arrives on the stage's `loaded` mbarrier through cp.async itself. Where weight rows
@@ -24,6 +25,8 @@
 //   acc = fma(P, sa * sw, acc) where the scale bytes lie in the window of gemm_tile.cuh (kSaLo .. /
 //   kSwLo ..), else RN(acc + RN(RN(P * sa) * sw)), in K order, acc from +0, one bf16 rounding at the
 //   end. K blocks go in pairs: both wgmmas in flight, the first one's promotion overlapping the second.
+//   Widened fp4 stages whose column scales all fold (stage_scales) widen w * sw instead of w: the
+//   partial is exactly P * sw and acc = fma(P * sw, sa, acc), the same number.
 // - bf16: acc from +0 (zeroed registers, scale-d 1), wgmma k16 steps in K order, zero-filled K
 //   tails; bf16 (one RNE rounding) or f32 out.
 #include <cuda.h>  // CUtensorMap (cuTensorMapEncodeTiled through the runtime's driver entry point)
