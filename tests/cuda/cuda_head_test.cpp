@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -242,24 +243,19 @@ TEST(CudaHead, RowStatsPaths) {
         for (int k : {1, 8, 300, 512, 513})
             check_exact(hc, k, "head_stats all-equal V=5000 k=" + std::to_string(k));
     }
+    // Integer-grid rows: x of span xs, head of span hs (x 2^-6), seeds from `seed`, each k checked.
+    auto grid_case = [](int64_t V, int64_t D, int64_t M, int xs, int hs, uint64_t seed,
+                        std::initializer_list<int> ks, const std::string& what) {
+        auto x = int_grid_bf16(M * D, xs, 0, seed);
+        auto h = int_grid_bf16(V * D, hs, -6, seed + 1);
+        HeadCase hc = make_case(x, h, some_targets(M, V, seed + 2), M, V, D);
+        for (int k : ks) check_exact(hc, k, what + " k=" + std::to_string(k));
+    };
     // Few distinct logits (D = 8 of a narrow grid): exact ties at the k-th value across the whole row,
     // thousands of candidates (the bitonic ordering) or more than the list holds (the fallback).
-    {
-        const int64_t V = 20000, D = 8, M = 6;
-        auto x = int_grid_bf16(M * D, 1, 0, 51);
-        auto h = int_grid_bf16(V * D, 2, -6, 52);
-        HeadCase hc = make_case(x, h, some_targets(M, V, 53), M, V, D);
-        for (int k : {1, 8, 20, 512, 1024})
-            check_exact(hc, k, "head_stats few-valued k=" + std::to_string(k));
-    }
+    grid_case(20000, 8, 6, 1, 2, 51, {1, 8, 20, 512, 1024}, "head_stats few-valued");
     // k = 512 (the largest the candidate path takes), 513 and 1024 (the fallback) with V = 4096.
-    {
-        const int64_t V = 4096, D = 64, M = 4;
-        auto x = int_grid_bf16(M * D, 2, 0, 61);
-        auto h = int_grid_bf16(V * D, 3, -6, 62);
-        HeadCase hc = make_case(x, h, some_targets(M, V, 63), M, V, D);
-        for (int k : {100, 512, 513, 1024}) check_exact(hc, k, "head_stats V=4096 k=" + std::to_string(k));
-    }
+    grid_case(4096, 64, 4, 2, 3, 61, {100, 512, 513, 1024}, "head_stats V=4096");
     // V % 4 != 0 (rows after the first are not 16-byte aligned), k up to V.
     for (int64_t V : {1, 3, 7, 1001, 4097}) {
         const int64_t D = 32, M = 9;
