@@ -84,7 +84,7 @@ uint8_t scale_byte(std::mt19937_64& rng, bool extreme) {
     return extreme ? static_cast<uint8_t>(rng() % 255) : static_cast<uint8_t>(113 + rng() % 11);
 }
 // fp4 weight scales [rows, kb] whose exponents the Hopper widened kernels take into B (bytes 114..128,
-// gemm_sm90.cu sw_foldable), except column 0 of every K block kb % 5 == 3 (byte 129, still inside the
+// gemm_sm90_tile.cuh sw_foldable), except column 0 of every K block kb % 5 == 3 (byte 129, still inside the
 // fused window): stages that take the scales in and stages that do not, in one problem.
 std::vector<uint8_t> foldable_fp4_scales(int64_t rows, int64_t kb, std::mt19937_64& rng) {
     std::vector<uint8_t> s(static_cast<size_t>(rows * kb));
@@ -414,7 +414,7 @@ TEST(CudaGemmSm90, GroupedExpertsAgreeWithPortable) {
     // workload b's chunks: ~38 rows per expert (Auto takes the 64-row tiles), N off the 256-column tile
     for (auto& c : counts) c = 20 + static_cast<int>(rng() % 37);
     check_grouped(counts, 320, 256, 35, "grouped: 384 experts of 20-56 rows");
-    // column scales taken into B (gemm_sm90.cu stage_scales), mixed with stages that cannot
+    // column scales taken into B (gemm_sm90_tile.cuh stage_scales), mixed with stages that cannot
     check_grouped(counts, 320, 512, 36, "grouped: 384 experts of 20-56 rows, foldable scales", true);
     check_grouped({0, 0, 700, 0}, 256, 512, 37, "grouped: one expert holds every row, foldable scales", true);
 }
