@@ -145,37 +145,30 @@ cudaError_t launch_dense(GemmParams p, int64_t M, int64_t N, int64_t groups, cud
         return launch<C, dense_kernel<C, kOutF32>>(grid, stream, p);
 }
 
-// The bf16 GEMM: TMA loads where the operands allow a tensor map (Auto; Tma: else cudaErrorNotSupported),
-// else the cp.async loaders. The same wgmma sequence either way (bit-identical outputs).
-template <bool kOutF32>
-cudaError_t launch_bf16(Sm90Loads loads, const GemmParams& p, int64_t M, int64_t N, int64_t K, int64_t groups,
-                        cudaStream_t stream) {
-    using CT = Cfg<Op::Bf16, false, 256, 128, true>;
-    using CC = Cfg<Op::Bf16, false, 256>;
+// A plain problem on tile C: TMA loads (C::WithTma) where the operands allow tensor maps (Auto; Tma:
+// else cudaErrorNotSupported), else C's cp.async loaders. The same wgmma sequence either way
+// (bit-identical outputs).
+template <class C, bool kOutF32>
+cudaError_t launch_plain(Sm90Loads loads, const GemmParams& p, int64_t M, int64_t N, int64_t K, int64_t groups,
+                         cudaStream_t stream) {
+    using CT = typename C::WithTma;
     if (M == 0 || N == 0 || groups == 0) return cudaSuccess;
     if (loads != Sm90Loads::CpAsync) {
         TmaMaps maps{};
         if (operand_maps<CT>(&maps, p, M, N, K, groups)) return launch_dense<CT, kOutF32>(p, M, N, groups, stream, maps);
         if (loads == Sm90Loads::Tma) return cudaErrorNotSupported;
     }
-    return launch_dense<CC, kOutF32>(p, M, N, groups, stream);
+    return launch_dense<C, kOutF32>(p, M, N, groups, stream);
 }
 
-// A block-scaled linear; loads as launch_bf16's.
+// A block-scaled linear.
 template <Op kOp, bool kWiden>
 cudaError_t launch_scaled(Sm90Loads loads, const uint8_t* q, const uint8_t* sa, const uint8_t* w,
                           const uint8_t* sw, uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K,
                           cudaStream_t stream) {
     if (K % 32 != 0 || K > 0x7fffffffLL || !aligned16(q) || !aligned16(w)) return cudaErrorInvalidValue;
     const GemmParams p = scaled_params(q, sa, w, sw, kOp == Op::Fp4, y, ldc, M, N, K);
-    using CT = Cfg<kOp, kWiden, 128, 128, true>;
-    if (M == 0 || N == 0) return cudaSuccess;
-    if (loads != Sm90Loads::CpAsync) {
-        TmaMaps maps{};
-        if (operand_maps<CT>(&maps, p, M, N, K, 1)) return launch_dense<CT, false>(p, M, N, 1, stream, maps);
-        if (loads == Sm90Loads::Tma) return cudaErrorNotSupported;
-    }
-    return launch_dense<Cfg<kOp, kWiden>, false>(p, M, N, 1, stream);
+    return launch_plain<Cfg<kOp, kWiden>, false>(loads, p, M, N, K, 1, stream);
 }
 
 // kBM: 128 (the routing plan's tiles) or 64 (two blocks per plan tile: grid.y doubled).
@@ -215,8 +208,9 @@ cudaError_t launch_gemm_bf16_sm90_loads(Sm90Loads loads, const uint16_t* x, int6
                                         int64_t groups, cudaStream_t stream) {
     if (!gemm_bf16_supported(x, lda, x_goff, w, ldw, w_goff, K)) return cudaErrorInvalidValue;
     const GemmParams p = bf16_params(x, lda, x_goff, w, ldw, w_goff, y, y_f32, ldc, y_goff, M, N, K);
-    if (y_f32) return launch_bf16<true>(loads, p, M, N, K, groups, stream);
-    return launch_bf16<false>(loads, p, M, N, K, groups, stream);
+    using C = Cfg<Op::Bf16, false, 256>;
+    if (y_f32) return launch_plain<C, true>(loads, p, M, N, K, groups, stream);
+    return launch_plain<C, false>(loads, p, M, N, K, groups, stream);
 }
 
 cudaError_t launch_gemm_bf16_sm90(const uint16_t* x, int64_t lda, int64_t x_goff, const uint16_t* w,

@@ -76,6 +76,7 @@ struct Cfg {
     // A and B tiles by TMA from one producer thread (the plain problems; the grouped experts' rows
     // and every scale word still take the loaders)
     static constexpr bool kTma = kTma_;
+    using WithTma = Cfg<kOp_, kWiden_, kBN_, kBM_, true>;  // the same tile with TMA loads
     // output tile rows: 128 (consumer warpgroup g: rows 64 g .. 64 g + 63, all columns), or 64 with
     // 256 columns (both warpgroups the same 64 rows, warpgroup g columns 128 g .. 128 g + 127: the
     // grouped experts' tiles when experts hold few rows; each output's instruction sequence is the same)

@@ -53,6 +53,9 @@ uint8_t e4m3_code(uint64_t v) {
     uint8_t b = static_cast<uint8_t>(v >> 32);
     return (b & 0x7f) == 0x7f ? static_cast<uint8_t>(b & 0xfe) : b;
 }
+uint8_t fp4_byte(uint64_t v) {  // two e2m1 codes
+    return static_cast<uint8_t>(v >> 24);
+}
 uint8_t scale_byte(uint64_t v) {
     return static_cast<uint8_t>(127 - 8 + static_cast<int>((v >> 40) % 4));
 }
@@ -91,7 +94,7 @@ double bench_linear_fp8_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K,
 double bench_linear_fp4_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters) {
     Tensor x = random_bf16(be, M, K, 4.0f, 4);
     Fp4Linear w{
-        random_bytes(be, DType::I8, {N, K / 2}, 5, [](uint64_t v) { return static_cast<uint8_t>(v >> 24); }),
+        random_bytes(be, DType::I8, {N, K / 2}, 5, fp4_byte),
         random_bytes(be, DType::F8_E8M0, {N, K / 32}, 6, scale_byte)};
     Tensor y = be.alloc(DType::BF16, {M, N});
     return time_tflops(be, M, N, K, iters, [&] { be.linear_fp4(x, w, y); });
@@ -108,6 +111,11 @@ double bench_linear_bf16_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K
 CudaBackend::GemmActs quant_acts(CudaBackend& be, int64_t M, int64_t K, uint64_t seed) {
     DS4R_CHECK(K % 32 == 0, "bench: K = %lld is not a multiple of 32", (long long)K);
     return be.quantize_gemm_acts(random_bf16(be, M, K, 4.0f, seed), M, K);
+}
+
+// The Hopper block-scaled partials the backend's kernel family runs (--kernels hopper-fp8: fp8 wgmma).
+kern::Sm90Partials hopper_partials(const CudaBackend& be) {
+    return be.gemm().fp8_partials ? kern::Sm90Partials::Fp8Wgmma : kern::Sm90Partials::Fp16Widened;
 }
 
 Tensor upload_i32(CudaBackend& be, const std::vector<int32_t>& v) {
@@ -143,7 +151,7 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
     // every expert its own weight buffers (realistic memory traffic), filled by device copies of one
     // random set (generating GBs of random bytes on the host would dominate the benchmark's time)
     const Tensor w_src =
-        random_bytes(be, DType::I8, {N, K / 2}, 18, [](uint64_t v) { return static_cast<uint8_t>(v >> 24); });
+        random_bytes(be, DType::I8, {N, K / 2}, 18, fp4_byte);
     const Tensor s_src = random_bytes(be, DType::F8_E8M0, {N, K / 32}, 19, scale_byte);
     std::vector<Tensor> wts, scs, ys;
     std::vector<const uint8_t*> wp[2], sp[2];
@@ -180,7 +188,7 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
     }
     if (tile_rows != 0) {
         // the Hopper kernels with a forced tile shape (their partials as the backend's family)
-        const auto partials = be.gemm().fp8_partials ? kern::Sm90Partials::Fp8Wgmma : kern::Sm90Partials::Fp16Widened;
+        const auto partials = hopper_partials(be);
         const auto rows = tile_rows == 64 ? kern::Sm90GroupedRows::Rows64 : kern::Sm90GroupedRows::Rows128;
         return time_tflops(be, P, N * n_proj, K, iters, [&] {
             DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4_sm90_tiles(partials, rows, g, be.stream()));
@@ -214,9 +222,9 @@ double bench_hopper_gemm_tflops(CudaBackend& be, int kind, int64_t M, int64_t N,
         });
     }
     const bool fp4 = kind == 1;
-    const auto partials = be.gemm().fp8_partials ? kern::Sm90Partials::Fp8Wgmma : kern::Sm90Partials::Fp16Widened;
+    const auto partials = hopper_partials(be);
     const CudaBackend::GemmActs a = be.quantize_gemm_acts(x, M, K, kern::sm90_act_order(partials));
-    Tensor w = fp4 ? random_bytes(be, DType::I8, {N, K / 2}, 25, [](uint64_t v) { return static_cast<uint8_t>(v >> 24); })
+    Tensor w = fp4 ? random_bytes(be, DType::I8, {N, K / 2}, 25, fp4_byte)
                    : random_bytes(be, DType::F8_E4M3, {N, K}, 25, e4m3_code);
     Tensor s = random_bytes(be, DType::F8_E8M0, {fp4 ? N : (N + 31) / 32, K / 32}, 26, scale_byte);
     Tensor y = be.alloc(DType::BF16, {M, N});
