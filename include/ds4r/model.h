@@ -66,7 +66,10 @@ GlobalWeights bind_global_weights(const TensorLookup& get);
 // One sequence of a pass, as the layer sees it.
 struct SeqInfo {
     int64_t len = 0;   // s
-    int64_t row0 = 0;  // its first row in the pass-wide arenas
+    int64_t row0 = 0;      // its first row in the pass-wide arenas win_kv, cmp_kv, index_k
+    int64_t topk_off = 0;  // its first element in `topk` (room for [len, topk_cap])
+    int64_t cand_off = 0;  // its first element in `cand` (room for [len, cand_cap])
+    int64_t topk_cap = 0, cand_cap = 0;  // seq_arena_caps(len)
     // Shared slots (docs/MODEL.md 5.6), set by the latest source layers:
     int64_t cmp_rows = 0;    // T: rows of compressed KV / index keys (s / ratio of the latest KV source)
     int64_t topk_width = 0;  // K_c of the latest index source (0: window only)
@@ -98,19 +101,34 @@ struct PassContext {
     Tensor win_kv;   // BF16 [total_rows, hd]: window KV of the current layer (4.6 b)
     Tensor cmp_kv;   // BF16 [total_rows, hd]: compressed KV of the latest KV source (seq at row0)
     Tensor index_k;  // BF16 [total_rows, ihd]: index keys of the latest key-owning source
-    Tensor topk;  // I32 [total_rows * index_topk] flat: sequence i holds [len, topk_width] at row0*index_topk
-    Tensor cand;  // I32 flat (32-bit mask words, see Backend::candidate_blocks): sequence i holds [len,
-                  // cand_words] at row0 * cand_words_max
-    int64_t cand_words_max = 0;
+    Tensor topk;  // I32 flat, sum of len * topk_cap: sequence i holds [len, topk_width] at its topk_off
+    Tensor cand;  // I32 flat (32-bit mask words, see Backend::candidate_blocks), sum of len * cand_cap:
+                  // sequence i holds [len, cand_words] at its cand_off
     Tensor rope_plain;  // F32 [max_len, rd/2, 2]: ratio-0 layers (base rope_theta, no YaRN)
     Tensor rope_yarn;   // F32 [max_len, rd/2, 2]: ratio>0 layers and indexers (compress_rope_theta, YaRN)
 
-    // Allocates the arenas and RoPE tables for sequences of these lengths.
+    // Allocates the arenas and RoPE tables for sequences of these lengths (the previous pass's are
+    // released first: a pass run again with smaller chunks after running out of memory needs the room).
+    // Device bytes: the sum of seq_arena_bytes over the sequences + pass_rope_bytes(longest).
     void setup(const std::vector<int64_t>& lens);
     // Views of one sequence's slots.
     Tensor seq_topk(int i) const;  // I32 [len, topk_width]
     Tensor seq_cand(int i) const;  // I32 [len, cand_words] (mask words)
 };
+
+// The most one sequence of `len` tokens can publish in the shared slots (begin_layer), which its
+// arenas reserve: compressed rows T <= len / (the smallest compression ratio), so top-k width
+// min(index_topk, T) and candidate mask words ceil(ceil(T / block) / 32) (0 without a candidate source).
+struct SeqArenaCaps {
+    int64_t cmp_rows = 0, topk_width = 0, cand_words = 0;
+};
+SeqArenaCaps seq_arena_caps(const ModelConfig& cfg, int64_t len);
+// Backend bytes of one sequence's arenas: window KV, compressed KV and index keys (len rows each), its
+// top-k [len, topk_width] and candidate mask [len, cand_words] at the caps above. Additive over the
+// sequences of a pass, so a pass's size can be planned sequence by sequence (score, bench d).
+int64_t seq_arena_bytes(const ModelConfig& cfg, int64_t len);
+// Bytes of a pass's two RoPE tables when its longest sequence has max_len tokens.
+int64_t pass_rope_bytes(const ModelConfig& cfg, int64_t max_len);
 
 // Optional per-chunk outputs for tests (teacher-forced golden comparisons). Empty tensors = off.
 struct LayerTaps {

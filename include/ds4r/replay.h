@@ -43,6 +43,16 @@ int64_t default_chunk_rows(const ModelConfig& cfg, size_t free_bytes);
 // default_chunk_rows(cfg, free_bytes).
 int64_t resolve_chunk_rows(int64_t requested, const ModelConfig& cfg, size_t free_bytes);
 
+// Backend bytes one chunk row's working set is budgeted at when a pass is planned (pass_arena_room):
+// default_chunk_rows' estimate x 0.65. At full width that is 463 KB against the measured marginal cost
+// of a row, 404 KB (19.03 GB GPU high-water at 8,192-row chunks vs 16.70 GB at 2,420, docs/PERFORMANCE.md).
+int64_t chunk_row_budget_bytes(const ModelConfig& cfg);
+// Backend memory a pass's arenas may take (PassContext::setup: window / compressed KV, index keys, top-k,
+// candidate mask; seq_arena_bytes per sequence + pass_rope_bytes): `be`'s free memory less the working
+// set of chunks of `chunk_rows` rows. Call once the weight slots are allocated (the weight source is
+// built). score and bench d end a pass before its arenas would pass it; 0 when nothing is left.
+uint64_t pass_arena_room(const Backend& be, const ModelConfig& cfg, int64_t chunk_rows);
+
 // Host bytes per pass token at most (docs/DESIGN.md 5: <= 64 KB): the residual stream (hc x dim bf16), the
 // pre-mix, the Engram hash ids, the gathered Engram rows as stored (engram_rows_bytes_per_token) and the
 // next pass's (--engram-next-pass): auto its hash ids (its rows replace the current pass's table by table,

@@ -46,6 +46,9 @@ struct ScoreOptions {
     IoSettings io;                  // --io, --read-threads, --read-request-mb, --engram-io, ...
     // Tests only: called after every layer of every pass (e.g. to request an interrupt at layer 3).
     std::function<void(const LayerTiming&)> on_layer_for_tests;
+    // Tests only: the backend memory a pass's attention arenas may take (0: pass_arena_room of the
+    // backend, measured once the weight slots are allocated).
+    uint64_t arena_room_for_tests = 0;
     // Tests only (--devices): called on worker w's thread after each of its layers; a throw there acts
     // as a failing device.
     std::function<void(int worker, const LayerTiming&)> on_worker_layer_for_tests;

@@ -55,28 +55,61 @@ Tensor upload_i32(Backend& be, const std::vector<int32_t>& v) {
 
 }  // namespace
 
+SeqArenaCaps seq_arena_caps(const ModelConfig& cfg, int64_t len) {
+    // The smallest compression ratio of the layers (each KV source publishes len / its ratio rows).
+    int min_ratio = 0;
+    for (size_t L = 0; L < cfg.compress_ratios.size() && static_cast<int64_t>(L) < cfg.n_layers; ++L) {
+        const int r = cfg.compress_ratios[L];
+        if (r > 0 && (min_ratio == 0 || r < min_ratio)) min_ratio = r;
+    }
+    SeqArenaCaps c;
+    if (min_ratio == 0) return c;  // window-only model: nothing compressed, no top-k, no mask
+    c.cmp_rows = len / min_ratio;
+    c.topk_width = std::min<int64_t>(cfg.index_topk, c.cmp_rows);
+    if (cfg.candidate_source_layer >= 0 && cfg.candidate_block_size > 0 && c.cmp_rows > 0)
+        c.cand_words = cdiv(cdiv(c.cmp_rows, cfg.candidate_block_size), 32);
+    return c;
+}
+
+int64_t seq_arena_bytes(const ModelConfig& cfg, int64_t len) {
+    const SeqArenaCaps c = seq_arena_caps(cfg, len);
+    const int64_t bf16 = 2, i32 = 4;
+    return len * ((2 * cfg.head_dim + cfg.index_head_dim) * bf16 + (c.topk_width + c.cand_words) * i32);
+}
+
+int64_t pass_rope_bytes(const ModelConfig& cfg, int64_t max_len) {
+    return 2 * max_len * (cfg.rope_head_dim / 2) * 2 * 4;  // rope_plain + rope_yarn, F32 [max_len, rd/2, 2]
+}
+
 void PassContext::setup(const std::vector<int64_t>& lens) {
+    // The previous pass's arenas go first (a rerun after running out of memory needs their room).
+    win_kv = cmp_kv = index_k = topk = cand = rope_plain = rope_yarn = Tensor{};
     seqs.clear();
     total_rows = 0;
     max_len = 0;
+    int64_t topk_total = 0, cand_total = 0;
     for (int64_t len : lens) {
         DS4R_CHECK(len > 0, "empty sequence in a pass");
+        const SeqArenaCaps caps = seq_arena_caps(cfg, len);
         SeqInfo si;
         si.len = len;
         si.row0 = total_rows;
+        si.topk_off = topk_total;
+        si.cand_off = cand_total;
+        si.topk_cap = caps.topk_width;
+        si.cand_cap = caps.cand_words;
         seqs.push_back(si);
         total_rows += len;
+        topk_total += len * caps.topk_width;
+        cand_total += len * caps.cand_words;
         max_len = std::max(max_len, len);
     }
     const int64_t hd = cfg.head_dim, ihd = cfg.index_head_dim, rd = cfg.rope_head_dim;
     win_kv = be.alloc(DType::BF16, {total_rows, hd});
     cmp_kv = be.alloc(DType::BF16, {total_rows, hd});
     index_k = be.alloc(DType::BF16, {total_rows, ihd});
-    topk = be.alloc(DType::I32, {total_rows * cfg.index_topk});
-    cand_words_max = 0;
-    if (cfg.candidate_source_layer >= 0 && cfg.candidate_block_size > 0)
-        cand_words_max = cdiv(cdiv(max_len, cfg.candidate_block_size), 32);
-    cand = be.alloc(DType::I32, {std::max<int64_t>(total_rows * cand_words_max, 1)});
+    topk = be.alloc(DType::I32, {std::max<int64_t>(topk_total, 1)});
+    cand = be.alloc(DType::I32, {std::max<int64_t>(cand_total, 1)});
     rope_plain = be.alloc(DType::F32, {max_len, rd / 2, 2});
     rope_yarn = be.alloc(DType::F32, {max_len, rd / 2, 2});
     be.rope_table(cfg.rope_theta, 1.0, 0, cfg.beta_fast, cfg.beta_slow, rd, rope_plain);
@@ -87,13 +120,17 @@ void PassContext::setup(const std::vector<int64_t>& lens) {
 Tensor PassContext::seq_topk(int i) const {
     const SeqInfo& s = seqs.at(static_cast<size_t>(i));
     if (s.topk_width == 0) return empty_tensor(DType::I32, {s.len, 0});
-    return flat_view(topk, s.row0 * cfg.index_topk, {s.len, s.topk_width});
+    DS4R_CHECK(s.topk_width <= s.topk_cap, "sequence %d: top-k width %lld beyond its arena's %lld", i,
+               (long long)s.topk_width, (long long)s.topk_cap);
+    return flat_view(topk, s.topk_off, {s.len, s.topk_width});
 }
 
 Tensor PassContext::seq_cand(int i) const {
     const SeqInfo& s = seqs.at(static_cast<size_t>(i));
     if (s.cand_words == 0) return empty_tensor(DType::I32, {s.len, 0});
-    return flat_view(cand, s.row0 * cand_words_max, {s.len, s.cand_words});
+    DS4R_CHECK(s.cand_words <= s.cand_cap, "sequence %d: %lld candidate mask words beyond its arena's %lld", i,
+               (long long)s.cand_words, (long long)s.cand_cap);
+    return flat_view(cand, s.cand_off, {s.len, s.cand_words});
 }
 
 void begin_layer(PassContext& ctx, const LayerRole& role) {

@@ -233,11 +233,10 @@ double project_40(const Checkpoint& ck, const std::vector<LayerTiming>& timings,
 }
 
 void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const EngramResources* eng,
-                    const Workload& w, const BenchOptions& opt, double bf16_peak, const DiskRates& disk,
+                    const Workload& asked, const BenchOptions& opt, double bf16_peak, const DiskRates& disk,
                     Csv& csv, std::FILE* out) {
     const ModelConfig& c = ck.config();
-    auto seqs = make_sequences(w, c.vocab_size, opt.seed);
-    const int64_t total = w.sequences * w.tokens;
+    Workload w = asked;
     const PrefetchOptions po = prefetch_options(opt.io);  // --io, --read-threads, --read-request-mb
     // chunk rows as `score` sizes them: from the free memory before the weight slots are allocated
     ReplayOptions ro;
@@ -246,6 +245,23 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
         opt.prefetch ? make_prefetch_weight_source(be, ck, po) : make_sync_weight_source(be, ck);
     if (kb) kb->reset_memory_high_water();
     PassRunner runner(be, ck, *ws, eng, ro);
+    if (w.name == "d") {
+        // As score plans its passes: the sequences whose attention arenas fit the backend memory left
+        // beside the weight slots and the chunks (a 24 GB card holds fewer tokens than host memory).
+        const uint64_t room = pass_arena_room(be, c, ro.chunk_rows);
+        const int64_t per_seq = seq_arena_bytes(c, w.tokens);
+        const auto fit = static_cast<int64_t>(
+            (room > static_cast<uint64_t>(pass_rope_bytes(c, w.tokens)) ? room - pass_rope_bytes(c, w.tokens) : 0) /
+            static_cast<uint64_t>(per_seq));
+        std::fprintf(out, "workload d: backend memory for the attention arenas %.2f GB (%.1f KB per token) holds %lld "
+                          "sequences%s\n",
+                     static_cast<double>(room) / 1e9, static_cast<double>(per_seq) / w.tokens / 1024, (long long)fit,
+                     fit < w.sequences ? ": the pass is capped there" : "");
+        csv.row("workload_d", "arena_room_bytes", -1, 0, 0, 0, 0, static_cast<double>(room), "bytes");
+        w.sequences = std::max<int64_t>(1, std::min(w.sequences, fit));
+    }
+    auto seqs = make_sequences(w, c.vocab_size, opt.seed);
+    const int64_t total = w.sequences * w.tokens;
     be.profile_reset();
     // --passes N: N passes of fresh tokens (seeds seed, seed + 1, ...); the figures below are the last
     // pass's (steady state: with --engram-next-pass its rows were gathered during the previous pass).

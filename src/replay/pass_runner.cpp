@@ -15,16 +15,26 @@
 
 namespace ds4r {
 
-int64_t default_chunk_rows(const ModelConfig& cfg, size_t free_bytes) {
+namespace {
+
+// Backend bytes per chunk row, estimated: activations ~ (14 + hc) * D * 4 plus attention scores, plus the
+// state ring's 2 extra buffers of hc * (D * 2 + 4). ~1.76x the measured marginal cost of a row at full
+// width (404 KB; docs/PERFORMANCE.md).
+int64_t chunk_row_estimate_bytes(const ModelConfig& cfg) {
     const int64_t activations = (14 + cfg.hc_mult) * cfg.dim * 4 + cfg.n_heads * cfg.head_dim * 8;
-    const int64_t ring = 2 * cfg.hc_mult * (cfg.dim * 2 + 4);  // the state ring's 2 extra buffers
-    // Half the free memory (score and bench ask before the two weight slots are allocated) over this
-    // per-row estimate, which is itself ~1.8x the measured marginal cost of a row at full width
-    // (16.70 GB high-water at 2,420 rows, 19.03 GB at 8,192, 15.10 GB of them the weight slots;
-    // docs/PERFORMANCE.md): the released model on the 22 GB budget gets the 8,192 cap. Larger chunks
+    const int64_t ring = 2 * cfg.hc_mult * (cfg.dim * 2 + 4);
+    return activations + ring;
+}
+
+}  // namespace
+
+int64_t default_chunk_rows(const ModelConfig& cfg, size_t free_bytes) {
+    // Half the free memory (score and bench ask before the two weight slots are allocated) over the
+    // per-row estimate (16.70 GB high-water at 2,420 rows, 19.03 GB at 8,192, 15.10 GB of them the weight
+    // slots; docs/PERFORMANCE.md): the released model on the 22 GB budget gets the 8,192 cap. Larger chunks
     // give the MoE more rows per expert per launch (fewer idle tile rows in the grouped GEMMs); an
     // overestimate costs a pass rerun with halved chunks (the out-of-memory retry), not a wrong number.
-    return std::clamp<int64_t>(static_cast<int64_t>(free_bytes / 2) / (activations + ring), 64, 8192);
+    return std::clamp<int64_t>(static_cast<int64_t>(free_bytes / 2) / chunk_row_estimate_bytes(cfg), 64, 8192);
 }
 
 int64_t pass_host_bytes_per_token(const ModelConfig& cfg, EngramNextPassMode next_pass) {
@@ -36,6 +46,16 @@ int64_t pass_host_bytes_per_token(const ModelConfig& cfg, EngramNextPassMode nex
                          : next_pass == EngramNextPassMode::On ? hashes + rows
                                                                : hashes;
     return cfg.hc_mult * cfg.dim * 2 + cfg.hc_mult * 4 + hashes + 64 + rows + next;
+}
+
+int64_t chunk_row_budget_bytes(const ModelConfig& cfg) {
+    return chunk_row_estimate_bytes(cfg) * 65 / 100;
+}
+
+uint64_t pass_arena_room(const Backend& be, const ModelConfig& cfg, int64_t chunk_rows) {
+    const uint64_t free_b = be.free_memory();
+    const uint64_t chunks = static_cast<uint64_t>(std::max<int64_t>(chunk_rows, 0) * chunk_row_budget_bytes(cfg));
+    return free_b > chunks ? free_b - chunks : 0;
 }
 
 int64_t resolve_chunk_rows(int64_t requested, const ModelConfig& cfg, size_t free_bytes) {
@@ -161,7 +181,17 @@ void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs, int first_
         total_rows_ += static_cast<int64_t>(s.size());
         lens.push_back(static_cast<int64_t>(s.size()));
     }
-    ctx_.setup(lens);
+    try {
+        ctx_.setup(lens);
+    } catch (const OutOfMemoryError& e) {
+        // Smaller chunks leave more room for these (the runner's retry); say what ran out.
+        int64_t bytes = pass_rope_bytes(cfg_, ctx_.max_len);
+        for (int64_t len : lens) bytes += seq_arena_bytes(cfg_, len);
+        throw OutOfMemoryError(strfmt("the attention arenas of a pass of %zu sequences / %lld tokens (%.2f GB; "
+                                      "a smaller --pass-tokens needs less): %s",
+                                      seqs.size(), (long long)total_rows_, static_cast<double>(bytes) / 1e9,
+                                      e.what()));
+    }
     const int64_t D = cfg_.dim, hc = cfg_.hc_mult;
     stream_ = be_.alloc_host(static_cast<size_t>(total_rows_ * hc * D) * 2);
     premix_ = be_.alloc_host(static_cast<size_t>(total_rows_ * hc) * 4);

@@ -47,8 +47,8 @@ std::vector<std::pair<std::string, uint64_t>> PassRunner::state_blobs() const {
         {"slots", ctx_.seqs.size() * 3 * 8},                          // I64 [seqs, 3]
         {"cmp_kv", ctx_.cmp_kv.nbytes()},                             // BF16 [rows, hd]
         {"index_k", ctx_.index_k.nbytes()},                           // BF16 [rows, ihd]
-        {"topk", ctx_.topk.nbytes()},                                 // I32 [rows * index_topk]
-        {"cand", ctx_.cand.nbytes()},                                 // U32 [rows * cand_words_max]
+        {"topk", ctx_.topk.nbytes()},                                 // I32 [sum len * topk_cap]
+        {"cand", ctx_.cand.nbytes()},                                 // U32 [sum len * cand_cap]
     };
 }
 

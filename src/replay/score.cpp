@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -24,6 +25,7 @@
 #include "ds4r/file_util.h"
 #include "ds4r/input.h"
 #include "ds4r/log.h"
+#include "ds4r/model.h"
 #include "ds4r/output.h"
 #include "ds4r/progress.h"
 #include "ds4r/shard.h"
@@ -164,6 +166,8 @@ struct Pass {
     std::vector<int> seq_of_item;            // item -> index into seqs (-1: bad)
     int64_t tokens = 0;
     uint64_t bytes = 0;  // input bytes of the scored items (progress)
+    int64_t max_len = 0;       // its longest sequence
+    int64_t arena_bytes = 0;   // backend bytes of its sequences' arenas (seq_arena_bytes; RoPE tables apart)
 };
 
 // What runs the passes: one PassRunner (--device) or the multi-device runner (--devices).
@@ -171,6 +175,8 @@ struct PassEngine {
     PassRunner* single = nullptr;
     MultiDeviceRunner* multi = nullptr;
     std::function<uint64_t()> bytes_read;  // weight bytes read so far (progress)
+    // Backend memory a pass's arenas may take (pass_arena_room; --devices: the workers' together)
+    uint64_t arena_room = 0;
     int64_t chunk_rows() const { return single ? single->chunk_rows() : multi->chunk_rows(); }
 };
 
@@ -196,9 +202,12 @@ public:
     void run(const PassEngine& engine, Progress& progress, ScoreSummary& sum);
 
 private:
-    // Reads input records into a pass: up to `pass_tokens` tokens, or (a saved pass) through
-    // position `last_pos`. Records already in the output are skipped.
-    Pass collect_pass(int64_t pass_tokens, int64_t last_pos, Progress& progress, ScoreSummary& sum);
+    // Reads input records into a pass: up to `pass_tokens` tokens and, with arena_room > 0, as many
+    // sequences as their arenas fit in it (the one that would not fit waits for the next pass: pending_);
+    // or (a saved pass) through position `last_pos`. Records already in the output are skipped.
+    Pass collect_pass(int64_t pass_tokens, uint64_t arena_room, int64_t last_pos, Progress& progress,
+                      ScoreSummary& sum);
+    void add_scored(Pass& pass, PassItem it, uint64_t line_bytes) const;
     // The saved pass must be this pass: same items, same tokens.
     void check_saved_pass(const Pass& pass, const SavedPass& saved) const;
     void commit_pass(const Pass& pass, const std::vector<SequenceScores>& scores, ScoreSummary& sum);
@@ -220,6 +229,12 @@ private:
     std::unordered_map<std::string, int64_t> seen_;  // id -> line (duplicate detection)
     int64_t next_pos_ = 0;                           // next input record position
     bool eof_ = false;
+    // A record read for a pass that its arenas did not fit: the next pass's first (classified already)
+    struct Pending {
+        PassItem item;
+        uint64_t line_bytes = 0;
+    };
+    std::optional<Pending> pending_;
     std::optional<ShardPlan> shard_;  // --shard: next_pos_ counts from its first record
     int64_t input_record_ = 0;        // records read from the input (all shards')
     bool pass_file_ = false;          // <output>.pass exists (saved by an earlier run, continued by this one)
@@ -284,8 +299,22 @@ void ScoreJob::open_outputs() {
                         opt_.output.c_str()));
 }
 
-Pass ScoreJob::collect_pass(int64_t pass_tokens, int64_t last_pos, Progress& progress, ScoreSummary& sum) {
+void ScoreJob::add_scored(Pass& pass, PassItem it, uint64_t line_bytes) const {
+    const auto len = static_cast<int64_t>(it.rec.tokens.size());
+    pass.tokens += len;
+    pass.bytes += line_bytes;
+    pass.max_len = std::max(pass.max_len, len);
+    pass.arena_bytes += seq_arena_bytes(cfg_, len);
+    pass.items.push_back(std::move(it));
+}
+
+Pass ScoreJob::collect_pass(int64_t pass_tokens, uint64_t arena_room, int64_t last_pos, Progress& progress,
+                            ScoreSummary& sum) {
     Pass pass;
+    if (pending_) {
+        add_scored(pass, std::move(pending_->item), pending_->line_bytes);
+        pending_.reset();
+    }
     while (!eof_ && (last_pos >= 0 ? next_pos_ <= last_pos : pass.tokens < pass_tokens)) {
         if (shard_ && input_record_ >= shard_->end_record()) {  // the rest is later shards'
             eof_ = true;
@@ -337,11 +366,19 @@ Pass ScoreJob::collect_pass(int64_t pass_tokens, int64_t last_pos, Progress& pro
             ++sum.bad_lines;
             log_warn(std::string("skipping: ") + it.error);
             progress.skip_input(line_bytes);
-        } else {
-            pass.tokens += static_cast<int64_t>(it.rec.tokens.size());
-            pass.bytes += line_bytes;
+            pass.items.push_back(std::move(it));
+            continue;
         }
-        pass.items.push_back(std::move(it));
+        // The backend holds every sequence's attention arenas for the whole pass: a sequence they would
+        // not fit next to the others starts the next pass (a saved pass is rebuilt as it was).
+        const auto len = static_cast<int64_t>(it.rec.tokens.size());
+        if (arena_room > 0 && last_pos < 0 && pass.tokens > 0 &&
+            static_cast<uint64_t>(pass.arena_bytes + seq_arena_bytes(cfg_, len) +
+                                  pass_rope_bytes(cfg_, std::max(pass.max_len, len))) > arena_room) {
+            pending_ = Pending{std::move(it), line_bytes};
+            break;
+        }
+        add_scored(pass, std::move(it), line_bytes);
     }
     pass.seq_of_item.assign(pass.items.size(), -1);
     for (size_t i = 0; i < pass.items.size(); ++i)
@@ -430,8 +467,17 @@ std::string ScoreJob::save_pass_in_flight(const Pass& pass, PassRunner& runner) 
 
 void ScoreJob::run(const PassEngine& engine, Progress& progress, ScoreSummary& sum) {
     const int64_t pass_tokens = pass_tokens_for(opt_, cfg_);
-    log_info(strfmt("chunks of <= %lld rows, passes of <= %lld tokens", (long long)engine.chunk_rows(),
-                    (long long)pass_tokens));
+    // A pass ends before --pass-tokens (or the host memory's share) where its sequences' attention arenas
+    // would not fit the backend memory left beside the weight slots and the chunks.
+    const uint64_t arena_room = opt_.arena_room_for_tests > 0 ? opt_.arena_room_for_tests : engine.arena_room;
+    log_info(strfmt("chunks of <= %lld rows, passes of <= %lld tokens%s", (long long)engine.chunk_rows(),
+                    (long long)pass_tokens,
+                    arena_room > 0 ? strfmt(" and <= %.2f GB of attention arenas (%.1f KB per token of a 4,096-token "
+                                            "sequence)",
+                                            static_cast<double>(arena_room) / 1e9,
+                                            static_cast<double>(seq_arena_bytes(cfg_, 4096)) / 4096 / 1024)
+                                         .c_str()
+                                   : ""));
     const SavedPass* saved = saved_pass();
     // The input is read one pass ahead when the next pass's Engram rows are gathered during the current
     // pass (--engram-next-pass; include/ds4r/engram_io.h). Reading ahead changes no output: a pass is
@@ -444,7 +490,7 @@ void ScoreJob::run(const PassEngine& engine, Progress& progress, ScoreSummary& s
     bool have_ahead = false;
     std::exception_ptr ahead_error;
     try {
-        while (!eof_ || have_ahead) {
+        while (!eof_ || have_ahead || pending_) {
             throw_if_interrupted();  // between passes: everything so far is committed
             if (have_ahead) {
                 have_ahead = false;
@@ -452,12 +498,12 @@ void ScoreJob::run(const PassEngine& engine, Progress& progress, ScoreSummary& s
                 pass = std::move(ahead);
                 ahead = Pass{};
             } else {
-                pass = collect_pass(pass_tokens, saved ? saved->items.back().pos : -1, progress, sum);
+                pass = collect_pass(pass_tokens, arena_room, saved ? saved->items.back().pos : -1, progress, sum);
             }
             if (pass.items.empty()) break;
-            if (read_ahead && !eof_ && !pass.seqs.empty()) {
+            if (read_ahead && (!eof_ || pending_) && !pass.seqs.empty()) {
                 try {
-                    ahead = collect_pass(pass_tokens, -1, progress, sum);
+                    ahead = collect_pass(pass_tokens, arena_room, -1, progress, sum);
                 } catch (...) {
                     ahead_error = std::current_exception();
                 }
@@ -590,7 +636,9 @@ ScoreSummary run_score(const ScoreOptions& opt) {
         auto weights = make_prefetch_weight_source(be, ckpt, prefetch_options(opt.io));
         PassRunner runner(be, ckpt, *weights, engram.get(), ro);
         runner.set_on_chunk(on_chunk);
-        job.run(PassEngine{&runner, nullptr, [&] { return weights->stats().bytes_read; }}, progress, sum);
+        job.run(PassEngine{&runner, nullptr, [&] { return weights->stats().bytes_read; },
+                           pass_arena_room(be, cfg, ro.chunk_rows)},
+                progress, sum);
     } else {
         // One reader for every worker: each layer is read once into host memory (the prefetching
         // source in direct mode, layer L+1 while L computes; pinned memory of the first GPU when the
@@ -610,7 +658,16 @@ ScoreSummary run_score(const ScoreOptions& opt) {
         MultiDeviceRunner runner(targets, opt.devices, ckpt, weights, engram.get(), ros);
         runner.set_on_chunk(on_chunk);
         if (opt.on_worker_layer_for_tests) runner.set_worker_hook_for_tests(opt.on_worker_layer_for_tests);
-        job.run(PassEngine{nullptr, &runner, [&] { return weights.stats().bytes_read; }}, progress, sum);
+        // The workers split a pass by tokens (balanced): each holds about its share of the arenas.
+        uint64_t room = UINT64_MAX;
+        for (size_t w = 0; w < bes.size(); ++w) {
+            bes[w]->use_on_this_thread();
+            room = std::min(room, pass_arena_room(*bes[w], cfg, ros[w].chunk_rows));
+        }
+        bes.front()->use_on_this_thread();
+        job.run(PassEngine{nullptr, &runner, [&] { return weights.stats().bytes_read; },
+                           room * static_cast<uint64_t>(bes.size())},
+                progress, sum);
     }
     sum.seconds = now_s() - t_start;
     return sum;
