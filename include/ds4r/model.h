@@ -65,10 +65,10 @@ GlobalWeights bind_global_weights(const TensorLookup& get);
 
 // One sequence of a pass, as the layer sees it.
 struct SeqInfo {
-    int64_t len = 0;   // s
-    int64_t row0 = 0;      // its first row in the pass-wide arenas win_kv, cmp_kv, index_k
-    int64_t topk_off = 0;  // its first element in `topk` (room for [len, topk_cap])
-    int64_t cand_off = 0;  // its first element in `cand` (room for [len, cand_cap])
+    int64_t len = 0;                     // s
+    int64_t row0 = 0;                    // its first row in the pass-wide arenas win_kv, cmp_kv, index_k
+    int64_t topk_off = 0;                // its first element in `topk` (room for [len, topk_cap])
+    int64_t cand_off = 0;                // its first element in `cand` (room for [len, cand_cap])
     int64_t topk_cap = 0, cand_cap = 0;  // seq_arena_caps(len)
     // Shared slots (docs/MODEL.md 5.6), set by the latest source layers:
     int64_t cmp_rows = 0;    // T: rows of compressed KV / index keys (s / ratio of the latest KV source)
@@ -98,12 +98,12 @@ struct PassContext {
     std::vector<SeqInfo> seqs;
     int64_t total_rows = 0;
     int64_t max_len = 0;
-    Tensor win_kv;   // BF16 [total_rows, hd]: window KV of the current layer (4.6 b)
-    Tensor cmp_kv;   // BF16 [total_rows, hd]: compressed KV of the latest KV source (seq at row0)
-    Tensor index_k;  // BF16 [total_rows, ihd]: index keys of the latest key-owning source
-    Tensor topk;  // I32 flat, sum of len * topk_cap: sequence i holds [len, topk_width] at its topk_off
-    Tensor cand;  // I32 flat (32-bit mask words, see Backend::candidate_blocks), sum of len * cand_cap:
-                  // sequence i holds [len, cand_words] at its cand_off
+    Tensor win_kv;      // BF16 [total_rows, hd]: window KV of the current layer (4.6 b)
+    Tensor cmp_kv;      // BF16 [total_rows, hd]: compressed KV of the latest KV source (seq at row0)
+    Tensor index_k;     // BF16 [total_rows, ihd]: index keys of the latest key-owning source
+    Tensor topk;        // I32 flat, sum of len * topk_cap: sequence i holds [len, topk_width] at its topk_off
+    Tensor cand;        // I32 flat (32-bit mask words, see Backend::candidate_blocks), sum of len * cand_cap:
+                        // sequence i holds [len, cand_words] at its cand_off
     Tensor rope_plain;  // F32 [max_len, rd/2, 2]: ratio-0 layers (base rope_theta, no YaRN)
     Tensor rope_yarn;   // F32 [max_len, rd/2, 2]: ratio>0 layers and indexers (compress_rope_theta, YaRN)
 

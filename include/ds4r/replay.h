@@ -86,10 +86,10 @@ public:
 };
 
 struct LayerTiming {
-    int layer = 0;                // kHeadLayer for the head
-    double wait_s = 0;            // blocked on the weight source
-    double engram_wait_s = 0;     // blocked on the Engram gather's rows (Engram layers; not in compute_s)
-    double compute_s = 0;         // sweeps (backend synchronized)
+    int layer = 0;             // kHeadLayer for the head
+    double wait_s = 0;         // blocked on the weight source
+    double engram_wait_s = 0;  // blocked on the Engram gather's rows (Engram layers; not in compute_s)
+    double compute_s = 0;      // sweeps (backend synchronized)
     int64_t rows = 0;
     double stall_s() const { return wait_s + engram_wait_s; }  // blocked on I/O of either kind
     double wall_s() const { return stall_s() + compute_s; }

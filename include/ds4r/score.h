@@ -31,11 +31,11 @@ struct ScoreOptions {
     // --devices: one worker per entry (a device index; repeats allowed: 0,0 = two workers on device 0;
     // the CPU backend takes any index). Empty: the one device `device`. src/replay/multi_device_runner.h.
     std::vector<int> devices;
-    double gpu_memory_gb = 0;  // CUDA memory budget (--gpu-memory-gb); 0: the default 22 GB
+    double gpu_memory_gb = 0;      // CUDA memory budget (--gpu-memory-gb); 0: the default 22 GB
     std::string kernels = "auto";  // CUDA GEMM kernels (--kernels auto|portable|hopper, ds4r/backend.h)
-    int64_t chunk_rows = 0;    // 0 = sized from free backend memory
-    int64_t pass_tokens = 0;   // 0 = sized from available host / backend memory
-    int64_t max_seq_len = 0;   // 0 = max_position_embeddings of the config
+    int64_t chunk_rows = 0;        // 0 = sized from free backend memory
+    int64_t pass_tokens = 0;       // 0 = sized from available host / backend memory
+    int64_t max_seq_len = 0;       // 0 = max_position_embeddings of the config
     bool resume = false;
     bool overwrite = false;  // replace an existing output / hidden files / saved pass of an earlier run
     bool skip_bad = false;

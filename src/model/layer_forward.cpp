@@ -128,8 +128,8 @@ Tensor PassContext::seq_topk(int i) const {
 Tensor PassContext::seq_cand(int i) const {
     const SeqInfo& s = seqs.at(static_cast<size_t>(i));
     if (s.cand_words == 0) return empty_tensor(DType::I32, {s.len, 0});
-    DS4R_CHECK(s.cand_words <= s.cand_cap, "sequence %d: %lld candidate mask words beyond its arena's %lld", i,
-               (long long)s.cand_words, (long long)s.cand_cap);
+    DS4R_CHECK(s.cand_words <= s.cand_cap, "sequence %d: %lld candidate mask words beyond its arena's %lld",
+               i, (long long)s.cand_words, (long long)s.cand_cap);
     return flat_view(cand, s.cand_off, {s.len, s.cand_words});
 }
 

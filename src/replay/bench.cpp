@@ -1,4 +1,3 @@
-#include "ds4r/clock.h"
 #include "ds4r/bench.h"
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 
 #include "ds4r/backend.h"
 #include "ds4r/checkpoint.h"
+#include "ds4r/clock.h"
 #include "ds4r/kernel_bench.h"
 #include "ds4r/log.h"
 #include "ds4r/replay.h"
@@ -171,7 +171,8 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
             if (rows != chunk_avg) continue;
             // the passes' chunk average on the Hopper kernels: each of their tile shapes, same run
             for (const int tr : {64, 128}) {
-                const double forced = kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it, tr);
+                const double forced =
+                    kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it, tr);
                 if (forced < 0) break;  // the portable kernels: one tile shape
                 row(strfmt("%s, %d-row tiles", g.name, tr), rows, g.n, g.k, forced, ref, note);
             }
@@ -250,13 +251,16 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
         // beside the weight slots and the chunks (a 24 GB card holds fewer tokens than host memory).
         const uint64_t room = pass_arena_room(be, c, ro.chunk_rows);
         const int64_t per_seq = seq_arena_bytes(c, w.tokens);
-        const auto fit = static_cast<int64_t>(
-            (room > static_cast<uint64_t>(pass_rope_bytes(c, w.tokens)) ? room - pass_rope_bytes(c, w.tokens) : 0) /
-            static_cast<uint64_t>(per_seq));
-        std::fprintf(out, "workload d: backend memory for the attention arenas %.2f GB (%.1f KB per token) holds %lld "
-                          "sequences%s\n",
-                     static_cast<double>(room) / 1e9, static_cast<double>(per_seq) / w.tokens / 1024, (long long)fit,
-                     fit < w.sequences ? ": the pass is capped there" : "");
+        const auto fit = static_cast<int64_t>((room > static_cast<uint64_t>(pass_rope_bytes(c, w.tokens))
+                                                   ? room - pass_rope_bytes(c, w.tokens)
+                                                   : 0) /
+                                              static_cast<uint64_t>(per_seq));
+        std::fprintf(
+            out,
+            "workload d: backend memory for the attention arenas %.2f GB (%.1f KB per token) holds %lld "
+            "sequences%s\n",
+            static_cast<double>(room) / 1e9, static_cast<double>(per_seq) / w.tokens / 1024, (long long)fit,
+            fit < w.sequences ? ": the pass is capped there" : "");
         csv.row("workload_d", "arena_room_bytes", -1, 0, 0, 0, 0, static_cast<double>(room), "bytes");
         w.sequences = std::max<int64_t>(1, std::min(w.sequences, fit));
     }
@@ -315,14 +319,16 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
         const double tf = t.compute_s > 0 ? flops / t.compute_s / 1e12 : 0;
         std::fprintf(out, "  %-6s %9.2f %8.2f %8.2f %8.2f %8.2f %8.2f %6.2fx %9.1f %7s\n",
                      t.layer < 0 ? "head" : std::to_string(t.layer).c_str(), gb, read_s, up_s, t.compute_s,
-                     t.stall_s(), lwall, bound > 0 ? lwall / bound : 0.0, tf, percent_of(tf, bf16_peak).c_str());
+                     t.stall_s(), lwall, bound > 0 ? lwall / bound : 0.0, tf,
+                     percent_of(tf, bf16_peak).c_str());
         const std::string name = t.layer < 0 ? "head" : "layer";
         csv.row("workload_" + w.name, name + "_read_s", t.layer, total, 0, 0, 0, read_s, "s",
                 strfmt("bytes=%.0f", gb * 1e9));
         csv.row("workload_" + w.name, name + "_upload_s", t.layer, total, 0, 0, 0, up_s, "s");
         csv.row("workload_" + w.name, name + "_compute_s", t.layer, total, 0, 0, 0, t.compute_s, "s");
         csv.row("workload_" + w.name, name + "_stall_s", t.layer, total, 0, 0, 0, t.stall_s(), "s");
-        csv.row("workload_" + w.name, name + "_engram_stall_s", t.layer, total, 0, 0, 0, t.engram_wait_s, "s");
+        csv.row("workload_" + w.name, name + "_engram_stall_s", t.layer, total, 0, 0, 0, t.engram_wait_s,
+                "s");
         csv.row("workload_" + w.name, name + "_tflops", t.layer, total, 0, 0, 0, tf, "TFLOP/s");
         if (t.layer >= 0) {
             sum_wall += lwall;

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "ds4r/clock.h"
 #include "ds4r/checkpoint.h"
+#include "ds4r/clock.h"
 #include "ds4r/file_util.h"
 #include "ds4r/log.h"
 #include "ds4r/numeric.h"
@@ -34,7 +34,8 @@ int64_t default_chunk_rows(const ModelConfig& cfg, size_t free_bytes) {
     // slots; docs/PERFORMANCE.md): the released model on the 22 GB budget gets the 8,192 cap. Larger chunks
     // give the MoE more rows per expert per launch (fewer idle tile rows in the grouped GEMMs); an
     // overestimate costs a pass rerun with halved chunks (the out-of-memory retry), not a wrong number.
-    return std::clamp<int64_t>(static_cast<int64_t>(free_bytes / 2) / chunk_row_estimate_bytes(cfg), 64, 8192);
+    return std::clamp<int64_t>(static_cast<int64_t>(free_bytes / 2) / chunk_row_estimate_bytes(cfg), 64,
+                               8192);
 }
 
 int64_t pass_host_bytes_per_token(const ModelConfig& cfg, EngramNextPassMode next_pass) {
@@ -54,7 +55,8 @@ int64_t chunk_row_budget_bytes(const ModelConfig& cfg) {
 
 uint64_t pass_arena_room(const Backend& be, const ModelConfig& cfg, int64_t chunk_rows) {
     const uint64_t free_b = be.free_memory();
-    const uint64_t chunks = static_cast<uint64_t>(std::max<int64_t>(chunk_rows, 0) * chunk_row_budget_bytes(cfg));
+    const uint64_t chunks =
+        static_cast<uint64_t>(std::max<int64_t>(chunk_rows, 0) * chunk_row_budget_bytes(cfg));
     return free_b > chunks ? free_b - chunks : 0;
 }
 
@@ -187,10 +189,10 @@ void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs, int first_
         // Smaller chunks leave more room for these (the runner's retry); say what ran out.
         int64_t bytes = pass_rope_bytes(cfg_, ctx_.max_len);
         for (int64_t len : lens) bytes += seq_arena_bytes(cfg_, len);
-        throw OutOfMemoryError(strfmt("the attention arenas of a pass of %zu sequences / %lld tokens (%.2f GB; "
-                                      "a smaller --pass-tokens needs less): %s",
-                                      seqs.size(), (long long)total_rows_, static_cast<double>(bytes) / 1e9,
-                                      e.what()));
+        throw OutOfMemoryError(
+            strfmt("the attention arenas of a pass of %zu sequences / %lld tokens (%.2f GB; "
+                   "a smaller --pass-tokens needs less): %s",
+                   seqs.size(), (long long)total_rows_, static_cast<double>(bytes) / 1e9, e.what()));
     }
     const int64_t D = cfg_.dim, hc = cfg_.hc_mult;
     stream_ = be_.alloc_host(static_cast<size_t>(total_rows_ * hc * D) * 2);

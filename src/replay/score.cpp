@@ -2,7 +2,6 @@
 // check the options and the model, check the outputs (read-only, src/replay/resume.cpp), set up the
 // backend, open the outputs (the first change to any file), then per pass: collect, run, commit. An
 // interrupt mid-pass saves the pass at the layer boundary (src/replay/pass_state.cpp).
-#include "ds4r/clock.h"
 #include "ds4r/score.h"
 
 #include <fcntl.h>
@@ -21,6 +20,7 @@
 
 #include "ds4r/borrowed_host_memory.h"
 #include "ds4r/checkpoint.h"
+#include "ds4r/clock.h"
 #include "ds4r/engram.h"
 #include "ds4r/file_util.h"
 #include "ds4r/input.h"
@@ -165,9 +165,9 @@ struct Pass {
     std::vector<std::vector<int32_t>> seqs;  // the scored items' tokens
     std::vector<int> seq_of_item;            // item -> index into seqs (-1: bad)
     int64_t tokens = 0;
-    uint64_t bytes = 0;  // input bytes of the scored items (progress)
-    int64_t max_len = 0;       // its longest sequence
-    int64_t arena_bytes = 0;   // backend bytes of its sequences' arenas (seq_arena_bytes; RoPE tables apart)
+    uint64_t bytes = 0;       // input bytes of the scored items (progress)
+    int64_t max_len = 0;      // its longest sequence
+    int64_t arena_bytes = 0;  // backend bytes of its sequences' arenas (seq_arena_bytes; RoPE tables apart)
 };
 
 // What runs the passes: one PassRunner (--device) or the multi-device runner (--devices).
@@ -176,7 +176,7 @@ struct PassEngine {
     MultiDeviceRunner* multi = nullptr;
     std::function<uint64_t()> bytes_read;  // weight bytes read so far (progress)
     // Backend memory a pass's arenas may take (pass_arena_room; --devices: the workers' together)
-    uint64_t arena_room = 0;
+    uint64_t arena_room = UINT64_MAX;
     int64_t chunk_rows() const { return single ? single->chunk_rows() : multi->chunk_rows(); }
 };
 
@@ -202,8 +202,8 @@ public:
     void run(const PassEngine& engine, Progress& progress, ScoreSummary& sum);
 
 private:
-    // Reads input records into a pass: up to `pass_tokens` tokens and, with arena_room > 0, as many
-    // sequences as their arenas fit in it (the one that would not fit waits for the next pass: pending_);
+    // Reads input records into a pass: up to `pass_tokens` tokens and as many sequences as their arenas
+    // fit in arena_room (at least one) (the one that would not fit waits for the next pass: pending_);
     // or (a saved pass) through position `last_pos`. Records already in the output are skipped.
     Pass collect_pass(int64_t pass_tokens, uint64_t arena_room, int64_t last_pos, Progress& progress,
                       ScoreSummary& sum);
@@ -372,7 +372,7 @@ Pass ScoreJob::collect_pass(int64_t pass_tokens, uint64_t arena_room, int64_t la
         // The backend holds every sequence's attention arenas for the whole pass: a sequence they would
         // not fit next to the others starts the next pass (a saved pass is rebuilt as it was).
         const auto len = static_cast<int64_t>(it.rec.tokens.size());
-        if (arena_room > 0 && last_pos < 0 && pass.tokens > 0 &&
+        if (last_pos < 0 && pass.tokens > 0 &&
             static_cast<uint64_t>(pass.arena_bytes + seq_arena_bytes(cfg_, len) +
                                   pass_rope_bytes(cfg_, std::max(pass.max_len, len))) > arena_room) {
             pending_ = Pending{std::move(it), line_bytes};
@@ -472,12 +472,13 @@ void ScoreJob::run(const PassEngine& engine, Progress& progress, ScoreSummary& s
     const uint64_t arena_room = opt_.arena_room_for_tests > 0 ? opt_.arena_room_for_tests : engine.arena_room;
     log_info(strfmt("chunks of <= %lld rows, passes of <= %lld tokens%s", (long long)engine.chunk_rows(),
                     (long long)pass_tokens,
-                    arena_room > 0 ? strfmt(" and <= %.2f GB of attention arenas (%.1f KB per token of a 4,096-token "
-                                            "sequence)",
-                                            static_cast<double>(arena_room) / 1e9,
-                                            static_cast<double>(seq_arena_bytes(cfg_, 4096)) / 4096 / 1024)
-                                         .c_str()
-                                   : ""));
+                    arena_room < UINT64_MAX
+                        ? strfmt(" and <= %.2f GB of attention arenas (%.1f KB per token of a 4,096-token "
+                                 "sequence)",
+                                 static_cast<double>(arena_room) / 1e9,
+                                 static_cast<double>(seq_arena_bytes(cfg_, 4096)) / 4096 / 1024)
+                              .c_str()
+                        : ""));
     const SavedPass* saved = saved_pass();
     // The input is read one pass ahead when the next pass's Engram rows are gathered during the current
     // pass (--engram-next-pass; include/ds4r/engram_io.h). Reading ahead changes no output: a pass is
@@ -498,7 +499,8 @@ void ScoreJob::run(const PassEngine& engine, Progress& progress, ScoreSummary& s
                 pass = std::move(ahead);
                 ahead = Pass{};
             } else {
-                pass = collect_pass(pass_tokens, arena_room, saved ? saved->items.back().pos : -1, progress, sum);
+                pass = collect_pass(pass_tokens, arena_room, saved ? saved->items.back().pos : -1, progress,
+                                    sum);
             }
             if (pass.items.empty()) break;
             if (read_ahead && (!eof_ || pending_) && !pass.seqs.empty()) {
@@ -658,11 +660,16 @@ ScoreSummary run_score(const ScoreOptions& opt) {
         MultiDeviceRunner runner(targets, opt.devices, ckpt, weights, engram.get(), ros);
         runner.set_on_chunk(on_chunk);
         if (opt.on_worker_layer_for_tests) runner.set_worker_hook_for_tests(opt.on_worker_layer_for_tests);
-        // The workers split a pass by tokens (balanced): each holds about its share of the arenas.
+        // The workers split a pass by tokens (balanced): each holds about its share of the arenas, beside
+        // its copies of the current and the next layer (made as the pass reaches them, so not yet in use).
+        uint64_t layer = 0;
+        for (int L = 0; L < static_cast<int>(cfg.n_layers); ++L)
+            layer = std::max(layer, ckpt.layer_stream_bytes(L));
         uint64_t room = UINT64_MAX;
         for (size_t w = 0; w < bes.size(); ++w) {
             bes[w]->use_on_this_thread();
-            room = std::min(room, pass_arena_room(*bes[w], cfg, ros[w].chunk_rows));
+            const uint64_t r = pass_arena_room(*bes[w], cfg, ros[w].chunk_rows);
+            room = std::min(room, r > 2 * layer ? r - 2 * layer : 0);
         }
         bes.front()->use_on_this_thread();
         job.run(PassEngine{nullptr, &runner, [&] { return weights.stats().bytes_read; },

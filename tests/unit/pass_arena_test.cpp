@@ -15,10 +15,10 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "cli_run_util.h"
-#include "ds4r/error.h"
 #include "ds4r/backend.h"
 #include "ds4r/checkpoint.h"
 #include "ds4r/config.h"
+#include "ds4r/error.h"
 #include "ds4r/make_tiny.h"
 #include "ds4r/model.h"
 #include "ds4r/score.h"
@@ -75,8 +75,8 @@ TEST(PassArenas, SetupAllocatesWhatThePlannerCounts) {
     const ModelConfig cfg = Checkpoint::open(test::tiny_model_dir()).config();
     auto be = make_cpu_backend();
     PassContext ctx(*be, cfg);
-    for (const std::vector<int64_t>& lens :
-         {std::vector<int64_t>{1}, std::vector<int64_t>{5, 64, 300, 9, 2}, std::vector<int64_t>{1000, 1, 33}}) {
+    for (const std::vector<int64_t>& lens : {std::vector<int64_t>{1}, std::vector<int64_t>{5, 64, 300, 9, 2},
+                                             std::vector<int64_t>{1000, 1, 33}}) {
         ctx.setup(lens);
         int64_t planned = 0, longest = 0;
         for (int64_t len : lens) {
