@@ -40,6 +40,8 @@ public:
                                       int iters, int tile_rows = 0) = 0;
     // The output head's logits GEMM as head_stats runs it: x bf16 [M, D] . head bf16 [V, D]^T -> f32.
     virtual double head_logits_tflops(int64_t M, int64_t V, int64_t D, int iters) = 0;
+    // Rows of one logits launch inside head_stats (it computes the logits in chunks of this many rows).
+    virtual int64_t head_launch_rows() const = 0;
     // A Hopper GEMM kernel alone with its stages filled by TMA (tma) or by the cp.async loaders (the
     // baseline; the backend takes TMA where it can): kind 0 fp8 block-scaled, 1 fp4 block-scaled
     // (activations quantized beforehand, the default partials), 2 bf16 -> bf16, 3 bf16 -> f32; x [M, K],

@@ -185,6 +185,13 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
         row("head logits bf16->f32", M, c.vocab_size, c.dim, ours, ref, strfmt("cublas=%.3f", ref));
         const double cp = kb.hopper_gemm_tflops(3, M, c.vocab_size, c.dim, false, it);
         if (cp >= 0) row("head logits, cp.async loads", M, c.vocab_size, c.dim, cp, ref, "baseline");
+        // one launch as head_stats makes them in a pass (its chunk of rows)
+        const int64_t R = kb.head_launch_rows();
+        if (R < M) {
+            const double one = kb.head_logits_tflops(R, c.vocab_size, c.dim, it);
+            row("head logits, one head_stats launch", R, c.vocab_size, c.dim, one,
+                kb.cublas_bf16_tflops(R, c.vocab_size, c.dim, it), "");
+        }
     }
     // The mHC mixes kernel's accumulation variants (issue 10): time per call at M rows and the model's
     // dim, hc = 4 (the kernel's only hc). "*" marks the variant the backend runs.

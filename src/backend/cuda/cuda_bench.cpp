@@ -12,6 +12,7 @@
 #include "gemm.cuh"
 #include "gemm_sm90.cuh"
 #include "hc.cuh"
+#include "head.cuh"
 #include "quant.cuh"
 
 namespace ds4r {
@@ -93,9 +94,8 @@ double bench_linear_fp8_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K,
 
 double bench_linear_fp4_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K, int iters) {
     Tensor x = random_bf16(be, M, K, 4.0f, 4);
-    Fp4Linear w{
-        random_bytes(be, DType::I8, {N, K / 2}, 5, fp4_byte),
-        random_bytes(be, DType::F8_E8M0, {N, K / 32}, 6, scale_byte)};
+    Fp4Linear w{random_bytes(be, DType::I8, {N, K / 2}, 5, fp4_byte),
+                random_bytes(be, DType::F8_E8M0, {N, K / 32}, 6, scale_byte)};
     Tensor y = be.alloc(DType::BF16, {M, N});
     return time_tflops(be, M, N, K, iters, [&] { be.linear_fp4(x, w, y); });
 }
@@ -150,8 +150,7 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
                  d_rows = upload_i32(be, rows);
     // every expert its own weight buffers (realistic memory traffic), filled by device copies of one
     // random set (generating GBs of random bytes on the host would dominate the benchmark's time)
-    const Tensor w_src =
-        random_bytes(be, DType::I8, {N, K / 2}, 18, fp4_byte);
+    const Tensor w_src = random_bytes(be, DType::I8, {N, K / 2}, 18, fp4_byte);
     const Tensor s_src = random_bytes(be, DType::F8_E8M0, {N, K / 32}, 19, scale_byte);
     std::vector<Tensor> wts, scs, ys;
     std::vector<const uint8_t*> wp[2], sp[2];
@@ -216,9 +215,9 @@ double bench_hopper_gemm_tflops(CudaBackend& be, int kind, int64_t M, int64_t N,
         const bool f32_out = kind == 3;
         Tensor y = be.alloc(f32_out ? DType::F32 : DType::BF16, {M, N});
         return time_tflops(be, M, N, K, iters, [&] {
-            DS4R_CUDA_CHECK(kern::launch_gemm_bf16_sm90_loads(loads, x.ptr<uint16_t>(), K, 0, w.ptr<uint16_t>(),
-                                                              K, 0, y.data, f32_out, N, 0, M, N, K, 1,
-                                                              be.stream()));
+            DS4R_CUDA_CHECK(kern::launch_gemm_bf16_sm90_loads(loads, x.ptr<uint16_t>(), K, 0,
+                                                              w.ptr<uint16_t>(), K, 0, y.data, f32_out, N, 0,
+                                                              M, N, K, 1, be.stream()));
         });
     }
     const bool fp4 = kind == 1;
@@ -230,8 +229,8 @@ double bench_hopper_gemm_tflops(CudaBackend& be, int kind, int64_t M, int64_t N,
     Tensor y = be.alloc(DType::BF16, {M, N});
     auto fn = fp4 ? kern::launch_gemm_fp4_sm90_partials : kern::launch_gemm_fp8_sm90_partials;
     return time_tflops(be, M, N, K, iters, [&] {
-        DS4R_CUDA_CHECK(fn(partials, a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.ptr<uint8_t>(), s.ptr<uint8_t>(),
-                           y.ptr<uint16_t>(), N, M, N, K, be.stream(), loads));
+        DS4R_CUDA_CHECK(fn(partials, a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.ptr<uint8_t>(),
+                           s.ptr<uint8_t>(), y.ptr<uint16_t>(), N, M, N, K, be.stream(), loads));
     });
 }
 
@@ -348,6 +347,7 @@ public:
     double head_logits_tflops(int64_t M, int64_t V, int64_t D, int iters) override {
         return bench_head_logits_tflops(be_, M, V, D, iters);
     }
+    int64_t head_launch_rows() const override { return kern::kHeadChunkRows; }
     std::string gemm_family() const override { return be_.gemm().name(); }
     double hopper_gemm_tflops(int kind, int64_t M, int64_t N, int64_t K, bool tma, int iters) override {
         if (!be_.gemm().hopper) return -1;
