@@ -48,6 +48,16 @@ cudaError_t launch_gemm_fp4(const uint8_t* q, const uint8_t* sa, const uint8_t* 
 // tile t covers pairs [tile_start[t], min(tile_start[t] + 128, expert_end[tile_expert[t]])) of expert
 // tile_expert[t]; the tiles of expert e are [tile_begin[e], tile_begin[e + 1]).
 constexpr int kMaxGroupedExperts = 512;
+// A list of 128-row plan tiles (the routing plan's, or a part of it): tile t of expert e covers pair
+// positions [tile_start[t], min(tile_start[t] + 128, expert_end[e])); e's tiles are [tile_begin[e],
+// tile_begin[e + 1]).
+struct GroupedTileList {
+    const int32_t* tile_expert = nullptr;  // [max_tiles]
+    const int32_t* tile_start = nullptr;   // [max_tiles]
+    const int32_t* tile_begin = nullptr;   // [n_experts + 1]
+    int64_t max_tiles = 0;                 // bound on the list's tiles
+};
+
 struct GroupedFp4Gemm {
     const uint8_t* q;             // e4m3 activation codes [rows, K] (Fp8CodeOrder::GemmFragment)
     const uint8_t* sa;            // e8m0 [rows, K / 32] (GemmNanMarker bytes)
@@ -65,13 +75,17 @@ struct GroupedFp4Gemm {
     const uint8_t* const* w[2];  // host arrays [n_experts] of device pointers: packed e2m1 [N, K / 2]
     const uint8_t* const* s[2];  // host arrays [n_experts]: e8m0 [N, K / 32]
     uint16_t* y[2];              // bf16 [pairs, N]
+    // Optional (Hopper, launch_moe_tile_split): the plan above split by tile height: `full` every tile
+    // but each expert's last one when it holds 1 .. 64 pairs, `tail` those last tiles (one per expert at
+    // most), so that they take 64-row tiles (Sm90GroupedRows::Mixed). Null pointers: no split.
+    GroupedTileList full, tail;
 };
 cudaError_t launch_grouped_gemm_fp4(const GroupedFp4Gemm& g, cudaStream_t stream);
 
-// The Hopper grouped launcher's plan (hopper/gemm_sm90.cu; gemm.cu has its own copy): validates g (cudaErrorInvalidValue:
-// K % 32, sizes, projections, 16-byte aligned codes and weights) and calls
-// launch(e0, e1, grid) for each batch [e0, e1) of at most kMaxGroupedExperts experts, with grid = (N tiles
-// of bn columns, a bound on the batch's tiles of bm rows, projections); stops at the first error.
+// The Hopper grouped launcher's plan (hopper/gemm_sm90.cu; gemm.cu has its own copy): validates g
+// (cudaErrorInvalidValue: K % 32, sizes, projections, 16-byte aligned codes and weights) and calls launch(e0,
+// e1, grid) for each batch [e0, e1) of at most kMaxGroupedExperts experts, with grid = (N tiles of bn
+// columns, a bound on the batch's tiles of bm rows, projections); stops at the first error.
 template <class Launch>
 inline cudaError_t for_each_grouped_batch(const GroupedFp4Gemm& g, int64_t bm, int64_t bn, Launch&& launch) {
     auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };

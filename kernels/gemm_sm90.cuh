@@ -30,9 +30,10 @@ cudaError_t launch_gemm_bf16_sm90(const uint16_t* x, int64_t lda, int64_t x_goff
                                   int64_t y_goff, int64_t M, int64_t N, int64_t K, int64_t groups,
                                   cudaStream_t stream);
 
-// How the bf16 and block-scaled kernels fill their shared-memory stages: Auto: TMA copies (one thread, tensor maps built per
-// launch) where the operands allow a tensor map (16-byte aligned base and pitches), else the cp.async
-// loaders; CpAsync: always the loaders; Tma: TMA or cudaErrorNotSupported. Outputs are the same bits.
+// How the bf16 and block-scaled kernels fill their shared-memory stages: Auto: TMA copies (one thread, tensor
+// maps built per launch) where the operands allow a tensor map (16-byte aligned base and pitches), else the
+// cp.async loaders; CpAsync: always the loaders; Tma: TMA or cudaErrorNotSupported. Outputs are the same
+// bits.
 enum class Sm90Loads : int { Auto = 0, CpAsync = 1, Tma = 2 };
 cudaError_t launch_gemm_bf16_sm90_loads(Sm90Loads loads, const uint16_t* x, int64_t lda, int64_t x_goff,
                                         const uint16_t* w, int64_t ldw, int64_t w_goff, void* y, bool y_f32,
@@ -79,7 +80,10 @@ cudaError_t launch_grouped_gemm_fp4_sm90_partials(Sm90Partials partials, const G
 // blocks of 64: less idle work when experts hold few rows, e.g. ~38 each in workload b's chunks of
 // 2,420 rows). Every output's instruction sequence is the same in both (bit-identical results; the
 // CudaGemmSm90 tests compare them). Auto: 64 when g.pairs / g.n_experts <= 64 rows per expert.
-enum class Sm90GroupedRows : int { Auto = 0, Rows64 = 64, Rows128 = 128 };
+// Mixed (g.full / g.tail set): the full list on 128-row tiles, each expert's short last tile (1 .. 64
+// pairs) on a 64-row one: less idle work at ~128 rows per expert and more (the MoE's chunks on the
+// 22 GB budget); Auto takes it whenever the split is given and the experts average > 64 rows.
+enum class Sm90GroupedRows : int { Auto = 0, Rows64 = 64, Rows128 = 128, Mixed = 1 };
 cudaError_t launch_grouped_gemm_fp4_sm90_tiles(Sm90Partials partials, Sm90GroupedRows rows,
                                                const GroupedFp4Gemm& g, cudaStream_t stream);
 

@@ -132,6 +132,49 @@ __global__ void __launch_bounds__(kRouteThreads)
     }
 }
 
+// The plan's tiles split by height (launch_moe_tile_split; one block): an expert whose last tile holds
+// 1 .. 64 pairs moves that tile to the tail list.
+__global__ void __launch_bounds__(kRouteThreads)
+    route_tile_split_kernel(const int32_t* __restrict__ counts, const int32_t* __restrict__ expert_begin,
+                            int E, int32_t* __restrict__ full_begin, int32_t* __restrict__ full_expert,
+                            int32_t* __restrict__ full_start, int64_t max_tiles,
+                            int32_t* __restrict__ tail_begin, int32_t* __restrict__ tail_expert,
+                            int32_t* __restrict__ tail_start) {
+    auto split = [](int32_t n, int32_t& full, int32_t& tail) {
+        const int32_t r = n % 128;
+        tail = r >= 1 && r <= 64 ? 1 : 0;
+        full = (n + 127) / 128 - tail;
+    };
+    if (threadIdx.x == 0) {
+        int32_t f = 0, t = 0;
+        for (int e = 0; e < E; ++e) {
+            full_begin[e] = f;
+            tail_begin[e] = t;
+            int32_t nf, nt;
+            split(counts[e], nf, nt);
+            f += nf;
+            t += nt;
+        }
+        full_begin[E] = f;
+        tail_begin[E] = t;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += kRouteThreads) {
+        int32_t nf, nt;
+        split(counts[e], nf, nt);
+        const int32_t f0 = full_begin[e];
+        for (int32_t i = 0; i < nf; ++i) {
+            if (f0 + i >= max_tiles) break;  // cannot happen when max_tiles bounds the plan's tiles
+            full_expert[f0 + i] = e;
+            full_start[f0 + i] = expert_begin[e] + i * 128;
+        }
+        if (nt) {
+            tail_expert[tail_begin[e]] = e;
+            tail_start[tail_begin[e]] = expert_begin[e] + nf * 128;
+        }
+    }
+}
+
 // Pair positions of expert e (grid: E blocks): rows ascending, by a block-wide exclusive scan of the
 // "row r uses e" flags over chunks of kRouteThreads rows.
 __global__ void __launch_bounds__(kRouteThreads)
@@ -313,6 +356,17 @@ cudaError_t launch_moe_routing(const int32_t* idx, const float* w, int64_t M, in
     if (M == 0) return cudaSuccess;
     route_fill_kernel<<<E, kRouteThreads, 0, stream>>>(idx, w, M, k, expert_begin, pair_row, pair_w,
                                                        slot_pos);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_moe_tile_split(const int32_t* counts, const int32_t* expert_begin, int E,
+                                  int32_t* full_begin, int32_t* full_expert, int32_t* full_start,
+                                  int64_t max_tiles, int32_t* tail_begin, int32_t* tail_expert,
+                                  int32_t* tail_start, cudaStream_t stream) {
+    if (E < 1 || max_tiles < 1) return cudaErrorInvalidValue;
+    route_tile_split_kernel<<<1, kRouteThreads, 0, stream>>>(counts, expert_begin, E, full_begin, full_expert,
+                                                             full_start, max_tiles, tail_begin, tail_expert,
+                                                             tail_start);
     return cudaGetLastError();
 }
 

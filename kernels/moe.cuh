@@ -34,6 +34,16 @@ cudaError_t launch_moe_routing(const int32_t* idx, const float* w, int64_t M, in
                                int32_t* tile_expert, int32_t* tile_start, int64_t max_tiles,
                                int32_t* pair_row, float* pair_w, int32_t* slot_pos, cudaStream_t stream);
 
+// The routing plan's tile list split by tile height (GroupedFp4Gemm::full / tail), from counts [E] and
+// expert_begin [E] of launch_moe_routing: full_begin [E + 1], full_expert / full_start [max_tiles] (each
+// expert's tiles of 128 pairs but its last one when that holds 1 .. 64 pairs), tail_begin [E + 1],
+// tail_expert / tail_start [E] (those last tiles). max_tiles: launch_moe_routing's bound. Every array is
+// written (no memset).
+cudaError_t launch_moe_tile_split(const int32_t* counts, const int32_t* expert_begin, int E,
+                                  int32_t* full_begin, int32_t* full_expert, int32_t* full_start,
+                                  int64_t max_tiles, int32_t* tail_begin, int32_t* tail_expert,
+                                  int32_t* tail_start, cudaStream_t stream);
+
 // SwiGLU of the expert hidden rows + act quant for the down projection (docs/MODEL.md 4.7, 5.1):
 // g, u bf16 [P, I]; a = silu(min(g, limit)) * clamp(u, -limit, limit) in fp32, then a = weight[p] * a
 // when weight (f32 [P]) is non-null; bf16(a) quantized per 32 -> q e4m3 [P, I], s e8m0 [P, I / 32], the

@@ -34,10 +34,13 @@ public:
     // The routed experts' grouped fp4 GEMM as the MoE launches it (activations already quantized):
     // `experts` experts with distinct weights [N, K / 2], `rows_per_expert` pairs each, `n_proj`
     // projections (2: w1 + w3, 1: w2). FLOPs: 2 * experts * rows_per_expert * N * K * n_proj.
-    // tile_rows: 0 = the family's own choice; 64 / 128 force the Hopper kernels' tile shape (returns
-    // -1 on the portable kernels, which have one).
+    // tile_rows: 0 = the family's own choice; 64 / 128 force the Hopper kernels' tile shape, 1 their
+    // mixed tiles (each expert's short last tile on 64 rows) (-1 on the portable kernels, which have one).
+    // routed: the experts' rows drawn around rows_per_expert as a router spreads them (Poisson, fixed
+    // seed; FLOPs counted on the rows drawn) instead of exactly rows_per_expert each, with the MoE's split
+    // of the plan (launch_moe_tile_split).
     virtual double grouped_fp4_tflops(int experts, int64_t rows_per_expert, int64_t N, int64_t K, int n_proj,
-                                      int iters, int tile_rows = 0) = 0;
+                                      int iters, int tile_rows = 0, bool routed = false) = 0;
     // The output head's logits GEMM as head_stats runs it: x bf16 [M, D] . head bf16 [V, D]^T -> f32.
     virtual double head_logits_tflops(int64_t M, int64_t V, int64_t D, int iters) = 0;
     // Rows of one logits launch inside head_stats (it computes the logits in chunks of this many rows).

@@ -4,6 +4,8 @@
 // Compiled for sm_90a only.
 #include <cuda.h>  // CUtensorMap (cuTensorMapEncodeTiled through the runtime's driver entry point)
 
+#include <algorithm>
+
 #include "gemm_sm90_tile.cuh"
 
 namespace ds4r::kern {
@@ -35,7 +37,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(DS4R_SM90A_DEVICE)
     extern __shared__ __align__(1024) uint8_t smem[];
     Job j;
-    j.m0 = dense_tile_job<C::kBM, C::kBN, kOutF32 ? 4 : 2>(p, j);
+    j.m0 = dense_tile_job < C::kBM, C::kBN, kOutF32 ? 4 : 2 > (p, j);
     j.z = static_cast<int>(blockIdx.z);
     j.tma_a = &maps.a;
     j.tma_b = &maps.b;
@@ -75,14 +77,15 @@ cudaError_t launch(dim3 grid, cudaStream_t stream, const Args&... args) {
 // cuTensorMapEncodeTiled, from the driver through the runtime (no libcuda link); null where the
 // driver lacks it.
 using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+                                   CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                   CUtensorMapFloatOOBfill);
 EncodeTiledFn encode_tiled() {
     static const EncodeTiledFn fn = [] {
         void* f = nullptr;
         cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
-                cudaSuccess ||
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                             &found) != cudaSuccess ||
             found != cudaDriverEntryPointSuccess) {
             (void)cudaGetLastError();  // not sticky: clear it for the launches that follow
             return static_cast<EncodeTiledFn>(nullptr);
@@ -108,8 +111,9 @@ bool operand_map(CUtensorMap* map, bool bf16, const uint8_t* base, int64_t k, in
     const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_k), static_cast<cuuint32_t>(box_rows), 1};
     const cuuint32_t steps[3] = {1, 1, 1};
     return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 3,
-                  const_cast<uint8_t*>(base), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+                  const_cast<uint8_t*>(base), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // The A and B maps of a Cfg::kTma kernel C for problem p (M x N, K elements, `groups` along z), with the
@@ -149,13 +153,14 @@ cudaError_t launch_dense(GemmParams p, int64_t M, int64_t N, int64_t groups, cud
 // else cudaErrorNotSupported), else C's cp.async loaders. The same wgmma sequence either way
 // (bit-identical outputs).
 template <class C, bool kOutF32>
-cudaError_t launch_plain(Sm90Loads loads, const GemmParams& p, int64_t M, int64_t N, int64_t K, int64_t groups,
-                         cudaStream_t stream) {
+cudaError_t launch_plain(Sm90Loads loads, const GemmParams& p, int64_t M, int64_t N, int64_t K,
+                         int64_t groups, cudaStream_t stream) {
     using CT = typename C::WithTma;
     if (M == 0 || N == 0 || groups == 0) return cudaSuccess;
     if (loads != Sm90Loads::CpAsync) {
         TmaMaps maps{};
-        if (operand_maps<CT>(&maps, p, M, N, K, groups)) return launch_dense<CT, kOutF32>(p, M, N, groups, stream, maps);
+        if (operand_maps<CT>(&maps, p, M, N, K, groups))
+            return launch_dense<CT, kOutF32>(p, M, N, groups, stream, maps);
         if (loads == Sm90Loads::Tma) return cudaErrorNotSupported;
     }
     return launch_dense<C, kOutF32>(p, M, N, groups, stream);
@@ -182,12 +187,31 @@ cudaError_t launch_grouped(const GroupedFp4Gemm& g, cudaStream_t stream) {
     });
 }
 
+// g with its tiles taken from list l
+GroupedFp4Gemm with_tiles(const GroupedFp4Gemm& g, const GroupedTileList& l) {
+    GroupedFp4Gemm h = g;
+    h.tile_expert = l.tile_expert;
+    h.tile_start = l.tile_start;
+    h.tile_begin = l.tile_begin;
+    h.max_tiles = l.max_tiles;
+    return h;
+}
+
 template <bool kWiden>
 cudaError_t launch_grouped_rows(Sm90GroupedRows rows, const GroupedFp4Gemm& g, cudaStream_t stream) {
+    const bool split = g.full.tile_begin != nullptr && g.tail.tile_begin != nullptr;
     if (rows == Sm90GroupedRows::Auto)
         rows = g.pairs > 0 && g.n_experts > 0 && g.pairs <= 64 * static_cast<int64_t>(g.n_experts)
                    ? Sm90GroupedRows::Rows64
-                   : Sm90GroupedRows::Rows128;
+                   : (split ? Sm90GroupedRows::Mixed : Sm90GroupedRows::Rows128);
+    if (rows == Sm90GroupedRows::Mixed) {
+        if (!split) return cudaErrorInvalidValue;
+        const cudaError_t err = launch_grouped<kWiden, 128>(with_tiles(g, g.full), stream);
+        if (err != cudaSuccess) return err;
+        GroupedFp4Gemm t = with_tiles(g, g.tail);
+        t.max_rows_per_expert = std::min<int64_t>(g.max_rows_per_expert, 64);  // one tail tile per expert
+        return launch_grouped<kWiden, 64>(t, stream);
+    }
     if (rows == Sm90GroupedRows::Rows64) return launch_grouped<kWiden, 64>(g, stream);
     return launch_grouped<kWiden, 128>(g, stream);
 }

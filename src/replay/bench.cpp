@@ -176,6 +176,14 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
                 if (forced < 0) break;  // the portable kernels: one tile shape
                 row(strfmt("%s, %d-row tiles", g.name, tr), rows, g.n, g.k, forced, ref, note);
             }
+            // the experts' rows spread as a router spreads them (Poisson around the average): the family's
+            // own choice (Hopper: mixed tiles), and the 128-row tiles alone
+            row(strfmt("%s, routed rows", g.name), rows, g.n, g.k,
+                kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it, 0, true), ref, note);
+            const double r128 =
+                kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it, 128, true);
+            if (r128 >= 0)
+                row(strfmt("%s, routed rows, 128-row tiles", g.name), rows, g.n, g.k, r128, ref, note);
         }
     }
     // The output head's logits (bf16 x bf16 -> f32), as head_stats runs them.

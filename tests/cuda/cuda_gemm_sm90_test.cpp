@@ -6,7 +6,9 @@
 //
 // Shapes: odd M (1, 7, 129, 8193), N off the 128-column tile, K = 32 (one block), the model's shapes at
 // modest M, extreme block scales (the three-rounding form), grouped experts with empty experts, one
-// expert holding every row, and 384 experts.
+// expert holding every row, and 384 experts; grouped on 64-row, 128-row and mixed tiles (each expert's
+// short last tile on 64 rows: the routing plan split by launch_moe_tile_split, checked against a host
+// copy of the split).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 #ifdef DS4R_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #include "gemm_sm90.cuh"
+#include "moe.cuh"
 #endif
 
 using namespace ds4r;
@@ -90,7 +93,8 @@ std::vector<uint8_t> foldable_fp4_scales(int64_t rows, int64_t kb, std::mt19937_
     std::vector<uint8_t> s(static_cast<size_t>(rows * kb));
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t b = 0; b < kb; ++b)
-            s[static_cast<size_t>(r * kb + b)] = r == 0 && b % 5 == 3 ? 129 : static_cast<uint8_t>(114 + rng() % 15);
+            s[static_cast<size_t>(r * kb + b)] =
+                r == 0 && b % 5 == 3 ? 129 : static_cast<uint8_t>(114 + rng() % 15);
     return s;
 }
 std::vector<uint8_t> rand_fp8_codes(size_t n, std::mt19937_64& rng) {
@@ -279,6 +283,36 @@ TEST(CudaGemmSm90, Fp4AgreesWithPortableAndCpu) {
 }
 
 // ---------------------------------------------------------------- grouped experts
+// The routing plan's tiles split by height as launch_moe_tile_split does it (kernels/moe.cuh): each
+// expert's tiles of 128 pairs in `full` but its last one when that holds 1 .. 64 pairs, which goes to
+// `tail`.
+struct TileSplit {
+    std::vector<int32_t> full_expert, full_start, full_begin, tail_expert, tail_start, tail_begin;
+};
+TileSplit split_plan(const std::vector<int>& counts) {
+    TileSplit s;
+    int32_t pos = 0;
+    for (int e = 0; e < static_cast<int>(counts.size()); ++e) {
+        const int n = counts[static_cast<size_t>(e)];
+        const bool tail = n % 128 >= 1 && n % 128 <= 64;
+        const int nf = (n + 127) / 128 - (tail ? 1 : 0);
+        s.full_begin.push_back(static_cast<int32_t>(s.full_expert.size()));
+        s.tail_begin.push_back(static_cast<int32_t>(s.tail_expert.size()));
+        for (int i = 0; i < nf; ++i) {
+            s.full_expert.push_back(e);
+            s.full_start.push_back(pos + 128 * i);
+        }
+        if (tail) {
+            s.tail_expert.push_back(e);
+            s.tail_start.push_back(pos + 128 * nf);
+        }
+        pos += n;
+    }
+    s.full_begin.push_back(static_cast<int32_t>(s.full_expert.size()));
+    s.tail_begin.push_back(static_cast<int32_t>(s.tail_expert.size()));
+    return s;
+}
+
 // The grouped kernel on both families with the same routing plan: experts with `counts[e]` pairs, the
 // activation rows gathered through a random permutation (as w1 / w3 run), one projection.
 void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed,
@@ -314,8 +348,10 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
     }
     const int max_rows = *std::max_element(counts.begin(), counts.end());
     std::vector<uint8_t> wg;
-    // the Hopper kernels with each tile shape forced (Sm90GroupedRows): [partials][64 rows, 128 rows]
-    std::vector<uint8_t> tiles[2][2];
+    // the Hopper kernels with each tile shape forced (Sm90GroupedRows): [partials][64 rows, 128 rows,
+    // mixed: each expert's short last tile on 64 rows]
+    std::vector<uint8_t> tiles[2][3];
+    const TileSplit split = split_plan(counts);
     auto i32 = [](CudaBackend& be, const std::vector<int32_t>& v) {
         return upload(be, DType::I32, {static_cast<int64_t>(v.size())}, v.data());
     };
@@ -327,7 +363,8 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
         if (&be == &hop())
             for (int v = 0; v < 2; ++v)
                 av[v] = be.quantize_gemm_acts(
-                    x, P, K, kern::sm90_act_order(v ? kern::Sm90Partials::Fp16Widened : kern::Sm90Partials::Fp8Wgmma));
+                    x, P, K,
+                    kern::sm90_act_order(v ? kern::Sm90Partials::Fp16Widened : kern::Sm90Partials::Fp8Wgmma));
         std::vector<Tensor> wt, st;
         std::vector<const uint8_t*> wp, sp;
         for (int e = 0; e < E; ++e) {
@@ -365,16 +402,32 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
             DS4R_CUDA_CHECK(
                 kern::launch_grouped_gemm_fp4_sm90_partials(kern::Sm90Partials::Fp8Wgmma, g, be.stream()));
             wg = host(be, y);
+            // the split plan (GroupedFp4Gemm::full / tail), with upper bounds as the MoE passes them
+            const Tensor f_e = i32(be, split.full_expert), f_s = i32(be, split.full_start),
+                         f_b = i32(be, split.full_begin), t_e = i32(be, split.tail_expert),
+                         t_s = i32(be, split.tail_start), t_b = i32(be, split.tail_begin);
+            kern::GroupedFp4Gemm gm = g;
+            gm.full = {f_e.ptr<int32_t>(), f_s.ptr<int32_t>(), f_b.ptr<int32_t>(), g.max_tiles};
+            gm.tail = {t_e.ptr<int32_t>(), t_s.ptr<int32_t>(), t_b.ptr<int32_t>(), E};
+            const kern::Sm90GroupedRows shapes[3] = {
+                kern::Sm90GroupedRows::Rows64, kern::Sm90GroupedRows::Rows128, kern::Sm90GroupedRows::Mixed};
             for (int v = 0; v < 2; ++v)
-                for (int t = 0; t < 2; ++t) {
+                for (int t = 0; t < 3; ++t) {
                     be.fill(y, 0x5A);
-                    g.q = av[v].q.ptr<uint8_t>();
-                    g.sa = av[v].s.ptr<uint8_t>();
+                    gm.q = av[v].q.ptr<uint8_t>();
+                    gm.sa = av[v].s.ptr<uint8_t>();
                     DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4_sm90_tiles(
-                        v ? kern::Sm90Partials::Fp16Widened : kern::Sm90Partials::Fp8Wgmma,
-                        t ? kern::Sm90GroupedRows::Rows128 : kern::Sm90GroupedRows::Rows64, g, be.stream()));
+                        v ? kern::Sm90Partials::Fp16Widened : kern::Sm90Partials::Fp8Wgmma, shapes[t], gm,
+                        be.stream()));
                     tiles[v][t] = host(be, y);
                 }
+            // Auto with the split given and the pair count known (the MoE's call on Hopper)
+            gm.q = a.q.ptr<uint8_t>();
+            gm.sa = a.s.ptr<uint8_t>();
+            gm.pairs = P;
+            be.fill(y, 0x66);
+            DS4R_CUDA_CHECK(be.gemm().grouped_fp4(gm, be.stream()));
+            EXPECT_EQ(host(be, y), out) << what << ": --kernels auto with the split plan";
             // the MoE's call: the pair count known, so Auto picks by rows per expert
             g.q = a.q.ptr<uint8_t>();
             g.sa = a.s.ptr<uint8_t>();
@@ -399,8 +452,52 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
     for (int v = 0; v < 2; ++v) {
         const std::string var = v ? " widened" : " fp8-wgmma";
         EXPECT_EQ(tiles[v][0], tiles[v][1]) << what << var << ": 64-row tiles differ from 128-row tiles";
+        EXPECT_EQ(tiles[v][2], tiles[v][1]) << what << var << ": mixed tiles differ from 128-row tiles";
     }
     expect_equal(what + " 64-row tiles", "portable", agreement(tiles[1][0], p, 2, N));
+}
+
+TEST(CudaGemmSm90, TileSplitOfTheRoutingPlan) {
+    // launch_moe_tile_split against split_plan: counts around every boundary (0, 1, 64, 65, 127, 128,
+    // 129, 192, 193, 256, 257) and random ones
+    DS4R_REQUIRE_CUDA();
+    std::vector<int> counts = {0, 1, 64, 65, 127, 128, 129, 192, 193, 256, 257, 0, 700};
+    std::mt19937_64 rng(41);
+    for (int i = 0; i < 371; ++i) counts.push_back(static_cast<int>(rng() % 300));
+    const int E = static_cast<int>(counts.size());
+    std::vector<int32_t> begin;
+    int32_t pos = 0, tiles = 0;
+    for (int c : counts) {
+        begin.push_back(pos);
+        pos += c;
+        tiles += (c + 127) / 128;
+    }
+    CudaBackend& be = port();  // the plan kernels are the same on every device
+    auto i32 = [&](const std::vector<int32_t>& v) {
+        return upload(be, DType::I32, {static_cast<int64_t>(v.size())}, v.data());
+    };
+    const Tensor d_counts = i32(std::vector<int32_t>(counts.begin(), counts.end())), d_begin = i32(begin);
+    const int64_t max_tiles = tiles + 5;
+    Tensor fb = poisoned(be, DType::I32, {E + 1}), fe = poisoned(be, DType::I32, {max_tiles}),
+           fs = poisoned(be, DType::I32, {max_tiles}), tb = poisoned(be, DType::I32, {E + 1}),
+           te = poisoned(be, DType::I32, {E}), ts = poisoned(be, DType::I32, {E});
+    DS4R_CUDA_CHECK(kern::launch_moe_tile_split(
+        d_counts.ptr<int32_t>(), d_begin.ptr<int32_t>(), E, fb.ptr<int32_t>(), fe.ptr<int32_t>(),
+        fs.ptr<int32_t>(), max_tiles, tb.ptr<int32_t>(), te.ptr<int32_t>(), ts.ptr<int32_t>(), be.stream()));
+    const TileSplit want = split_plan(counts);
+    auto got = [&](const Tensor& t, size_t n) {
+        const std::vector<uint8_t> b = host(be, t);
+        std::vector<int32_t> v(n);
+        std::memcpy(v.data(), b.data(), n * 4);
+        return v;
+    };
+    EXPECT_EQ(got(fb, E + 1), want.full_begin);
+    EXPECT_EQ(got(tb, E + 1), want.tail_begin);
+    EXPECT_EQ(got(fe, want.full_expert.size()), want.full_expert);
+    EXPECT_EQ(got(fs, want.full_start.size()), want.full_start);
+    EXPECT_EQ(got(te, want.tail_expert.size()), want.tail_expert);
+    EXPECT_EQ(got(ts, want.tail_start.size()), want.tail_start);
+    EXPECT_EQ(want.full_expert.size() + want.tail_expert.size(), static_cast<size_t>(tiles));
 }
 
 TEST(CudaGemmSm90, GroupedExpertsAgreeWithPortable) {
@@ -414,6 +511,10 @@ TEST(CudaGemmSm90, GroupedExpertsAgreeWithPortable) {
     // workload b's chunks: ~38 rows per expert (Auto takes the 64-row tiles), N off the 256-column tile
     for (auto& c : counts) c = 20 + static_cast<int>(rng() % 37);
     check_grouped(counts, 320, 256, 35, "grouped: 384 experts of 20-56 rows");
+    // the MoE's chunks on the 22 GB budget: ~128 rows per expert (Auto: the mixed tiles), remainders on
+    // both sides of 64
+    for (auto& c : counts) c = 96 + static_cast<int>(rng() % 96);
+    check_grouped(counts, 256, 256, 38, "grouped: 384 experts of 96-191 rows");
     // column scales taken into B (gemm_sm90_tile.cuh stage_scales), mixed with stages that cannot
     check_grouped(counts, 320, 512, 36, "grouped: 384 experts of 20-56 rows, foldable scales", true);
     check_grouped({0, 0, 700, 0}, 256, 512, 37, "grouped: one expert holds every row, foldable scales", true);
@@ -491,7 +592,7 @@ TEST(CudaGemmSm90, Bf16TmaLoadsEqualCpAsyncLoads) {
         int64_t M, N, K, groups;
         bool f32;
     };
-    const Case cases[] = {{1, 200, 96, 1, false},   {7, 1024, 520, 1, true},    {129, 300, 32, 1, false},
+    const Case cases[] = {{1, 200, 96, 1, false},     {7, 1024, 520, 1, true},    {129, 300, 32, 1, false},
                           {257, 4096, 1024, 1, true}, {8193, 256, 256, 1, false}, {130, 64, 512, 8, false},
                           {33, 200, 72, 3, true}};
     CudaBackend& be = hop();
@@ -523,7 +624,8 @@ TEST(CudaGemmSm90, Bf16TmaLoadsEqualCpAsyncLoads) {
             EXPECT_FALSE(tma.empty()) << what << ": no tensor map for a plain aligned problem";
         } else if (tma.empty()) {
             // TMA describes groups as a third dimension; a stride below the row pitch may be refused
-            std::printf("[ note ] %s: TMA refused the grouped layout; the cp.async loaders ran\n", what.c_str());
+            std::printf("[ note ] %s: TMA refused the grouped layout; the cp.async loaders ran\n",
+                        what.c_str());
         }
         if (!tma.empty()) {
             EXPECT_EQ(tma, cp) << what << ": TMA loads differ from the cp.async loaders";
@@ -554,16 +656,18 @@ TEST(CudaGemmSm90, ScaledTmaLoadsEqualCpAsyncLoads) {
             Tensor w = upload(be, fp4 ? DType::I8 : DType::F8_E4M3, {wb}, wh.data()),
                    sw = upload(be, DType::F8_E8M0, {srows, c.K / 32}, sh.data());
             for (const auto partials : {kern::Sm90Partials::Fp16Widened, kern::Sm90Partials::Fp8Wgmma}) {
-                const std::string what = std::string(fp4 ? "fp4" : "fp8") +
-                                         (partials == kern::Sm90Partials::Fp8Wgmma ? " fp8-wgmma" : " widened") +
-                                         " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
-                                         " K=" + std::to_string(c.K);
-                const CudaBackend::GemmActs a = be.quantize_gemm_acts(x, c.M, c.K, kern::sm90_act_order(partials));
+                const std::string what =
+                    std::string(fp4 ? "fp4" : "fp8") +
+                    (partials == kern::Sm90Partials::Fp8Wgmma ? " fp8-wgmma" : " widened") +
+                    " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K);
+                const CudaBackend::GemmActs a =
+                    be.quantize_gemm_acts(x, c.M, c.K, kern::sm90_act_order(partials));
                 auto run = [&](kern::Sm90Loads loads) {
                     Tensor y = poisoned(be, DType::BF16, {c.M, c.N});
                     auto fn = fp4 ? kern::launch_gemm_fp4_sm90_partials : kern::launch_gemm_fp8_sm90_partials;
                     DS4R_CUDA_CHECK(fn(partials, a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.ptr<uint8_t>(),
-                                       sw.ptr<uint8_t>(), y.ptr<uint16_t>(), c.N, c.M, c.N, c.K, be.stream(), loads));
+                                       sw.ptr<uint8_t>(), y.ptr<uint16_t>(), c.N, c.M, c.N, c.K, be.stream(),
+                                       loads));
                     return host(be, y);
                 };
                 const auto tma = run(kern::Sm90Loads::Tma), cp = run(kern::Sm90Loads::CpAsync),

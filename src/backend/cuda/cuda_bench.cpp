@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -13,6 +14,7 @@
 #include "gemm_sm90.cuh"
 #include "hc.cuh"
 #include "head.cuh"
+#include "moe.cuh"
 #include "quant.cuh"
 
 namespace ds4r {
@@ -125,23 +127,39 @@ Tensor upload_i32(CudaBackend& be, const std::vector<int32_t>& v) {
 }
 
 double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_expert, int64_t N, int64_t K,
-                                int n_proj, int iters, int tile_rows) {
+                                int n_proj, int iters, int tile_rows, bool routed) {
     DS4R_CHECK(experts > 0 && rows_per_expert > 0 && (n_proj == 1 || n_proj == 2) && K % 32 == 0 &&
                    experts * rows_per_expert < (int64_t{1} << 30),
                "bench: bad grouped GEMM arguments (%d experts x %lld rows, N=%lld K=%lld, %d projections)",
                experts, (long long)rows_per_expert, (long long)N, (long long)K, n_proj);
-    const int64_t P = experts * rows_per_expert;
+    // rows of each expert: rows_per_expert, or (routed) drawn around it
+    std::vector<int32_t> counts(static_cast<size_t>(experts), static_cast<int32_t>(rows_per_expert));
+    if (routed) {
+        std::mt19937 rng(23);
+        std::poisson_distribution<int32_t> draw(static_cast<double>(rows_per_expert));
+        for (auto& n : counts) n = draw(rng);
+    }
+    int64_t P = 0, max_rows = 1;
+    for (int32_t n : counts) {
+        P += n;
+        max_rows = std::max<int64_t>(max_rows, n);
+    }
+    DS4R_CHECK(P > 0 && P < (int64_t{1} << 30), "bench: %lld grouped rows", (long long)P);
     const CudaBackend::GemmActs a = quant_acts(be, P, K, 17);
-    // the routing plan of `experts` equal groups (expert e owns pair positions [e R, (e + 1) R)),
-    // 128-row tiles; activation rows gathered through an (identity) row list as for w1 / w3
-    std::vector<int32_t> tile_expert, tile_start, tile_begin, expert_end, rows(static_cast<size_t>(P));
+    // the routing plan (expert e owns the pair positions after expert e - 1's), 128-row tiles; activation
+    // rows gathered through an (identity) row list as for w1 / w3
+    std::vector<int32_t> tile_expert, tile_start, tile_begin, expert_begin, expert_end,
+        rows(static_cast<size_t>(P));
+    int32_t pos = 0;
     for (int e = 0; e < experts; ++e) {
         tile_begin.push_back(static_cast<int32_t>(tile_expert.size()));
-        for (int64_t r = 0; r < rows_per_expert; r += 128) {
+        expert_begin.push_back(pos);
+        for (int32_t r = 0; r < counts[static_cast<size_t>(e)]; r += 128) {
             tile_expert.push_back(e);
-            tile_start.push_back(static_cast<int32_t>(e * rows_per_expert + r));
+            tile_start.push_back(pos + r);
         }
-        expert_end.push_back(static_cast<int32_t>((e + 1) * rows_per_expert));
+        pos += counts[static_cast<size_t>(e)];
+        expert_end.push_back(pos);
     }
     tile_begin.push_back(static_cast<int32_t>(tile_expert.size()));
     for (int64_t p = 0; p < P; ++p) rows[static_cast<size_t>(p)] = static_cast<int32_t>(p);
@@ -174,7 +192,7 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
     g.tile_begin = d_tb.ptr<int32_t>();
     g.expert_end = d_ee.ptr<int32_t>();
     g.max_tiles = static_cast<int64_t>(tile_expert.size());
-    g.max_rows_per_expert = rows_per_expert;
+    g.max_rows_per_expert = max_rows;
     g.pairs = P;
     g.n_experts = experts;
     g.n_proj = n_proj;
@@ -185,10 +203,26 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
         g.s[z] = sp[z].data();
         g.y[z] = ys[static_cast<size_t>(z)].ptr<uint16_t>();
     }
+    // the MoE's split of the plan by tile height (used by the Hopper kernels' Auto and Mixed)
+    const int64_t E = experts;
+    Tensor split[6];
+    if (be.gemm().hopper) {
+        const Tensor d_counts = upload_i32(be, counts), d_begin = upload_i32(be, expert_begin);
+        const int64_t sizes[6] = {E + 1, g.max_tiles, g.max_tiles, E + 1, E, E};
+        for (int i = 0; i < 6; ++i) split[i] = be.alloc(DType::I32, {sizes[i]});
+        DS4R_CUDA_CHECK(kern::launch_moe_tile_split(
+            d_counts.ptr<int32_t>(), d_begin.ptr<int32_t>(), experts, split[0].ptr<int32_t>(),
+            split[1].ptr<int32_t>(), split[2].ptr<int32_t>(), g.max_tiles, split[3].ptr<int32_t>(),
+            split[4].ptr<int32_t>(), split[5].ptr<int32_t>(), be.stream()));
+        g.full = {split[1].ptr<int32_t>(), split[2].ptr<int32_t>(), split[0].ptr<int32_t>(), g.max_tiles};
+        g.tail = {split[4].ptr<int32_t>(), split[5].ptr<int32_t>(), split[3].ptr<int32_t>(), E};
+    }
     if (tile_rows != 0) {
         // the Hopper kernels with a forced tile shape (their partials as the backend's family)
         const auto partials = hopper_partials(be);
-        const auto rows = tile_rows == 64 ? kern::Sm90GroupedRows::Rows64 : kern::Sm90GroupedRows::Rows128;
+        const auto rows = tile_rows == 64  ? kern::Sm90GroupedRows::Rows64
+                          : tile_rows == 1 ? kern::Sm90GroupedRows::Mixed
+                                           : kern::Sm90GroupedRows::Rows128;
         return time_tflops(be, P, N * n_proj, K, iters, [&] {
             DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4_sm90_tiles(partials, rows, g, be.stream()));
         });
@@ -340,9 +374,10 @@ public:
         return bench_cublas_bf16_tflops(be_, M, N, K, iters);
     }
     double grouped_fp4_tflops(int experts, int64_t rows_per_expert, int64_t N, int64_t K, int n_proj,
-                              int iters, int tile_rows) override {
+                              int iters, int tile_rows, bool routed) override {
         if (tile_rows != 0 && !be_.gemm().hopper) return -1;
-        return bench_grouped_fp4_tflops(be_, experts, rows_per_expert, N, K, n_proj, iters, tile_rows);
+        return bench_grouped_fp4_tflops(be_, experts, rows_per_expert, N, K, n_proj, iters, tile_rows,
+                                        routed);
     }
     double head_logits_tflops(int64_t M, int64_t V, int64_t D, int iters) override {
         return bench_head_logits_tflops(be_, M, V, D, iters);

@@ -100,6 +100,23 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
     g.max_rows_per_expert = Mc;
     g.pairs = P;
     g.n_experts = static_cast<int>(E);
+    // Hopper: each expert's short last tile (1 .. 64 pairs) on a 64-row tile (Sm90GroupedRows::Mixed)
+    Tensor full_begin, full_expert, full_start, tail_begin, tail_expert, tail_start;
+    if (be.gemm().hopper) {
+        full_begin = be.alloc(DType::I32, {E + 1});
+        full_expert = be.alloc(DType::I32, {max_tiles});
+        full_start = be.alloc(DType::I32, {max_tiles});
+        tail_begin = be.alloc(DType::I32, {E + 1});
+        tail_expert = be.alloc(DType::I32, {E});
+        tail_start = be.alloc(DType::I32, {E});
+        DS4R_CUDA_CHECK(kern::launch_moe_tile_split(
+            counts.ptr<int32_t>(), e_begin.ptr<int32_t>(), static_cast<int>(E), full_begin.ptr<int32_t>(),
+            full_expert.ptr<int32_t>(), full_start.ptr<int32_t>(), max_tiles, tail_begin.ptr<int32_t>(),
+            tail_expert.ptr<int32_t>(), tail_start.ptr<int32_t>(), st));
+        g.full = {full_expert.ptr<int32_t>(), full_start.ptr<int32_t>(), full_begin.ptr<int32_t>(),
+                  max_tiles};
+        g.tail = {tail_expert.ptr<int32_t>(), tail_start.ptr<int32_t>(), tail_begin.ptr<int32_t>(), E};
+    }
 
     // 4. w1, w3 of every expert in one launch, then SwiGLU * routing weight -> bf16 -> act quant
     Tensor q2 = be.alloc(DType::F8_E4M3, {P, I});
