@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ds4r {
 
@@ -31,6 +32,12 @@ struct SequentialProbeShape {
     int in_flight = 0;
 };
 SequentialProbeShape sequential_probe_shape(size_t read_request_bytes, int read_threads, uint64_t file_size);
+
+// The file to measure the disk under, of `paths`: the one with the most bytes on disk among those at least
+// 90% allocated (a synthetic checkpoint's Engram tables are sparse files whose holes read as zeros from no
+// disk at all, at page-cache speed); when none is, the one with the most bytes on disk. `why` says which.
+// Files that cannot be stat'ed are skipped; "" when none can.
+std::string pick_disk_probe_file(const std::vector<std::string>& paths, std::string* why = nullptr);
 
 // Each measurement runs about `seconds` (random offsets come from a fixed seed); the sequential one at
 // least two requests per reader. RuntimeError naming the file when it cannot be read.

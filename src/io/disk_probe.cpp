@@ -1,5 +1,4 @@
 // Disk measurement for `bench` (include/ds4r/disk_probe.h).
-#include "ds4r/clock.h"
 #include "ds4r/disk_probe.h"
 
 #include <fcntl.h>
@@ -16,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "ds4r/clock.h"
 #include "ds4r/error.h"
 #include "io/engram_reads.h"
 
@@ -168,6 +168,27 @@ SequentialProbeShape sequential_probe_shape(size_t read_request_bytes, int read_
     if (per_request < s.request_bytes)
         s.request_bytes = std::max<size_t>(kPage, static_cast<size_t>(per_request / kPage * kPage));
     return s;
+}
+
+std::string pick_disk_probe_file(const std::vector<std::string>& paths, std::string* why) {
+    std::string dense, any;
+    uint64_t dense_bytes = 0, any_bytes = 0, any_size = 0;
+    for (const std::string& p : paths) {
+        struct stat st {};
+        if (::stat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        const auto size = static_cast<uint64_t>(st.st_size);
+        const uint64_t on_disk = std::min<uint64_t>(static_cast<uint64_t>(st.st_blocks) * 512, size);
+        if (on_disk * 10 >= size * 9 && size > 0 && on_disk > dense_bytes) dense_bytes = on_disk, dense = p;
+        if (on_disk > any_bytes || any.empty()) any_bytes = on_disk, any = p, any_size = size;
+    }
+    if (!dense.empty()) {
+        if (why) *why = "the largest dense file";
+        return dense;
+    }
+    if (why && !any.empty())
+        *why = strfmt("no file is dense: %.1f of %.1f GB allocated, the rest holes that read from no disk",
+                      any_bytes / 1e9, any_size / 1e9);
+    return any;
 }
 
 DiskRates measure_disk(const std::string& path, double seconds, SequentialProbeShape seq) {

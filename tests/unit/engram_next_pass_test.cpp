@@ -4,7 +4,9 @@
 // counter, not timed); a next pass that is not the one run is dropped; an exception mid-pass with a next
 // gather in flight neither hangs nor spoils the runner; `score` gives the same bytes with every mode. And the
 // I/O sizing helpers: the disk probe's sequential request shape, workload d's pass size.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <memory>
@@ -242,6 +244,29 @@ TEST(DiskProbe, SequentialTestUsesTheWeightReadersRequests) {
     EXPECT_EQ(d.seq_in_flight, 2);
     EXPECT_GT(d.seq_mb_s, 0);
     EXPECT_GT(d.iops_qd32, 0);
+}
+
+// The disk is measured under a dense file: a larger sparse one (a synthetic Engram table) reads its holes
+// from no disk.
+TEST(DiskProbe, MeasuresUnderADenseFileNotALargerSparseOne) {
+    const std::string dir = temp_dir("disk-probe-pick");
+    const std::string sparse = dir + "/sparse", dense = dir + "/dense", small = dir + "/small";
+    {
+        const int fd = ::open(sparse.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0644);
+        ASSERT_GE(fd, 0);
+        ASSERT_EQ(::ftruncate(fd, off_t{256} << 20), 0);  // 256 MiB of holes
+        const std::string page(4096, 'x');
+        ASSERT_EQ(::pwrite(fd, page.data(), page.size(), 0), 4096);
+        ::close(fd);
+    }
+    write_text(dense, std::string(2 << 20, 'x'));
+    write_text(small, std::string(1 << 20, 'x'));
+    std::string why;
+    EXPECT_EQ(pick_disk_probe_file({sparse, small, dir + "/missing", dense}, &why), dense);
+    EXPECT_EQ(why, "the largest dense file");
+    EXPECT_EQ(pick_disk_probe_file({sparse}, &why), sparse);
+    EXPECT_NE(why.find("no file is dense"), std::string::npos) << why;
+    EXPECT_EQ(pick_disk_probe_file({dir + "/missing"}, &why), "");
 }
 
 // Workload d: as many sequences as the host budget holds at score's bytes per token.
