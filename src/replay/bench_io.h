@@ -19,9 +19,9 @@ class Checkpoint;
 // name, value, unit -> one CSV row of the workload.
 using BenchCsvRow = std::function<void(const std::string&, double, const std::string&)>;
 
-// Measures the disk under the checkpoint's largest shard (a dense Engram table when there is one) and
-// prints the rates; the sequential test reads as the weight reader does with `io` (request size, requests
-// in flight, O_DIRECT). seconds <= 0: nothing measured (all rates 0).
+// Measures the disk under the checkpoint's largest dense shard (pick_disk_probe_file: a dense Engram table
+// when there is one, never a sparse one) and prints the rates; the sequential test reads as the weight reader
+// does with `io` (request size, requests in flight, O_DIRECT). seconds <= 0: nothing measured (all rates 0).
 DiskRates bench_measure_disk(const Checkpoint& ck, double seconds, const IoSettings& io, std::FILE* out,
                              const BenchCsvRow& csv);
 
@@ -38,7 +38,13 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
 int64_t workload_d_sequences(const ModelConfig& cfg, double host_gb, int64_t tokens_per_seq,
                              const IoSettings& io, std::FILE* out);
 
-// Workload d's 40-layer pass, projected from the measured layers (bench.cpp's project_40).
+// A per-layer figure (metric(i) of timings[i]; the head's: layer < 0) projected to the released 40 layers
+// by role where the checkpoint's layers allow it (the 4-layer and 2-layer full-width checkpoints), else
+// the mean layer x 40; plus the head. `how` names the formula.
+double project_40(const Checkpoint& ck, const std::vector<LayerTiming>& timings,
+                  const std::function<double(size_t)>& metric, std::string* how = nullptr);
+
+// Workload d's 40-layer pass, projected from the measured layers (project_40).
 struct PassBoundInputs {
     int64_t tokens = 0;
     double wall_s = 0;        // the pass's projected wall

@@ -269,6 +269,40 @@ TEST(DiskProbe, MeasuresUnderADenseFileNotALargerSparseOne) {
     EXPECT_EQ(pick_disk_probe_file({dir + "/missing"}, &why), "");
 }
 
+// Per-layer figures projected to the released 40 layers by role: the 4-layer full-width checkpoint's
+// formula, the 2-layer one's (window, window + Engram: the dense-table runs on a small disk), else the
+// mean layer x 40; the head once.
+TEST(BenchProjection, ByRoleForTheFullWidthCheckpoints) {
+    auto project = [](int layers, const std::vector<double>& per_layer, double head, std::string* how) {
+        const std::string d = temp_dir("projection-" + std::to_string(layers)) + "/model";
+        MakeTinyOptions o;
+        o.preset = TinyPreset::FullWidth;
+        o.layers = layers;
+        o.headers_only = true;  // holes: the layout and roles only
+        make_tiny(d, o);
+        const Checkpoint ck = Checkpoint::open(d);
+        std::vector<LayerTiming> t;
+        for (size_t L = 0; L < per_layer.size(); ++L) {
+            t.push_back({});
+            t.back().layer = static_cast<int>(L);
+            t.back().compute_s = per_layer[L];
+        }
+        t.push_back({});
+        t.back().layer = kHeadLayer;
+        t.back().compute_s = head;
+        return project_40(
+            ck, t, [&](size_t i) { return t[i].compute_s; }, how);
+    };
+    std::string how;
+    EXPECT_DOUBLE_EQ(project(2, {9.0, 18.0}, 5.0, &how), 38 * 9.0 + 2 * 18.0 + 5.0);
+    EXPECT_EQ(how, "by role: 38 x L0 + 2 x L1 (Engram) + head");
+    EXPECT_DOUBLE_EQ(project(4, {2.0, 3.0, 2.5, 2.25}, 1.0, &how),
+                     2.0 + 3.0 + 8 * 2.5 + 30 * 2.25 + 1.0 + 1.0);
+    EXPECT_EQ(how, "by role: L0 + L1 + 8 x L2 + 30 x L3 + Engram(L1 - L0) + head");
+    EXPECT_DOUBLE_EQ(project(3, {1.0, 2.0, 3.0}, 0.5, &how), 2.0 * 40 + 0.5);
+    EXPECT_EQ(how, "mean layer x 40");
+}
+
 // Workload d: as many sequences as the host budget holds at score's bytes per token.
 TEST(BenchWorkloadD, SizedFromTheHostBudget) {
     Checkpoint ck = Checkpoint::open(dense_model());
