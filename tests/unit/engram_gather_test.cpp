@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -58,13 +59,20 @@ TableFile make_table_file(const std::string& tag, int64_t rows, int64_t hd, uint
     return t;
 }
 
+// The dequant's formula: bf16(e4m3 * 2^(scale - 127)), a NaN product as the quiet NaN 0x7FC0 (whose sign
+// would otherwise follow the multiply's operand order).
+uint16_t formula_bf16(uint8_t code, uint8_t scale) {
+    const float v = e4m3_to_f32(code) * e8m0_to_f32(scale);
+    return std::isnan(v) ? uint16_t{0x7FC0} : f32_to_bf16(v);
+}
+
 std::vector<uint16_t> expected_bf16(const TableFile& t, const std::vector<int64_t>& ids) {
     std::vector<uint16_t> out;
     for (int64_t id : ids)
         for (int64_t d = 0; d < t.hd; ++d) {
             const uint8_t w = t.bytes[t.weight_offset + static_cast<uint64_t>(id * t.hd + d)];
             const uint8_t s = t.bytes[t.scale_offset + static_cast<uint64_t>(id * (t.hd / 32) + d / 32)];
-            out.push_back(f32_to_bf16(e4m3_to_f32(w) * e8m0_to_f32(s)));
+            out.push_back(formula_bf16(w, s));
         }
     return out;
 }
@@ -114,8 +122,7 @@ TEST(EngramRowDequant, TableAndThreadsGiveTheFormulasBits) {
     for (size_t k = 0; k < n; ++k) {
         const size_t r = set.index[k];
         for (size_t d = 0; d < hd; ++d) {
-            const uint16_t want = f32_to_bf16(e4m3_to_f32(set.rows[r * hd + d]) *
-                                              e8m0_to_f32(set.scales[r * ns + d / 32]));
+            const uint16_t want = formula_bf16(set.rows[r * hd + d], set.scales[r * ns + d / 32]);
             ASSERT_EQ(out[k * hd + d], want) << "lookup " << k << " element " << d;
             if (k >= 1234 && k < 1334) {
                 ASSERT_EQ(part[(k - 1234) * hd + d], want) << "lookup " << k;
