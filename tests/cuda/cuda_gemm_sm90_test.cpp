@@ -421,20 +421,18 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
                         be.stream()));
                     tiles[v][t] = host(be, y);
                 }
-            // Auto with the split given and the pair count known (the MoE's call on Hopper)
-            gm.q = a.q.ptr<uint8_t>();
-            gm.sa = a.s.ptr<uint8_t>();
-            gm.pairs = P;
-            be.fill(y, 0x66);
-            DS4R_CUDA_CHECK(be.gemm().grouped_fp4(gm, be.stream()));
-            EXPECT_EQ(host(be, y), out) << what << ": --kernels auto with the split plan";
-            // the MoE's call: the pair count known, so Auto picks by rows per expert
-            g.q = a.q.ptr<uint8_t>();
-            g.sa = a.s.ptr<uint8_t>();
-            g.pairs = P;
-            be.fill(y, 0x3C);
-            DS4R_CUDA_CHECK(be.gemm().grouped_fp4(g, be.stream()));
-            EXPECT_EQ(host(be, y), out) << what << ": --kernels auto with the pair count given";
+            // the MoE's calls (the family's activations, the pair count known: Auto picks by rows per
+            // expert), with the split plan (Hopper) and without
+            auto auto_call = [&](kern::GroupedFp4Gemm& x, uint8_t poison, const char* how) {
+                x.q = a.q.ptr<uint8_t>();
+                x.sa = a.s.ptr<uint8_t>();
+                x.pairs = P;
+                be.fill(y, poison);
+                DS4R_CUDA_CHECK(be.gemm().grouped_fp4(x, be.stream()));
+                EXPECT_EQ(host(be, y), out) << what << ": --kernels auto " << how;
+            };
+            auto_call(gm, 0x66, "with the split plan");
+            auto_call(g, 0x3C, "with the pair count given");
         }
         return out;
     };
