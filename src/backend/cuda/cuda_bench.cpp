@@ -14,7 +14,6 @@
 #include "gemm_sm90.cuh"
 #include "hc.cuh"
 #include "head.cuh"
-#include "moe.cuh"
 #include "quant.cuh"
 
 namespace ds4r {
@@ -204,18 +203,11 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
         g.y[z] = ys[static_cast<size_t>(z)].ptr<uint16_t>();
     }
     // the MoE's split of the plan by tile height (used by the Hopper kernels' Auto and Mixed)
-    const int64_t E = experts;
-    Tensor split[6];
+    std::vector<Tensor> split;
     if (be.gemm().hopper) {
         const Tensor d_counts = upload_i32(be, counts), d_begin = upload_i32(be, expert_begin);
-        const int64_t sizes[6] = {E + 1, g.max_tiles, g.max_tiles, E + 1, E, E};
-        for (int i = 0; i < 6; ++i) split[i] = be.alloc(DType::I32, {sizes[i]});
-        DS4R_CUDA_CHECK(kern::launch_moe_tile_split(
-            d_counts.ptr<int32_t>(), d_begin.ptr<int32_t>(), experts, split[0].ptr<int32_t>(),
-            split[1].ptr<int32_t>(), split[2].ptr<int32_t>(), g.max_tiles, split[3].ptr<int32_t>(),
-            split[4].ptr<int32_t>(), split[5].ptr<int32_t>(), be.stream()));
-        g.full = {split[1].ptr<int32_t>(), split[2].ptr<int32_t>(), split[0].ptr<int32_t>(), g.max_tiles};
-        g.tail = {split[4].ptr<int32_t>(), split[5].ptr<int32_t>(), split[3].ptr<int32_t>(), E};
+        split = attach_grouped_tile_split(be, d_counts.ptr<int32_t>(), d_begin.ptr<int32_t>(), experts,
+                                          g.max_tiles, g, be.stream());
     }
     if (tile_rows != 0) {
         // the Hopper kernels with a forced tile shape (their partials as the backend's family)

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "ds4r/backend.h"
 #include "gemm.cuh"
@@ -29,5 +30,12 @@ struct GemmKernels {
 // The set for `choice` on `device`: Auto = Hopper on compute capability 9.0, else portable; Hopper on
 // another device throws RuntimeError naming it.
 GemmKernels select_gemm_kernels(GpuKernels choice, int device);
+
+// The routing plan's tiles split by height (kern::launch_moe_tile_split, from counts [E] and expert_begin
+// [E] on the device) and attached to g as g.full / g.tail, for the Hopper kernels' mixed tiles. The
+// returned tensors hold the lists: keep them alive until g's launches have run.
+std::vector<Tensor> attach_grouped_tile_split(Backend& be, const int32_t* counts, const int32_t* expert_begin,
+                                              int64_t E, int64_t max_tiles, kern::GroupedFp4Gemm& g,
+                                              cudaStream_t stream);
 
 }  // namespace ds4r

@@ -101,22 +101,10 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
     g.pairs = P;
     g.n_experts = static_cast<int>(E);
     // Hopper: each expert's short last tile (1 .. 64 pairs) on a 64-row tile (Sm90GroupedRows::Mixed)
-    Tensor full_begin, full_expert, full_start, tail_begin, tail_expert, tail_start;
-    if (be.gemm().hopper) {
-        full_begin = be.alloc(DType::I32, {E + 1});
-        full_expert = be.alloc(DType::I32, {max_tiles});
-        full_start = be.alloc(DType::I32, {max_tiles});
-        tail_begin = be.alloc(DType::I32, {E + 1});
-        tail_expert = be.alloc(DType::I32, {E});
-        tail_start = be.alloc(DType::I32, {E});
-        DS4R_CUDA_CHECK(kern::launch_moe_tile_split(
-            counts.ptr<int32_t>(), e_begin.ptr<int32_t>(), static_cast<int>(E), full_begin.ptr<int32_t>(),
-            full_expert.ptr<int32_t>(), full_start.ptr<int32_t>(), max_tiles, tail_begin.ptr<int32_t>(),
-            tail_expert.ptr<int32_t>(), tail_start.ptr<int32_t>(), st));
-        g.full = {full_expert.ptr<int32_t>(), full_start.ptr<int32_t>(), full_begin.ptr<int32_t>(),
-                  max_tiles};
-        g.tail = {tail_expert.ptr<int32_t>(), tail_start.ptr<int32_t>(), tail_begin.ptr<int32_t>(), E};
-    }
+    const std::vector<Tensor> split =
+        be.gemm().hopper ? attach_grouped_tile_split(be, counts.ptr<int32_t>(), e_begin.ptr<int32_t>(), E,
+                                                     max_tiles, g, st)
+                         : std::vector<Tensor>{};
 
     // 4. w1, w3 of every expert in one launch, then SwiGLU * routing weight -> bf16 -> act quant
     Tensor q2 = be.alloc(DType::F8_E4M3, {P, I});
@@ -260,6 +248,22 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, 
         const Tensor rw = want_w ? route_w.rows(r0, r1) : alloc(DType::F32, {r1 - r0, sh.k});
         run_chunk(*this, x2.rows(r0, r1), w, p, sh, ep, y2.rows(r0, r1), idx, rw);
     }
+}
+
+std::vector<Tensor> attach_grouped_tile_split(Backend& be, const int32_t* counts, const int32_t* expert_begin,
+                                              int64_t E, int64_t max_tiles, kern::GroupedFp4Gemm& g,
+                                              cudaStream_t stream) {
+    // full_begin [E + 1], full_expert / full_start [max_tiles], tail_begin [E + 1], tail_expert / tail_start
+    // [E]
+    std::vector<Tensor> t;
+    for (int64_t n : {E + 1, max_tiles, max_tiles, E + 1, E, E}) t.push_back(be.alloc(DType::I32, {n}));
+    DS4R_CUDA_CHECK(kern::launch_moe_tile_split(counts, expert_begin, static_cast<int>(E),
+                                                t[0].ptr<int32_t>(), t[1].ptr<int32_t>(), t[2].ptr<int32_t>(),
+                                                max_tiles, t[3].ptr<int32_t>(), t[4].ptr<int32_t>(),
+                                                t[5].ptr<int32_t>(), stream));
+    g.full = {t[1].ptr<int32_t>(), t[2].ptr<int32_t>(), t[0].ptr<int32_t>(), max_tiles};
+    g.tail = {t[4].ptr<int32_t>(), t[5].ptr<int32_t>(), t[3].ptr<int32_t>(), E};
+    return t;
 }
 
 }  // namespace ds4r
