@@ -19,7 +19,8 @@ __global__ void __launch_bounds__(kThreads, 1) dense_kernel(const __grid_constan
 #if defined(DS4R_SM90A_DEVICE)
     extern __shared__ __align__(1024) uint8_t smem[];
     Job j;
-    dense_tile_job<C::kBM, C::kBN, kOutF32 ? 4 : 2>(p, j);
+    constexpr int kOutBytes = kOutF32 ? 4 : 2;
+    dense_tile_job<C::kBM, C::kBN, kOutBytes>(p, j);
     j.c_pairs = p.c_pairs;
     j.scale_words = p.scale_words;
     tile<C, kOutF32>(j, smem);
@@ -37,7 +38,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(DS4R_SM90A_DEVICE)
     extern __shared__ __align__(1024) uint8_t smem[];
     Job j;
-    j.m0 = dense_tile_job < C::kBM, C::kBN, kOutF32 ? 4 : 2 > (p, j);
+    constexpr int kOutBytes = kOutF32 ? 4 : 2;
+    j.m0 = dense_tile_job<C::kBM, C::kBN, kOutBytes>(p, j);
     j.z = static_cast<int>(blockIdx.z);
     j.tma_a = &maps.a;
     j.tma_b = &maps.b;

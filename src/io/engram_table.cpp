@@ -34,17 +34,18 @@ namespace {
 constexpr int64_t kScaleBlock = 32;  // one e8m0 scale per 32 elements of a row (docs/MODEL.md 3.4)
 constexpr int kMmapThreads = 16;     // the earlier engine: 16 threads of page faults
 
-// Every (scale code, e4m3 code) pair's bf16 bits, f32_to_bf16(e4m3 * 2^(scale - 127)): the dequant's
-// arithmetic done once (64 Ki entries, 128 KiB), so a row element is one table load. A NaN product (a NaN
-// code, or scale code 255) is the quiet NaN 0x7FC0: the sign of NaN x NaN follows the multiply's operand
-// order, which the compiler may swap. (The Engram
-// layer's host work measured ~30 us per token on the H200 machine; the per-element multiply and
-// rounding alone took 13 us per token single-threaded on a 2-core machine, the table and 2 threads 4.)
+// One element's bf16 bits, f32_to_bf16(e4m3 * 2^(scale - 127)). A NaN product (a NaN code, or scale code
+// 255) is the quiet NaN 0x7FC0: the sign of NaN x NaN follows the multiply's operand order, which the
+// compiler may swap.
 uint16_t engram_dequant_bf16(uint8_t code, uint8_t scale) {
     const float v = e4m3_to_f32(code) * e8m0_to_f32(scale);
     return v != v ? static_cast<uint16_t>(kF32QuietNanBits >> 16) : f32_to_bf16(v);
 }
 
+// Every (scale code, e4m3 code) pair's engram_dequant_bf16: the dequant's arithmetic done once (64 Ki
+// entries, 128 KiB), so a row element is one table load. (The Engram layer's host work measured ~30 us per
+// token on the H200 machine; the per-element multiply and rounding alone took 13 us per token
+// single-threaded on a 2-core machine, the table and 2 threads 4.)
 struct DequantTables {
     std::vector<uint16_t> bf16;  // [scale code][e4m3 code]
     DequantTables() : bf16(256 * 256) {
@@ -124,6 +125,9 @@ EngramRowSet plan_engram_rows(const int64_t* lookups, size_t n, size_t stride, i
     EngramRowSet set;
     set.head_dim = head_dim;
     DS4R_CHECK(n <= std::numeric_limits<uint32_t>::max(), "Engram gather: %zu lookups in one table", n);
+    DS4R_CHECK(table_rows <= (int64_t{1} << 32),
+               "Engram gather: %s has %lld rows (the row plan takes ids < 2^32)", path.c_str(),
+               (long long)table_rows);
     // Keys (row id << 32 | lookup k), sorted by row id with a stable LSD radix sort over the id's bits:
     // equal ids keep k ascending, and each lookup's place among the distinct ids falls out of one walk.
     // (The binary search per lookup this replaces cost ~0.8 us per lookup on 30M lookups: cache misses

@@ -277,10 +277,9 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
         // beside the weight slots and the chunks (a 24 GB card holds fewer tokens than host memory).
         const uint64_t room = pass_arena_room(be, c, ro.chunk_rows);
         const int64_t per_seq = seq_arena_bytes(c, w.tokens);
-        const auto fit = static_cast<int64_t>((room > static_cast<uint64_t>(pass_rope_bytes(c, w.tokens))
-                                                   ? room - pass_rope_bytes(c, w.tokens)
-                                                   : 0) /
-                                              static_cast<uint64_t>(per_seq));
+        const auto rope = static_cast<uint64_t>(pass_rope_bytes(c, w.tokens));
+        const auto fit =
+            static_cast<int64_t>((room > rope ? room - rope : 0) / static_cast<uint64_t>(per_seq));
         std::fprintf(
             out,
             "workload d: backend memory for the attention arenas %.2f GB (%.1f KB per token) holds %lld "
