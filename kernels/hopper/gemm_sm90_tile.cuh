@@ -9,11 +9,11 @@
 // - warpgroup 2 is the producer. Plain problems (when the operands allow a tensor map, Sm90Loads):
 //   one thread issues each stage's A and B boxes as TMA copies into the layouts below (zero fill past
 //   the tensor), completing on `loaded` by their byte count; the loaders copy only the scale words.
-//   Otherwise (and the grouped experts' gathered rows always) its loaders copy every stage's A and B rows (128 bytes of K per row:
-//   128 fp8 codes, 64 packed fp4 bytes, 64 bf16, or 64 codes to widen) with coalesced 16-byte cp.async
-//   into kStages-deep 128-byte-swizzled shared tiles (or raw rows), plus the rows' e8m0 scale words;
-//   completion arrives on the stage's `loaded` mbarrier through cp.async itself. Where weight rows
-//   need converting (fp4 -> e4m3 codes, or codes -> fp16 for the widened partials), half of the
+//   Otherwise (and the grouped experts' gathered rows always) its loaders copy every stage's A and B rows
+//   (128 bytes of K per row: 128 fp8 codes, 64 packed fp4 bytes, 64 bf16, or 64 codes to widen) with
+//   coalesced 16-byte cp.async into kStages-deep 128-byte-swizzled shared tiles (or raw rows), plus the rows'
+//   e8m0 scale words; completion arrives on the stage's `loaded` mbarrier through cp.async itself. Where
+//   weight rows need converting (fp4 -> e4m3 codes, or codes -> fp16 for the widened partials), half of the
 //   warpgroup converts them, fences the async proxy and arrives on `full`. Consumers free a stage
 //   on `empty`.
 // - warpgroups 0 and 1 are the consumers, rows 64 g .. 64 g + 63 each (m64n128 / m64n256; kSplitN: the
@@ -278,8 +278,9 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
                 const int n = ar >= 0 && off < a_bytes ? 16 : 0;
                 // widened: raw rows of 64 bytes, 16-byte chunk ca at ca ^ ((r / 2) % 4) (conflict-free
                 // ldmatrix of 8 consecutive rows' same chunk, see consume)
-                const uint32_t dst = C::kWiden ? st + C::kRawAOff + r * C::kRawA + ((ca ^ ((r >> 1) & 3)) << 4)
-                                               : st + C::kA + swz128(r, ca);
+                const uint32_t dst = C::kWiden
+                                         ? st + C::kRawAOff + r * C::kRawA + ((ca ^ ((r >> 1) & 3)) << 4)
+                                         : st + C::kA + swz128(r, ca);
                 cp_async16(dst, n ? j.a + static_cast<int64_t>(ar) * j.a_pitch + off : j.a, n);
             }
         }
@@ -358,7 +359,8 @@ __device__ __forceinline__ bool stage_scales(uint32_t st, int i, int p) {
         for (int q = 0; q < C::kKb; ++q) {
             const uint32_t ba = (wa >> (8 * (q0 + q))) & 0xFFu;
             ok = ok && sa_in_window(ba);
-            sts32(st + C::kSaF + 4 * (q * C::kBM + r), __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(ba))));
+            sts32(st + C::kSaF + 4 * (q * C::kBM + r),
+                  __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(ba))));
         }
     }
 #pragma unroll
@@ -369,7 +371,8 @@ __device__ __forceinline__ bool stage_scales(uint32_t st, int i, int p) {
             const uint32_t bw = (ww >> (8 * (q0 + q))) & 0xFFu;
             ok = ok && sw_in_window(bw);
             fold = fold && sw_foldable(bw);
-            sts32(st + C::kSwF + 4 * (q * C::kBN + r), __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(bw))));
+            sts32(st + C::kSwF + 4 * (q * C::kBN + r),
+                  __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(bw))));
         }
     }
     const unsigned bad = __ballot_sync(0xffffffffu, !ok), no_fold = __ballot_sync(0xffffffffu, !fold);
@@ -390,28 +393,53 @@ __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, 
         const uint32_t st = base + s * C::kStage;
         bool fold = false;
         if constexpr (C::kScaleF) fold = stage_scales<C>(st, i, p);
+        if constexpr (C::kWiden && C::kOp == Op::Fp4) {
+            // Two rows at a time, every shared load first: the conversions of four 16-byte chunks then
+            // overlap (each load / convert / store chain alone is latency-bound: one converter warp per
+            // scheduler). Folded: a row's scale byte of block c (the stage's bytes from q0) gives the
+            // multiplier 2^(14 + b) = fp16 exponent field byte - 98.
+            static_assert(C::kBN % (2 * C::kConverters) == 0, "converter rows in pairs");
+#pragma unroll 1
+            for (int r = p; r < C::kBN; r += 2 * C::kConverters) {
+                uint4 raw[2][2];
+                uint32_t ww[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = r + h * C::kConverters;
+                    ww[h] = fold ? lds32(st + C::kSw + 4 * row) >> (8 * ((2 * i) & 3)) : 0u;
+                    raw[h][0] = lds128(st + C::kRawBOff + row * C::kRawB);
+                    raw[h][1] = lds128(st + C::kRawBOff + row * C::kRawB + 16);
+                }
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = r + h * C::kConverters;
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {  // 32 bytes = 64 codes -> 8 chunks; chunk pair c: K block c
+                        const uint32_t mult =
+                            fold ? (((ww[h] >> (8 * c)) & 0xFFu) - 98u) * 0x04000400u : gemm::kE2m1F16Mult;
+                        const uint4 v = raw[h][c];
+                        sts128(st + C::kB + swz128(row, 4 * c), gemm::e2m1x8_to_f16x8(v.x, mult));
+                        sts128(st + C::kB + swz128(row, 4 * c + 1), gemm::e2m1x8_to_f16x8(v.y, mult));
+                        sts128(st + C::kB + swz128(row, 4 * c + 2), gemm::e2m1x8_to_f16x8(v.z, mult));
+                        sts128(st + C::kB + swz128(row, 4 * c + 3), gemm::e2m1x8_to_f16x8(v.w, mult));
+                    }
+                }
+            }
+            fence_proxy_async();
+            mbar_arrive(bars.full(s));
+            continue;
+        }
 #pragma unroll 1
         for (int r = p; r < C::kBN; r += C::kConverters) {
             if constexpr (C::kWiden && C::kOp == Op::Fp8) {
+                // the row's four shared loads first: their conversions overlap (see the fp4 rows above)
+                uint4 raw[4];
+#pragma unroll
+                for (int c = 0; c < 4; ++c) raw[c] = lds128(st + C::kRawBOff + r * C::kRawB + c * 16);
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
-                    const uint4 raw = lds128(st + C::kRawBOff + r * C::kRawB + c * 16);
-                    sts128(st + C::kB + swz128(r, 2 * c), gemm::e4m3x8_to_f16x8(raw.x, raw.y));
-                    sts128(st + C::kB + swz128(r, 2 * c + 1), gemm::e4m3x8_to_f16x8(raw.z, raw.w));
-                }
-            } else if constexpr (C::kWiden) {
-                // folded: this row's scale byte of block c (the stage's bytes from q0) gives the
-                // multiplier 2^(14 + b) = fp16 exponent field byte - 98
-                const uint32_t ww = fold ? lds32(st + C::kSw + 4 * r) >> (8 * ((2 * i) & 3)) : 0u;
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {  // 32 bytes = 64 codes -> 8 chunks; chunk pair c: K block c
-                    const uint32_t mult =
-                        fold ? (((ww >> (8 * c)) & 0xFFu) - 98u) * 0x04000400u : gemm::kE2m1F16Mult;
-                    const uint4 raw = lds128(st + C::kRawBOff + r * C::kRawB + c * 16);
-                    sts128(st + C::kB + swz128(r, 4 * c), gemm::e2m1x8_to_f16x8(raw.x, mult));
-                    sts128(st + C::kB + swz128(r, 4 * c + 1), gemm::e2m1x8_to_f16x8(raw.y, mult));
-                    sts128(st + C::kB + swz128(r, 4 * c + 2), gemm::e2m1x8_to_f16x8(raw.z, mult));
-                    sts128(st + C::kB + swz128(r, 4 * c + 3), gemm::e2m1x8_to_f16x8(raw.w, mult));
+                    sts128(st + C::kB + swz128(r, 2 * c), gemm::e4m3x8_to_f16x8(raw[c].x, raw[c].y));
+                    sts128(st + C::kB + swz128(r, 2 * c + 1), gemm::e4m3x8_to_f16x8(raw[c].z, raw[c].w));
                 }
             } else {
                 // fp4 -> e4m3: 64 bytes = 128 codes -> 8 chunks
