@@ -73,8 +73,13 @@ struct GroupedFp4Gemm {
     int n_proj;                  // 1 or 2 projections
     int64_t N, K;                // each expert's weight is [N, K]
     const uint8_t* const* w[2];  // host arrays [n_experts] of device pointers: packed e2m1 [N, K / 2]
+                                 // (w_e5m2: e5m2 bytes [N, K])
     const uint8_t* const* s[2];  // host arrays [n_experts]: e8m0 [N, K / 32]
     uint16_t* y[2];              // bf16 [pairs, N]
+    // The weights as e5m2 bytes, one per value (launch_fp4_to_e5m2 of the packed codes: the same values;
+    // the prepared experts of the Hopper kernels, docs/PERFORMANCE.md). Hopper widened partials only:
+    // every other launcher returns cudaErrorInvalidValue.
+    bool w_e5m2 = false;
     // Optional (Hopper, launch_moe_tile_split): the plan above split by tile height: `full` every tile
     // but each expert's last one when it holds 1 .. 64 pairs, `tail` those last tiles (one per expert at
     // most), so that they take 64-row tiles (Sm90GroupedRows::Mixed). Null pointers: no split.

@@ -127,7 +127,7 @@ struct GroupedParams {
     bool scale_words;  // every scale row 4-byte aligned with K / 32 % 4 == 0 (Hopper scale copies)
     int N, K;
     int e_begin, e_end;                       // experts of this launch
-    const uint8_t* w[2][kMaxGroupedExperts];  // packed e2m1 [N, K / 2] per projection and expert
+    const uint8_t* w[2][kMaxGroupedExperts];  // packed e2m1 [N, K / 2] (or e5m2 [N, K]) per projection, expert
     const uint8_t* s[2][kMaxGroupedExperts];  // e8m0 [N, K / 32]
     uint8_t* y[2];                            // bf16 [pairs, N] per projection
 };
@@ -144,7 +144,7 @@ inline GroupedParams grouped_params(const GroupedFp4Gemm& g, int e0, int e1) {
     p.expert_end = g.expert_end;
     p.a_pitch = g.K;
     p.sa_pitch = g.K / 32;
-    p.b_pitch = g.K / 2;
+    p.b_pitch = g.w_e5m2 ? g.K : g.K / 2;
     p.sb_pitch = g.K / 32;
     p.c_pitch = g.N * 2;
     p.N = static_cast<int>(g.N);

@@ -106,6 +106,41 @@ cudaError_t launch_dequant_fp8_bf16(const uint8_t* w, const uint8_t* s, int64_t 
     return cudaGetLastError();
 }
 
+// 16 packed bytes -> 32 e5m2 bytes per thread. e2m1 magnitude m (3 bits) -> e5m2 byte 0x00, 0x38, 0x3C,
+// 0x3E, 0x40, 0x42, 0x44, 0x46 (0, 0.5, 1, 1.5, 2, 3, 4, 6); the sign moves from bit 3 to bit 7.
+__device__ __forceinline__ uint32_t e2m1x4_to_e5m2x4(uint32_t nib16) {  // 4 codes in the low 16 bits
+    const uint32_t mag = __byte_perm(0x3E3C3800u, 0x46444240u, nib16 & 0x7777u);
+    const uint32_t s = nib16 & 0x8888u;
+    return mag | ((s & 0x8u) << 4) | ((s & 0x80u) << 8) | ((s & 0x800u) << 12) | ((s & 0x8000u) << 16);
+}
+__global__ void fp4_to_e5m2_kernel(const uint4* __restrict__ w, int64_t n16, uint4* __restrict__ out) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n16) return;
+    const uint4 v = w[i];
+    const uint32_t in[4] = {v.x, v.y, v.z, v.w};
+    uint32_t o[8];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+        o[2 * t] = e2m1x4_to_e5m2x4(in[t] & 0xFFFFu);
+        o[2 * t + 1] = e2m1x4_to_e5m2x4(in[t] >> 16);
+    }
+    out[2 * i] = make_uint4(o[0], o[1], o[2], o[3]);
+    out[2 * i + 1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+cudaError_t launch_fp4_to_e5m2(const uint8_t* w, int64_t bytes, uint8_t* out, cudaStream_t stream) {
+    if (bytes < 0 || bytes % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(out) % 16 != 0)
+        return cudaErrorInvalidValue;
+    const int64_t n16 = bytes / 16;
+    if (n16 == 0) return cudaSuccess;
+    const int64_t blocks = (n16 + kThreads - 1) / kThreads;
+    if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
+    fp4_to_e5m2_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        reinterpret_cast<const uint4*>(w), n16, reinterpret_cast<uint4*>(out));
+    return cudaGetLastError();
+}
+
 cudaError_t launch_act_quant_fp8(const uint16_t* x, uint8_t* q, uint8_t* s, int64_t rows, int64_t K,
                                  Fp8ScaleBytes scale_bytes, Fp8CodeOrder order, cudaStream_t stream) {
     if (K % 32 != 0) return cudaErrorInvalidValue;

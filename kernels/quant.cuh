@@ -45,4 +45,9 @@ cudaError_t launch_fp4_quant_inplace(uint16_t* x, int64_t rows, int64_t K, bool 
 cudaError_t launch_dequant_fp8_bf16(const uint8_t* w, const uint8_t* s, int64_t rows, int64_t cols,
                                     uint16_t* out, cudaStream_t stream);
 
+// Packed e2m1 codes (two per byte, even element in the low nibble, docs/MODEL.md 3.2) -> e5m2 bytes, one
+// per value, exactly (e2m1 0.5 .. 6 and signed zeros are e5m2 values): w [bytes] -> out [2 * bytes].
+// The Hopper kernels' prepared routed experts (GroupedFp4Gemm::w_e5m2). 16-byte aligned, bytes % 16 == 0.
+cudaError_t launch_fp4_to_e5m2(const uint8_t* w, int64_t bytes, uint8_t* out, cudaStream_t stream);
+
 }  // namespace ds4r::kern

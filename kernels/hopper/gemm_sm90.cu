@@ -178,10 +178,11 @@ cudaError_t launch_scaled(Sm90Loads loads, const uint8_t* q, const uint8_t* sa, 
     return launch_plain<Cfg<kOp, kWiden>, false>(loads, p, M, N, K, 1, stream);
 }
 
-// kBM: 128 (the routing plan's tiles) or 64 (two blocks per plan tile: grid.y doubled).
-template <bool kWiden, int kBM>
+// kBM: 128 (the routing plan's tiles) or 64 (two blocks per plan tile: grid.y doubled). kOp: Fp4, or
+// Fp4E5m2 (g.w_e5m2, widened partials only).
+template <Op kOp, bool kWiden, int kBM>
 cudaError_t launch_grouped(const GroupedFp4Gemm& g, cudaStream_t stream) {
-    using C = Cfg<Op::Fp4, kWiden, kBM == 64 ? 256 : 128, kBM>;
+    using C = Cfg<kOp, kWiden, kBM == 64 ? 256 : 128, kBM>;
     return for_each_grouped_batch(g, 128, C::kBN, [&](int e0, int e1, dim3 grid) {
         grid.y *= 128 / kBM;
         if (grid.y > 65535u) return cudaErrorInvalidValue;
@@ -199,7 +200,7 @@ GroupedFp4Gemm with_tiles(const GroupedFp4Gemm& g, const GroupedTileList& l) {
     return h;
 }
 
-template <bool kWiden>
+template <Op kOp, bool kWiden>
 cudaError_t launch_grouped_rows(Sm90GroupedRows rows, const GroupedFp4Gemm& g, cudaStream_t stream) {
     const bool split = g.full.tile_begin != nullptr && g.tail.tile_begin != nullptr;
     if (rows == Sm90GroupedRows::Auto)
@@ -208,14 +209,14 @@ cudaError_t launch_grouped_rows(Sm90GroupedRows rows, const GroupedFp4Gemm& g, c
                    : (split ? Sm90GroupedRows::Mixed : Sm90GroupedRows::Rows128);
     if (rows == Sm90GroupedRows::Mixed) {
         if (!split) return cudaErrorInvalidValue;
-        const cudaError_t err = launch_grouped<kWiden, 128>(with_tiles(g, g.full), stream);
+        const cudaError_t err = launch_grouped<kOp, kWiden, 128>(with_tiles(g, g.full), stream);
         if (err != cudaSuccess) return err;
         GroupedFp4Gemm t = with_tiles(g, g.tail);
         t.max_rows_per_expert = std::min<int64_t>(g.max_rows_per_expert, 64);  // one tail tile per expert
-        return launch_grouped<kWiden, 64>(t, stream);
+        return launch_grouped<kOp, kWiden, 64>(t, stream);
     }
-    if (rows == Sm90GroupedRows::Rows64) return launch_grouped<kWiden, 64>(g, stream);
-    return launch_grouped<kWiden, 128>(g, stream);
+    if (rows == Sm90GroupedRows::Rows64) return launch_grouped<kOp, kWiden, 64>(g, stream);
+    return launch_grouped<kOp, kWiden, 128>(g, stream);
 }
 
 }  // namespace
@@ -267,8 +268,12 @@ cudaError_t launch_gemm_fp4_sm90_partials(Sm90Partials partials, const uint8_t* 
 
 cudaError_t launch_grouped_gemm_fp4_sm90_tiles(Sm90Partials partials, Sm90GroupedRows rows,
                                                const GroupedFp4Gemm& g, cudaStream_t stream) {
-    if (partials == Sm90Partials::Fp16Widened) return launch_grouped_rows<true>(rows, g, stream);
-    return launch_grouped_rows<false>(rows, g, stream);
+    if (g.w_e5m2) {
+        if (partials != Sm90Partials::Fp16Widened) return cudaErrorInvalidValue;
+        return launch_grouped_rows<Op::Fp4E5m2, true>(rows, g, stream);
+    }
+    if (partials == Sm90Partials::Fp16Widened) return launch_grouped_rows<Op::Fp4, true>(rows, g, stream);
+    return launch_grouped_rows<Op::Fp4, false>(rows, g, stream);
 }
 
 cudaError_t launch_grouped_gemm_fp4_sm90_partials(Sm90Partials partials, const GroupedFp4Gemm& g,

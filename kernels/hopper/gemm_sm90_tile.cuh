@@ -49,7 +49,9 @@ namespace {
 
 using namespace sm90;
 
-enum class Op : int { Fp8 = 0, Fp4 = 1, Bf16 = 2 };
+// Fp4E5m2: fp4 weights held as e5m2 bytes, one per value (e2m1 -> e5m2 is exact: launch_fp4_to_e5m2,
+// the prepared routed experts), with the fp4 weights' column scales; widened partials only.
+enum class Op : int { Fp8 = 0, Fp4 = 1, Bf16 = 2, Fp4E5m2 = 3 };
 
 constexpr int kRowBytes = 128;  // bytes of one MMA operand tile row per stage (the 128-byte swizzle)
 constexpr int kThreads = 384;   // two consumer warpgroups + one producer warpgroup
@@ -82,7 +84,8 @@ struct Cfg {
     // grouped experts' tiles when experts hold few rows; each output's instruction sequence is the same)
     static constexpr int kBM = kBM_;
     static constexpr bool kSplitN = kBM == 64;
-    static_assert(kBM == 128 || (kSplitN && kBN_ == 256 && kOp_ == Op::Fp4), "tile rows");
+    static_assert(kBM == 128 || (kSplitN && kBN_ == 256 && (kOp_ == Op::Fp4 || kOp_ == Op::Fp4E5m2)),
+                  "tile rows");
     // output tile columns: 128 (m64n128 per consumer warpgroup); bf16 also 256 (m64n256: fewer bytes
     // per FLOP, the accumulators need no second copy there); 256 split over the warpgroups (kSplitN)
     static constexpr int kBN = kBN_;
@@ -90,8 +93,9 @@ struct Cfg {
     static constexpr int kWgN = kSplitN ? kBN / 2 : kBN;  // columns of one consumer warpgroup
     static constexpr bool kQuant = kOp != Op::Bf16;
     static constexpr bool kWiden = kQuant && kWiden_;
+    static_assert(kOp != Op::Fp4E5m2 || kWiden, "e5m2 weights: widened partials");
     // a converter role (half the producer warpgroup): fp4 weights -> codes, or widening to fp16
-    static constexpr bool kConvert = kWiden || kOp == Op::Fp4;
+    static constexpr bool kConvert = kWiden || kOp == Op::Fp4;  // (Fp4E5m2: widened)
     static constexpr int kLoaders = kConvert ? kProducers / 2 : kProducers;
     static constexpr int kConverters = kProducers - kLoaders;
     static_assert(!kConvert || kConverters == kLoaders, "converters: the other half of the producers");
@@ -118,13 +122,14 @@ struct Cfg {
     static constexpr int kSa = kRawBOff + kBN * kRawB;
     static constexpr int kSw = kSa + (kQuant ? 4 * kBM : 0);
     // fp4: the converter's f32 scales [4][128] (sa by row, sw by column) and its window flags [2]
-    static constexpr bool kScaleF = kOp == Op::Fp4;
+    static constexpr bool kScaleF = kOp == Op::Fp4 || kOp == Op::Fp4E5m2;
     static constexpr int kSaF = kSw + (kQuant ? 4 * kBN : 0);
     static constexpr int kSwF = kSaF + (kScaleF ? 4 * 4 * kBM : 0);
     static constexpr int kFlags = kSwF + (kScaleF ? 4 * 4 * kBN : 0);
     static constexpr int kEnd = kFlags + (kScaleF ? 16 : 0);
     static constexpr int kStage = (kEnd + 1023) / 1024 * 1024;
-    static constexpr int kBarBytes = 3 * 8 * 8 + 4 * kBM;  // loaded, full, empty (<= 8 stages); A row table
+    // loaded, full, empty (<= 8 stages); the A row table and the rows' byte offsets (Bars)
+    static constexpr int kBarBytes = 3 * 8 * 8 + 4 * kBM + 8 * kBM;
     static constexpr int kStages =
         (kSmemLimit - 1024 - kBarBytes) / kStage < 8 ? (kSmemLimit - 1024 - kBarBytes) / kStage : 8;
     static constexpr int kBarriers = kStages * kStage;
@@ -171,6 +176,14 @@ __device__ __forceinline__ uint4 lds128(uint32_t a) {
                  : "r"(a));
     return v;
 }
+__device__ __forceinline__ uint64_t lds64(uint32_t a) {
+    uint64_t v;
+    asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(v) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ void sts64(uint32_t a, uint64_t v) {
+    asm volatile("st.shared.u64 [%0], %1;\n" ::"r"(a), "l"(v) : "memory");
+}
 __device__ __forceinline__ uint32_t lds32(uint32_t a) {
     uint32_t v;
     asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
@@ -183,6 +196,21 @@ __device__ __forceinline__ void sts128(uint32_t a, uint4 v) {
 __device__ __forceinline__ void sts32(uint32_t a, uint32_t v) {
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
 }
+// Eight e5m2 bytes (lo: values 0-3, hi: 4-7) -> fp16x8: each byte is its fp16's high byte (e5m2 is
+// fp16 without the low mantissa byte), low bytes zero (PRMT selector 4 picks the zero register's byte).
+__device__ __forceinline__ uint4 e5m2x8_to_f16x8(uint32_t lo, uint32_t hi) {
+    return make_uint4(__byte_perm(lo, 0u, 0x1404u), __byte_perm(lo, 0u, 0x3424u), __byte_perm(hi, 0u, 0x1404u),
+                      __byte_perm(hi, 0u, 0x3424u));
+}
+// Every fp16 of v times the fp16x2 m (both halves the same power of two here).
+__device__ __forceinline__ uint4 hmul2x4(uint4 v, uint32_t m) {
+    auto mul = [m](uint32_t x) {
+        uint32_t r;
+        asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(x), "r"(m));
+        return r;
+    };
+    return make_uint4(mul(v.x), mul(v.y), mul(v.z), mul(v.w));
+}
 
 // Barrier addresses: loaded[s] (loaders' copies landed), full[s] (stage ready for the MMAs), empty[s].
 struct Bars {
@@ -190,7 +218,9 @@ struct Bars {
     __device__ uint32_t loaded(int s) const { return base + 8 * s; }
     __device__ uint32_t full(int s) const { return base + 64 + 8 * s; }
     __device__ uint32_t empty(int s) const { return base + 128 + 8 * s; }
-    __device__ uint32_t rows() const { return base + 192; }  // i32 [128]: A row of each tile row, -1 beyond
+    __device__ uint32_t rows() const { return base + 192; }  // i32 [kBM]: A row of each tile row, -1 beyond
+    // i64 [kBM]: byte offset of each tile row's A row (row x a_pitch), -1 beyond (the loaders' copies)
+    __device__ uint32_t row_offsets(int bm) const { return base + 192 + 4 * bm; }
 };
 
 // TMA copies of stage i's A box (kBM rows x kABytes bytes at (K byte / element offset, m0, z)) and B
@@ -227,8 +257,11 @@ template <class C>
 __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int n_stages, int p) {
     constexpr int kWarps = C::kLoaders / 32;
     const int lw = p / 32, lane = p % 32;
-    for (int r = p; r < C::kBM; r += C::kLoaders)
-        sts32(bars.rows() + 4 * r, r < j.m_valid ? (j.a_rows ? j.a_rows[r] : r) : -1);
+    for (int r = p; r < C::kBM; r += C::kLoaders) {
+        const int32_t ar = r < j.m_valid ? (j.a_rows ? j.a_rows[r] : r) : -1;
+        sts32(bars.rows() + 4 * r, static_cast<uint32_t>(ar));
+        sts64(bars.row_offsets(C::kBM) + 8 * r, static_cast<uint64_t>(ar >= 0 ? ar * j.a_pitch : int64_t{-1}));
+    }
     named_barrier(1, C::kLoaders);
 
     // scale rows of this loader: A rows p + kLoaders t (< kBM), weight scale rows p + kLoaders t (<
@@ -274,14 +307,14 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
             const int off = i * C::kABytes + ca * 16;
 #pragma unroll 4
             for (int r = lw * kRpwA + ra; r < C::kBM; r += kWarps * kRpwA) {
-                const int32_t ar = static_cast<int32_t>(lds32(bars.rows() + 4 * r));
-                const int n = ar >= 0 && off < a_bytes ? 16 : 0;
+                const int64_t ao = static_cast<int64_t>(lds64(bars.row_offsets(C::kBM) + 8 * r));
+                const int n = ao >= 0 && off < a_bytes ? 16 : 0;
                 // widened: raw rows of 64 bytes, 16-byte chunk ca at ca ^ ((r / 2) % 4) (conflict-free
                 // ldmatrix of 8 consecutive rows' same chunk, see consume)
                 const uint32_t dst = C::kWiden
                                          ? st + C::kRawAOff + r * C::kRawA + ((ca ^ ((r >> 1) & 3)) << 4)
                                          : st + C::kA + swz128(r, ca);
-                cp_async16(dst, n ? j.a + static_cast<int64_t>(ar) * j.a_pitch + off : j.a, n);
+                cp_async16(dst, n ? j.a + ao + off : j.a, n);
             }
         }
         if constexpr (!C::kTma) {
@@ -348,6 +381,12 @@ __device__ __forceinline__ bool sw_foldable(uint32_t b) {
 // partial the consumers get is P * sw, exactly (the products' and sums' exponents all shift by b, no
 // value leaves the normal range: scaling by a power of two commutes with every rounding), and
 // fma(P * sw, sa, acc) is the fused form's fma(P, sa * sw, acc) bit for bit.
+// e8m0_to_f32's bits without branches (selects): 2^(b - 127); b = 0: 2^-127 (subnormal), b = 255: NaN.
+__device__ __forceinline__ uint32_t e8m0_f32_bits(uint32_t b) {
+    const uint32_t v = b == 0 ? 0x00400000u : b << 23;
+    return b == 0xFFu ? kF32QuietNanBits : v;
+}
+
 template <class C>
 __device__ __forceinline__ bool stage_scales(uint32_t st, int i, int p) {
     const int q0 = C::kWiden ? (2 * i) & 3 : 0;
@@ -359,8 +398,7 @@ __device__ __forceinline__ bool stage_scales(uint32_t st, int i, int p) {
         for (int q = 0; q < C::kKb; ++q) {
             const uint32_t ba = (wa >> (8 * (q0 + q))) & 0xFFu;
             ok = ok && sa_in_window(ba);
-            sts32(st + C::kSaF + 4 * (q * C::kBM + r),
-                  __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(ba))));
+            sts32(st + C::kSaF + 4 * (q * C::kBM + r), e8m0_f32_bits(ba));
         }
     }
 #pragma unroll
@@ -371,8 +409,7 @@ __device__ __forceinline__ bool stage_scales(uint32_t st, int i, int p) {
             const uint32_t bw = (ww >> (8 * (q0 + q))) & 0xFFu;
             ok = ok && sw_in_window(bw);
             fold = fold && sw_foldable(bw);
-            sts32(st + C::kSwF + 4 * (q * C::kBN + r),
-                  __float_as_uint(e8m0_to_f32(static_cast<uint8_t>(bw))));
+            sts32(st + C::kSwF + 4 * (q * C::kBN + r), e8m0_f32_bits(bw));
         }
     }
     const unsigned bad = __ballot_sync(0xffffffffu, !ok), no_fold = __ballot_sync(0xffffffffu, !fold);
@@ -384,7 +421,104 @@ __device__ __forceinline__ bool stage_scales(uint32_t st, int i, int p) {
 // Converter p converts weight rows p + kConverters t of the stage's raw rows into the swizzled B tile:
 // fp4 -> e4m3 codes (fp8 MMA), or codes -> fp16 (widened MMA, the portable kernels' conversions by
 // gemm_tile's bit trick; fp4 with the column scales taken in where stage_scales allows); the
-// activations of the widened MMA are widened by the consumers (consume).
+// activations of the widened MMA are widened by the consumers (consume). Each row's shared loads are
+// issued before any of its conversions, so that the chains of its 16-byte chunks overlap (one converter
+// warp per scheduler: a load / convert / store chain at a time would be latency-bound).
+template <class C>
+__device__ __forceinline__ void convert_stage(uint32_t st, int i, bool fold, int p) {
+    if constexpr (C::kWiden && C::kOp == Op::Fp4E5m2) {
+        // e5m2 bytes (the e2m1 values exactly): byte -> fp16 high byte (one PRMT per two values), times
+        // 2^b where the stage folds its column scales (fp16 2^b = (byte - 112) << 10; b in [-13, 1]:
+        // exact, the fp4 conversion's very values)
+        // (unfolded: times 1.0, exact)
+        static_assert(C::kBN % (2 * C::kConverters) == 0, "converter rows in pairs");
+#pragma unroll 1
+        for (int r = p; r < C::kBN; r += 2 * C::kConverters) {
+            uint32_t ww[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) ww[h] = lds32(st + C::kSw + 4 * (r + h * C::kConverters)) >> (8 * ((2 * i) & 3));
+#pragma unroll
+            for (int c0 = 0; c0 < 4; c0 += 2) {  // K block c0 / 2: two 16-byte chunks of both rows, loads first
+                uint4 raw[2][2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c)
+                        raw[h][c] = lds128(st + C::kRawBOff + (r + h * C::kConverters) * C::kRawB + (c0 + c) * 16);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = r + h * C::kConverters;
+                    const uint32_t mult = fold ? (((ww[h] >> (4 * c0)) & 0xFFu) - 112u) * 0x04000400u : 0x3C003C00u;
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {  // 16 bytes = 16 codes -> 2 chunks
+                        const uint4 v = raw[h][c];
+                        sts128(st + C::kB + swz128(row, 2 * (c0 + c)), hmul2x4(e5m2x8_to_f16x8(v.x, v.y), mult));
+                        sts128(st + C::kB + swz128(row, 2 * (c0 + c) + 1), hmul2x4(e5m2x8_to_f16x8(v.z, v.w), mult));
+                    }
+                }
+            }
+        }
+    } else if constexpr (C::kWiden && C::kOp == Op::Fp4) {
+        // Two rows at a time, every shared load first. Folded: a row's scale byte of block c (the
+        // stage's bytes from q0) gives the multiplier 2^(14 + b) = fp16 exponent field byte - 98.
+        static_assert(C::kBN % (2 * C::kConverters) == 0, "converter rows in pairs");
+#pragma unroll 1
+        for (int r = p; r < C::kBN; r += 2 * C::kConverters) {
+            uint4 raw[2][2];
+            uint32_t ww[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = r + h * C::kConverters;
+                ww[h] = fold ? lds32(st + C::kSw + 4 * row) >> (8 * ((2 * i) & 3)) : 0u;
+                raw[h][0] = lds128(st + C::kRawBOff + row * C::kRawB);
+                raw[h][1] = lds128(st + C::kRawBOff + row * C::kRawB + 16);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = r + h * C::kConverters;
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {  // 32 bytes = 64 codes -> 8 chunks; chunk pair c: K block c
+                    const uint32_t mult =
+                        fold ? (((ww[h] >> (8 * c)) & 0xFFu) - 98u) * 0x04000400u : gemm::kE2m1F16Mult;
+                    const uint4 v = raw[h][c];
+                    sts128(st + C::kB + swz128(row, 4 * c), gemm::e2m1x8_to_f16x8(v.x, mult));
+                    sts128(st + C::kB + swz128(row, 4 * c + 1), gemm::e2m1x8_to_f16x8(v.y, mult));
+                    sts128(st + C::kB + swz128(row, 4 * c + 2), gemm::e2m1x8_to_f16x8(v.z, mult));
+                    sts128(st + C::kB + swz128(row, 4 * c + 3), gemm::e2m1x8_to_f16x8(v.w, mult));
+                }
+            }
+        }
+    } else if constexpr (C::kWiden && C::kOp == Op::Fp8) {
+#pragma unroll 1
+        for (int r = p; r < C::kBN; r += C::kConverters) {
+            uint4 raw[4];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) raw[c] = lds128(st + C::kRawBOff + r * C::kRawB + c * 16);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                sts128(st + C::kB + swz128(r, 2 * c), gemm::e4m3x8_to_f16x8(raw[c].x, raw[c].y));
+                sts128(st + C::kB + swz128(r, 2 * c + 1), gemm::e4m3x8_to_f16x8(raw[c].z, raw[c].w));
+            }
+        }
+    } else {
+        static_assert(C::kOp == Op::Fp4, "fp8 partials convert fp4 weights only");
+        // fp4 -> e4m3: 64 bytes = 128 codes -> 8 chunks
+#pragma unroll 1
+        for (int r = p; r < C::kBN; r += C::kConverters) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const uint4 raw = lds128(st + C::kRawBOff + r * C::kRawB + c * 16);
+                sts128(st + C::kB + swz128(r, 2 * c),
+                       make_uint4(e2m1x4_to_e4m3x4(raw.x & 0xFFFFu), e2m1x4_to_e4m3x4(raw.x >> 16),
+                                  e2m1x4_to_e4m3x4(raw.y & 0xFFFFu), e2m1x4_to_e4m3x4(raw.y >> 16)));
+                sts128(st + C::kB + swz128(r, 2 * c + 1),
+                       make_uint4(e2m1x4_to_e4m3x4(raw.z & 0xFFFFu), e2m1x4_to_e4m3x4(raw.z >> 16),
+                                  e2m1x4_to_e4m3x4(raw.w & 0xFFFFu), e2m1x4_to_e4m3x4(raw.w >> 16)));
+            }
+        }
+    }
+}
+
 template <class C>
 __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, int p) {
     for (int i = 0; i < n_stages; ++i) {
@@ -393,68 +527,7 @@ __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, 
         const uint32_t st = base + s * C::kStage;
         bool fold = false;
         if constexpr (C::kScaleF) fold = stage_scales<C>(st, i, p);
-        if constexpr (C::kWiden && C::kOp == Op::Fp4) {
-            // Two rows at a time, every shared load first: the conversions of four 16-byte chunks then
-            // overlap (each load / convert / store chain alone is latency-bound: one converter warp per
-            // scheduler). Folded: a row's scale byte of block c (the stage's bytes from q0) gives the
-            // multiplier 2^(14 + b) = fp16 exponent field byte - 98.
-            static_assert(C::kBN % (2 * C::kConverters) == 0, "converter rows in pairs");
-#pragma unroll 1
-            for (int r = p; r < C::kBN; r += 2 * C::kConverters) {
-                uint4 raw[2][2];
-                uint32_t ww[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int row = r + h * C::kConverters;
-                    ww[h] = fold ? lds32(st + C::kSw + 4 * row) >> (8 * ((2 * i) & 3)) : 0u;
-                    raw[h][0] = lds128(st + C::kRawBOff + row * C::kRawB);
-                    raw[h][1] = lds128(st + C::kRawBOff + row * C::kRawB + 16);
-                }
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int row = r + h * C::kConverters;
-#pragma unroll
-                    for (int c = 0; c < 2; ++c) {  // 32 bytes = 64 codes -> 8 chunks; chunk pair c: K block c
-                        const uint32_t mult =
-                            fold ? (((ww[h] >> (8 * c)) & 0xFFu) - 98u) * 0x04000400u : gemm::kE2m1F16Mult;
-                        const uint4 v = raw[h][c];
-                        sts128(st + C::kB + swz128(row, 4 * c), gemm::e2m1x8_to_f16x8(v.x, mult));
-                        sts128(st + C::kB + swz128(row, 4 * c + 1), gemm::e2m1x8_to_f16x8(v.y, mult));
-                        sts128(st + C::kB + swz128(row, 4 * c + 2), gemm::e2m1x8_to_f16x8(v.z, mult));
-                        sts128(st + C::kB + swz128(row, 4 * c + 3), gemm::e2m1x8_to_f16x8(v.w, mult));
-                    }
-                }
-            }
-            fence_proxy_async();
-            mbar_arrive(bars.full(s));
-            continue;
-        }
-#pragma unroll 1
-        for (int r = p; r < C::kBN; r += C::kConverters) {
-            if constexpr (C::kWiden && C::kOp == Op::Fp8) {
-                // the row's four shared loads first: their conversions overlap (see the fp4 rows above)
-                uint4 raw[4];
-#pragma unroll
-                for (int c = 0; c < 4; ++c) raw[c] = lds128(st + C::kRawBOff + r * C::kRawB + c * 16);
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    sts128(st + C::kB + swz128(r, 2 * c), gemm::e4m3x8_to_f16x8(raw[c].x, raw[c].y));
-                    sts128(st + C::kB + swz128(r, 2 * c + 1), gemm::e4m3x8_to_f16x8(raw[c].z, raw[c].w));
-                }
-            } else {
-                // fp4 -> e4m3: 64 bytes = 128 codes -> 8 chunks
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    const uint4 raw = lds128(st + C::kRawBOff + r * C::kRawB + c * 16);
-                    sts128(st + C::kB + swz128(r, 2 * c),
-                           make_uint4(e2m1x4_to_e4m3x4(raw.x & 0xFFFFu), e2m1x4_to_e4m3x4(raw.x >> 16),
-                                      e2m1x4_to_e4m3x4(raw.y & 0xFFFFu), e2m1x4_to_e4m3x4(raw.y >> 16)));
-                    sts128(st + C::kB + swz128(r, 2 * c + 1),
-                           make_uint4(e2m1x4_to_e4m3x4(raw.z & 0xFFFFu), e2m1x4_to_e4m3x4(raw.z >> 16),
-                                      e2m1x4_to_e4m3x4(raw.w & 0xFFFFu), e2m1x4_to_e4m3x4(raw.w >> 16)));
-                }
-            }
-        }
+        convert_stage<C>(st, i, fold, p);
         fence_proxy_async();
         mbar_arrive(bars.full(s));
     }

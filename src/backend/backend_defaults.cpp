@@ -11,9 +11,19 @@
 #include <vector>
 
 #include "ds4r/backend.h"
+#include "ds4r/error.h"
 #include "ds4r/settings.h"
 
 namespace ds4r {
+
+// Prepared experts: a backend without a faster layout prepares nothing (ds4r/backend.h).
+uint64_t Backend::prepared_experts_bytes(int64_t, int64_t, int64_t) const {
+    return 0;
+}
+void Backend::set_prepared_experts(bool on) {
+    DS4R_CHECK(!on, "backend %s has no prepared expert layout", name().c_str());
+}
+void Backend::prepare_experts(const MoeWeights&) {}
 
 std::shared_ptr<void> Backend::alloc_host(size_t bytes) {
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);

@@ -23,12 +23,8 @@ void add_bench_command(CLI::App& root, std::vector<Command>& out) {
         ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
         ->capture_default_str();
     app->add_option("--device", opt->device, "CUDA device index")->capture_default_str();
-    app->add_option(
-           "--kernels", opt->kernels,
-           "CUDA GEMM kernels: auto (Hopper wgmma on H100/H200, portable elsewhere), portable "
-           "(mma.sync, every GPU), hopper, or hopper-fp8 (fp8 wgmma partials: faster, not bit-identical)")
-        ->check(CLI::IsMember({"auto", "portable", "hopper", "hopper-fp8"}))
-        ->capture_default_str();
+    add_kernels_flag(app, &opt->kernels);
+    add_prepared_experts_flag(app, &opt->prepared_experts);
     app->add_option("--gpu-memory-gb", opt->gpu_memory_gb,
                     "GPU memory budget in GB (0 = 22, sized for a 24 GB card); never changes results")
         ->check(CLI::NonNegativeNumber);

@@ -1,5 +1,6 @@
 // `ds4replay selftest`: CLI11 glue for run_selftest (src/replay/selftest.cpp).
 #include "cli/commands.h"
+#include "cli/io_flags.h"
 #include "ds4r/selftest.h"
 
 namespace ds4r::cli {
@@ -12,12 +13,7 @@ void add_selftest_command(CLI::App& root, std::vector<Command>& out) {
         ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
         ->capture_default_str();
     app->add_option("--device", opt->device, "CUDA device index")->capture_default_str();
-    app->add_option(
-           "--kernels", opt->kernels,
-           "CUDA GEMM kernels: auto (Hopper wgmma on H100/H200, portable elsewhere), portable "
-           "(mma.sync, every GPU), hopper, or hopper-fp8 (fp8 wgmma partials: faster, not bit-identical)")
-        ->check(CLI::IsMember({"auto", "portable", "hopper", "hopper-fp8"}))
-        ->capture_default_str();
+    add_kernels_flag(app, &opt->kernels);
     app->add_option("--keep", opt->keep_dir, "Write the tiny model here and keep it");
     Command c;
     c.app = app;

@@ -7,6 +7,25 @@
 
 namespace ds4r::cli {
 
+void add_kernels_flag(CLI::App* app, std::string* kernels) {
+    app->add_option(
+           "--kernels", *kernels,
+           "CUDA GEMM kernels: auto (Hopper wgmma on H100/H200, portable elsewhere), portable "
+           "(mma.sync, every GPU), hopper, or hopper-fp8 (fp8 wgmma partials: faster, not bit-identical)")
+        ->check(CLI::IsMember({"auto", "portable", "hopper", "hopper-fp8"}))
+        ->capture_default_str();
+}
+
+void add_prepared_experts_flag(CLI::App* app, bool* allow) {
+    app->add_option_function<std::string>(
+           "--prepared-experts", [allow](const std::string& v) { *allow = v == "auto"; },
+           "Hopper kernels: each layer's routed experts as e5m2 bytes on the GPU (one byte per weight, "
+           "13.6 GB at full width; faster grouped GEMMs, the same results): auto (where that copy takes at "
+           "most half of the memory left for a pass's attention state: raise --gpu-memory-gb) or off")
+        ->check(CLI::IsMember({"auto", "off"}))
+        ->default_str("auto");
+}
+
 std::function<void()> add_io_flags(CLI::App* app, IoSettings* io) {
     auto weight_io = std::make_shared<std::string>(io->direct_weights ? "direct" : "buffered");
     auto engram_io = std::make_shared<std::string>(engram_io_name(io->engram_io));

@@ -1,4 +1,4 @@
-// The I/O flags shared by `score` and `bench` (include/ds4r/io_settings.h).
+// The flags shared by `score`, `bench` (and `selftest`): I/O (include/ds4r/io_settings.h) and the GPU kernels.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -13,5 +13,10 @@ namespace ds4r::cli {
 // to `app`, writing into *io. The returned function, called before the command runs, applies the
 // enumerated ones (and validates the settings: InputError naming the flag).
 std::function<void()> add_io_flags(CLI::App* app, IoSettings* io);
+
+// --kernels auto|portable|hopper|hopper-fp8 (ds4r/backend.h GpuKernels) into *kernels.
+void add_kernels_flag(CLI::App* app, std::string* kernels);
+// --prepared-experts auto|off into *allow (ds4r/replay.h plan_prepared_experts).
+void add_prepared_experts_flag(CLI::App* app, bool* allow);
 
 }  // namespace ds4r::cli

@@ -60,6 +60,20 @@ uint64_t pass_arena_room(const Backend& be, const ModelConfig& cfg, int64_t chun
     return free_b > chunks ? free_b - chunks : 0;
 }
 
+uint64_t plan_prepared_experts(Backend& be, const ModelConfig& cfg, uint64_t arena_room, bool allow) {
+    const uint64_t bytes = be.prepared_experts_bytes(cfg.n_routed_experts, cfg.dim, cfg.moe_inter_dim);
+    const bool on = allow && bytes > 0 && arena_room / 2 >= bytes;
+    be.set_prepared_experts(on);
+    if (on)
+        log_info(strfmt("prepared experts: each layer's routed experts as e5m2 bytes on %s (%.2f GB)", be.name().c_str(),
+                        static_cast<double>(bytes) / 1e9));
+    else if (allow && bytes > 0)
+        log_debug(strfmt("prepared experts off: %.2f GB per layer would take over half of the %.2f GB left for the "
+                         "pass's attention state (raise --gpu-memory-gb)",
+                         static_cast<double>(bytes) / 1e9, static_cast<double>(arena_room) / 1e9));
+    return on ? bytes : 0;
+}
+
 int64_t resolve_chunk_rows(int64_t requested, const ModelConfig& cfg, size_t free_bytes) {
     return requested > 0 ? requested : default_chunk_rows(cfg, free_bytes);
 }
@@ -382,6 +396,14 @@ double PassRunner::run_engram(const LayerWeights& w) {
 void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {
     const int64_t D = cfg_.dim, k = cfg_.n_activated_experts;
     begin_layer(ctx_, w.role);
+    // the layer's prepared experts (Backend::prepare_experts; no-op unless plan_prepared_experts turned
+    // them on), dropped when the block ends, on an exception too: a later layer's weights may reuse the
+    // addresses of this one's
+    struct PreparedExpertsScope {
+        Backend& be;
+        ~PreparedExpertsScope() { be.release_experts(); }
+    } prepared{be_};
+    be_.prepare_experts(w.moe);
     if (host_taps) {
         host_taps->attn_out.assign(static_cast<size_t>(total_rows_ * D), 0);
         host_taps->moe_out.assign(static_cast<size_t>(total_rows_ * D), 0);

@@ -638,9 +638,9 @@ ScoreSummary run_score(const ScoreOptions& opt) {
         auto weights = make_prefetch_weight_source(be, ckpt, prefetch_options(opt.io));
         PassRunner runner(be, ckpt, *weights, engram.get(), ro);
         runner.set_on_chunk(on_chunk);
-        job.run(PassEngine{&runner, nullptr, [&] { return weights->stats().bytes_read; },
-                           pass_arena_room(be, cfg, ro.chunk_rows)},
-                progress, sum);
+        uint64_t room = pass_arena_room(be, cfg, ro.chunk_rows);
+        room -= plan_prepared_experts(be, cfg, room, opt.prepared_experts);
+        job.run(PassEngine{&runner, nullptr, [&] { return weights->stats().bytes_read; }, room}, progress, sum);
     } else {
         // One reader for every worker: each layer is read once into host memory (the prefetching
         // source in direct mode, layer L+1 while L computes; pinned memory of the first GPU when the
@@ -668,8 +668,10 @@ ScoreSummary run_score(const ScoreOptions& opt) {
         uint64_t room = UINT64_MAX;
         for (size_t w = 0; w < bes.size(); ++w) {
             bes[w]->use_on_this_thread();
-            const uint64_t r = pass_arena_room(*bes[w], cfg, ros[w].chunk_rows);
-            room = std::min(room, r > 2 * layer ? r - 2 * layer : 0);
+            uint64_t r = pass_arena_room(*bes[w], cfg, ros[w].chunk_rows);
+            r = r > 2 * layer ? r - 2 * layer : 0;
+            r -= plan_prepared_experts(*bes[w], cfg, r, opt.prepared_experts);
+            room = std::min(room, r);
         }
         bes.front()->use_on_this_thread();
         job.run(PassEngine{nullptr, &runner, [&] { return weights.stats().bytes_read; },

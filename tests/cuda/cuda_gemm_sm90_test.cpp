@@ -27,6 +27,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "gemm_sm90.cuh"
 #include "moe.cuh"
+#include "quant.cuh"
 #endif
 
 using namespace ds4r;
@@ -351,6 +352,7 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
     // the Hopper kernels with each tile shape forced (Sm90GroupedRows): [partials][64 rows, 128 rows,
     // mixed: each expert's short last tile on 64 rows]
     std::vector<uint8_t> tiles[2][3];
+    std::vector<uint8_t> tiles_e5m2[3];  // widened partials on the weights as e5m2 bytes
     const TileSplit split = split_plan(counts);
     auto i32 = [](CudaBackend& be, const std::vector<int32_t>& v) {
         return upload(be, DType::I32, {static_cast<int64_t>(v.size())}, v.data());
@@ -421,6 +423,30 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
                         be.stream()));
                     tiles[v][t] = host(be, y);
                 }
+            // the prepared experts: the same weights as e5m2 bytes (launch_fp4_to_e5m2), widened
+            // partials, each tile shape; other partials and the portable kernels refuse them
+            std::vector<Tensor> w8;
+            std::vector<const uint8_t*> w8p;
+            for (int e = 0; e < E; ++e) {
+                w8.push_back(be.alloc(DType::I8, {N, K}));
+                DS4R_CUDA_CHECK(kern::launch_fp4_to_e5m2(wp[static_cast<size_t>(e)], N * K / 2,
+                                                         w8.back().ptr<uint8_t>(), be.stream()));
+                w8p.push_back(w8.back().ptr<uint8_t>());
+            }
+            kern::GroupedFp4Gemm g8 = gm;
+            g8.w[0] = w8p.data();
+            g8.w_e5m2 = true;
+            g8.q = av[1].q.ptr<uint8_t>();
+            g8.sa = av[1].s.ptr<uint8_t>();
+            for (int t = 0; t < 3; ++t) {
+                be.fill(y, 0x77);
+                DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4_sm90_tiles(kern::Sm90Partials::Fp16Widened,
+                                                                         shapes[t], g8, be.stream()));
+                tiles_e5m2[t] = host(be, y);
+            }
+            EXPECT_EQ(kern::launch_grouped_gemm_fp4_sm90_partials(kern::Sm90Partials::Fp8Wgmma, g8, be.stream()),
+                      cudaErrorInvalidValue);
+            EXPECT_EQ(kern::launch_grouped_gemm_fp4(g8, be.stream()), cudaErrorInvalidValue);
             // the MoE's calls (the family's activations, the pair count known: Auto picks by rows per
             // expert), with the split plan (Hopper) and without
             auto auto_call = [&](kern::GroupedFp4Gemm& x, uint8_t poison, const char* how) {
@@ -453,6 +479,45 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
         EXPECT_EQ(tiles[v][2], tiles[v][1]) << what << var << ": mixed tiles differ from 128-row tiles";
     }
     expect_equal(what + " 64-row tiles", "portable", agreement(tiles[1][0], p, 2, N));
+    for (int t = 0; t < 3; ++t)
+        EXPECT_EQ(tiles_e5m2[t], tiles[1][t]) << what << ": e5m2 weights differ from fp4 weights, tile shape " << t;
+}
+
+TEST(CudaGemmSm90, Fp4ToE5m2KeepsEveryValue) {
+    // launch_fp4_to_e5m2 (the prepared experts' weights): every packed byte -> two e5m2 bytes whose
+    // values are the two e2m1 values (signed zeros included); unaligned pointers and sizes refused
+    DS4R_REQUIRE_CUDA();
+    CudaBackend& be = port();
+    std::vector<uint8_t> in(512);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(i * 37 + i / 256);
+    const Tensor d_in = upload(be, DType::I8, {512}, in.data());
+    Tensor d_out = be.alloc(DType::I8, {1024 + 16});
+    DS4R_CUDA_CHECK(kern::launch_fp4_to_e5m2(d_in.ptr<uint8_t>(), 512, d_out.ptr<uint8_t>(), be.stream()));
+    const std::vector<uint8_t> out = host(be, d_out);
+    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    auto e5m2 = [](uint8_t b) {  // sign, 5 exponent bits (bias 15), 2 mantissa bits
+        const int e = (b >> 2) & 31, m = b & 3;
+        const float v = e == 0 ? std::ldexp(m / 4.0f, -14) : std::ldexp(1.0f + m / 4.0f, e - 15);
+        return (b & 0x80) ? -v : v;
+    };
+    std::vector<bool> seen(256, false);
+    for (size_t i = 0; i < in.size(); ++i) {
+        seen[in[i]] = true;
+        for (int h = 0; h < 2; ++h) {
+            const int nib = (in[i] >> (4 * h)) & 15;
+            const float want = (nib & 8) ? -mag[nib & 7] : mag[nib & 7];
+            const uint8_t got = out[2 * i + static_cast<size_t>(h)];
+            EXPECT_EQ(e5m2(got), want) << "byte " << i << " nibble " << h;
+            EXPECT_EQ(got >> 7, nib >> 3) << "sign of byte " << i << " nibble " << h;
+        }
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), true), 256);
+    EXPECT_EQ(kern::launch_fp4_to_e5m2(d_in.ptr<uint8_t>() + 1, 16, d_out.ptr<uint8_t>(), be.stream()),
+              cudaErrorInvalidValue);
+    EXPECT_EQ(kern::launch_fp4_to_e5m2(d_in.ptr<uint8_t>(), 24, d_out.ptr<uint8_t>(), be.stream()),
+              cudaErrorInvalidValue);
+    EXPECT_EQ(kern::launch_fp4_to_e5m2(d_in.ptr<uint8_t>(), 16, d_out.ptr<uint8_t>() + 8, be.stream()),
+              cudaErrorInvalidValue);
 }
 
 TEST(CudaGemmSm90, TileSplitOfTheRoutingPlan) {

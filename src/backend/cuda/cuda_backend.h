@@ -79,6 +79,22 @@ public:
     void linear_wo_a(const Tensor& o, const Fp8Linear& w, int64_t groups, const Tensor& y) override;
     void moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y,
              const Tensor& route_idx, const Tensor& route_w) override;
+    // Prepared experts (cuda_ops_moe.cpp): with the Hopper widened kernels, the layer's fp4 expert
+    // weights as e5m2 bytes (kern::launch_fp4_to_e5m2), read by the grouped GEMMs
+    // (GroupedFp4Gemm::w_e5m2); 0 bytes (nothing prepared) on the other kernel families.
+    uint64_t prepared_experts_bytes(int64_t experts, int64_t dim, int64_t hidden) const override;
+    void set_prepared_experts(bool on) override;
+    bool prepared_experts() const override { return prepare_on_; }
+    void prepare_experts(const MoeWeights& w) override;
+    void release_experts() override;
+    // The e5m2 copy of w's routed experts made by prepare_experts, or null (not prepared, or another layer's).
+    struct PreparedExperts {
+        const uint8_t* source = nullptr;             // experts[0].w1.w of the layer it was made from
+        size_t experts = 0;                          // E
+        Tensor buffer;                               // I8: every expert's w1, w3 [I, D] and w2 [D, I] as e5m2
+        std::vector<const uint8_t*> w1, w3, w2;      // [E] per-expert pointers into buffer
+    };
+    const PreparedExperts* prepared_for(const MoeWeights& w) const;
     // ---- ops (cuda_ops_misc.cpp) ----
     void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) override;
     void rope_table(double base, double factor, int64_t yarn_orig, double beta_fast, double beta_slow,
@@ -142,6 +158,8 @@ private:
     cublasHandle_t cublas_ = nullptr;
     size_t budget_;
     GemmKernels gemm_;
+    bool prepare_on_ = false;
+    PreparedExperts prepared_;
     std::atomic<size_t> in_use_{0}, high_water_{0};
     struct Range {
         const char* name;

@@ -126,7 +126,7 @@ Tensor upload_i32(CudaBackend& be, const std::vector<int32_t>& v) {
 }
 
 double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_expert, int64_t N, int64_t K,
-                                int n_proj, int iters, int tile_rows, bool routed) {
+                                int n_proj, int iters, int tile_rows, bool routed, bool e5m2) {
     DS4R_CHECK(experts > 0 && rows_per_expert > 0 && (n_proj == 1 || n_proj == 2) && K % 32 == 0 &&
                    experts * rows_per_expert < (int64_t{1} << 30),
                "bench: bad grouped GEMM arguments (%d experts x %lld rows, N=%lld K=%lld, %d projections)",
@@ -173,9 +173,15 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
     std::vector<const uint8_t*> wp[2], sp[2];
     for (int z = 0; z < n_proj; ++z) {
         for (int e = 0; e < experts; ++e) {
-            wts.push_back(be.alloc(DType::I8, {N, K / 2}));
             scs.push_back(be.alloc(DType::F8_E8M0, {N, K / 32}));
-            be.copy(wts.back(), 0, w_src, 0, w_src.nbytes());
+            if (e5m2) {  // the prepared experts' layout: e5m2 bytes [N, K]
+                wts.push_back(be.alloc(DType::I8, {N, K}));
+                DS4R_CUDA_CHECK(kern::launch_fp4_to_e5m2(w_src.ptr<uint8_t>(), N * K / 2, wts.back().ptr<uint8_t>(),
+                                                         be.stream()));
+            } else {
+                wts.push_back(be.alloc(DType::I8, {N, K / 2}));
+                be.copy(wts.back(), 0, w_src, 0, w_src.nbytes());
+            }
             be.copy(scs.back(), 0, s_src, 0, s_src.nbytes());
             wp[z].push_back(wts.back().ptr<uint8_t>());
             sp[z].push_back(scs.back().ptr<uint8_t>());
@@ -197,6 +203,7 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
     g.n_proj = n_proj;
     g.N = N;
     g.K = K;
+    g.w_e5m2 = e5m2;
     for (int z = 0; z < n_proj; ++z) {
         g.w[z] = wp[z].data();
         g.s[z] = sp[z].data();
@@ -366,10 +373,11 @@ public:
         return bench_cublas_bf16_tflops(be_, M, N, K, iters);
     }
     double grouped_fp4_tflops(int experts, int64_t rows_per_expert, int64_t N, int64_t K, int n_proj,
-                              int iters, int tile_rows, bool routed) override {
-        if (tile_rows != 0 && !be_.gemm().hopper) return -1;
+                              int iters, int tile_rows, bool routed, bool e5m2) override {
+        if ((tile_rows != 0 || e5m2) && !be_.gemm().hopper) return -1;
+        if (e5m2 && be_.gemm().fp8_partials) return -1;  // widened partials only
         return bench_grouped_fp4_tflops(be_, experts, rows_per_expert, N, K, n_proj, iters, tile_rows,
-                                        routed);
+                                        routed, e5m2);
     }
     double head_logits_tflops(int64_t M, int64_t V, int64_t D, int iters) override {
         return bench_head_logits_tflops(be_, M, V, D, iters);

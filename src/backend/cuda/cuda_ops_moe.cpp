@@ -34,9 +34,11 @@ struct MoeShapes {
     int k;
 };
 
-// Host tables of the routed experts' device pointers (kernel parameters of the grouped GEMMs).
+// Host tables of the routed experts' device pointers (kernel parameters of the grouped GEMMs); e5m2: the
+// weight pointers are the prepared experts' e5m2 copies (GroupedFp4Gemm::w_e5m2).
 struct ExpertPointers {
     std::vector<const uint8_t*> w1, s1, w3, s3, w2, s2;
+    bool e5m2 = false;
 };
 
 void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeParams& p, const MoeShapes& sh,
@@ -118,6 +120,7 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
         g.n_proj = 2;
         g.N = I;
         g.K = D;
+        g.w_e5m2 = ep.e5m2;
         g.w[0] = ep.w1.data();
         g.s[0] = ep.s1.data();
         g.w[1] = ep.w3.data();
@@ -236,6 +239,12 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, 
     }
     DS4R_CHECK(sh.I > 0 && sh.I % 32 == 0,
                "cuda moe: expert hidden size %lld is not a positive multiple of 32", (long long)sh.I);
+    if (const PreparedExperts* pe = prepared_for(w)) {
+        ep.w1 = pe->w1;
+        ep.w3 = pe->w3;
+        ep.w2 = pe->w2;
+        ep.e5m2 = true;
+    }
 
     const bool want_idx = opcheck::given(route_idx), want_w = opcheck::given(route_w);
     if (M == 0) return;
@@ -248,6 +257,62 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, 
         const Tensor rw = want_w ? route_w.rows(r0, r1) : alloc(DType::F32, {r1 - r0, sh.k});
         run_chunk(*this, x2.rows(r0, r1), w, p, sh, ep, y2.rows(r0, r1), idx, rw);
     }
+}
+
+uint64_t CudaBackend::prepared_experts_bytes(int64_t experts, int64_t dim, int64_t hidden) const {
+    // the Hopper widened kernels read e5m2 weights (the fp8-wgmma partials and the portable kernels do not)
+    if (!gemm_.hopper || gemm_.fp8_partials || experts <= 0 || dim <= 0 || hidden <= 0) return 0;
+    return static_cast<uint64_t>(experts) * 3 * static_cast<uint64_t>(dim) * static_cast<uint64_t>(hidden);
+}
+
+void CudaBackend::set_prepared_experts(bool on) {
+    DS4R_CHECK(!on || prepared_experts_bytes(1, 32, 32) > 0,
+               "cuda: prepared experts need the Hopper kernels with widened partials (kernels: %s)", gemm_.name());
+    if (!on) release_experts();
+    prepare_on_ = on;
+}
+
+void CudaBackend::prepare_experts(const MoeWeights& w) {
+    // one buffer, w1 | w3 | w2 of expert 0, then expert 1, ...: each fp4 tensor [rows, cols / 2] becomes
+    // e5m2 [rows, cols] (2 bytes per packed byte, same order)
+    release_experts();
+    if (!prepare_on_ || w.experts.empty()) return;
+    const char* op = "prepare_experts";
+    uint64_t total = 0;
+    for (const ExpertWeights& ew : w.experts)
+        for (const Fp4Linear* l : {&ew.w1, &ew.w3, &ew.w2}) {
+            check_fp4_weight(op, "expert weight", *l);
+            check_aligned16(op, "expert weight", l->w);
+            DS4R_CHECK(l->w.nbytes() % 16 == 0, "cuda prepare_experts: expert weight of %zu bytes (not a multiple of 16)",
+                       l->w.nbytes());
+            total += 2 * l->w.nbytes();
+        }
+    ProfileRange pr(*this, "moe/prepare_experts");
+    PreparedExperts pe;
+    pe.buffer = alloc(DType::I8, {static_cast<int64_t>(total)});
+    uint8_t* dst = pe.buffer.ptr<uint8_t>();
+    for (const ExpertWeights& ew : w.experts) {
+        for (const Fp4Linear* l : {&ew.w1, &ew.w3, &ew.w2}) {
+            DS4R_CUDA_CHECK(kern::launch_fp4_to_e5m2(l->w.ptr<uint8_t>(), static_cast<int64_t>(l->w.nbytes()), dst,
+                                                     stream_));
+            (l == &ew.w1 ? pe.w1 : l == &ew.w3 ? pe.w3 : pe.w2).push_back(dst);
+            dst += 2 * l->w.nbytes();
+        }
+    }
+    pe.source = w.experts[0].w1.w.ptr<uint8_t>();
+    pe.experts = w.experts.size();
+    prepared_ = std::move(pe);
+}
+
+void CudaBackend::release_experts() {
+    prepared_ = PreparedExperts{};  // the buffer returns to the stream-ordered pool
+}
+
+const CudaBackend::PreparedExperts* CudaBackend::prepared_for(const MoeWeights& w) const {
+    if (prepared_.source == nullptr || w.experts.size() != prepared_.experts ||
+        w.experts[0].w1.w.ptr<uint8_t>() != prepared_.source)
+        return nullptr;
+    return &prepared_;
 }
 
 std::vector<Tensor> attach_grouped_tile_split(Backend& be, const int32_t* counts, const int32_t* expert_begin,
