@@ -127,7 +127,8 @@ struct GroupedParams {
     bool scale_words;  // every scale row 4-byte aligned with K / 32 % 4 == 0 (Hopper scale copies)
     int N, K;
     int e_begin, e_end;                       // experts of this launch
-    const uint8_t* w[2][kMaxGroupedExperts];  // packed e2m1 [N, K / 2] (or e5m2 [N, K]) per projection, expert
+    // packed e2m1 [N, K / 2] (w_e5m2: e5m2 [N, K]) per projection and expert
+    const uint8_t* w[2][kMaxGroupedExperts];
     const uint8_t* s[2][kMaxGroupedExperts];  // e8m0 [N, K / 32]
     uint8_t* y[2];                            // bf16 [pairs, N] per projection
 };

@@ -33,7 +33,8 @@ struct BenchOptions {
     int device = 0;
     double gpu_memory_gb = 0;  // CUDA memory budget (--gpu-memory-gb); 0: the default 22 GB
     std::string kernels = "auto";  // CUDA GEMM kernels (--kernels auto|portable|hopper, ds4r/backend.h)
-    bool prepared_experts = true;  // --prepared-experts auto (true) | off (ds4r/replay.h plan_prepared_experts)
+    // --prepared-experts auto (true) | off (ds4r/replay.h plan_prepared_experts)
+    bool prepared_experts = true;
     int64_t chunk_rows = 0;    // 0: sized from free memory, as `score`
     bool prefetch = true;      // false: the synchronous weight source (no overlap), for comparison
     int64_t b_sequences = 80, b_tokens = 1800;

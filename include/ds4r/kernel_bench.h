@@ -41,7 +41,8 @@ public:
     // of the plan (launch_moe_tile_split). e5m2: the weights prepared as e5m2 bytes (the Hopper widened
     // kernels' prepared experts; -1 on other kernels).
     virtual double grouped_fp4_tflops(int experts, int64_t rows_per_expert, int64_t N, int64_t K, int n_proj,
-                                      int iters, int tile_rows = 0, bool routed = false, bool e5m2 = false) = 0;
+                                      int iters, int tile_rows = 0, bool routed = false,
+                                      bool e5m2 = false) = 0;
     // The output head's logits GEMM as head_stats runs it: x bf16 [M, D] . head bf16 [V, D]^T -> f32.
     virtual double head_logits_tflops(int64_t M, int64_t V, int64_t D, int iters) = 0;
     // Rows of one logits launch inside head_stats (it computes the logits in chunks of this many rows).

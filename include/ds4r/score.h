@@ -33,7 +33,8 @@ struct ScoreOptions {
     std::vector<int> devices;
     double gpu_memory_gb = 0;      // CUDA memory budget (--gpu-memory-gb); 0: the default 22 GB
     std::string kernels = "auto";  // CUDA GEMM kernels (--kernels auto|portable|hopper, ds4r/backend.h)
-    bool prepared_experts = true;  // --prepared-experts auto (true) | off (ds4r/replay.h plan_prepared_experts)
+    // --prepared-experts auto (true) | off (ds4r/replay.h plan_prepared_experts)
+    bool prepared_experts = true;
     int64_t chunk_rows = 0;        // 0 = sized from free backend memory
     int64_t pass_tokens = 0;       // 0 = sized from available host / backend memory
     int64_t max_seq_len = 0;       // 0 = max_position_embeddings of the config

@@ -199,8 +199,8 @@ __device__ __forceinline__ void sts32(uint32_t a, uint32_t v) {
 // Eight e5m2 bytes (lo: values 0-3, hi: 4-7) -> fp16x8: each byte is its fp16's high byte (e5m2 is
 // fp16 without the low mantissa byte), low bytes zero (PRMT selector 4 picks the zero register's byte).
 __device__ __forceinline__ uint4 e5m2x8_to_f16x8(uint32_t lo, uint32_t hi) {
-    return make_uint4(__byte_perm(lo, 0u, 0x1404u), __byte_perm(lo, 0u, 0x3424u), __byte_perm(hi, 0u, 0x1404u),
-                      __byte_perm(hi, 0u, 0x3424u));
+    return make_uint4(__byte_perm(lo, 0u, 0x1404u), __byte_perm(lo, 0u, 0x3424u),
+                      __byte_perm(hi, 0u, 0x1404u), __byte_perm(hi, 0u, 0x3424u));
 }
 // Every fp16 of v times the fp16x2 m (both halves the same power of two here).
 __device__ __forceinline__ uint4 hmul2x4(uint4 v, uint32_t m) {
@@ -260,7 +260,8 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
     for (int r = p; r < C::kBM; r += C::kLoaders) {
         const int32_t ar = r < j.m_valid ? (j.a_rows ? j.a_rows[r] : r) : -1;
         sts32(bars.rows() + 4 * r, static_cast<uint32_t>(ar));
-        sts64(bars.row_offsets(C::kBM) + 8 * r, static_cast<uint64_t>(ar >= 0 ? ar * j.a_pitch : int64_t{-1}));
+        sts64(bars.row_offsets(C::kBM) + 8 * r,
+              static_cast<uint64_t>(ar >= 0 ? ar * j.a_pitch : int64_t{-1}));
     }
     named_barrier(1, C::kLoaders);
 
@@ -436,24 +437,30 @@ __device__ __forceinline__ void convert_stage(uint32_t st, int i, bool fold, int
         for (int r = p; r < C::kBN; r += 2 * C::kConverters) {
             uint32_t ww[2];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) ww[h] = lds32(st + C::kSw + 4 * (r + h * C::kConverters)) >> (8 * ((2 * i) & 3));
+            for (int h = 0; h < 2; ++h)
+                ww[h] = lds32(st + C::kSw + 4 * (r + h * C::kConverters)) >> (8 * ((2 * i) & 3));
 #pragma unroll
-            for (int c0 = 0; c0 < 4; c0 += 2) {  // K block c0 / 2: two 16-byte chunks of both rows, loads first
+            // K block c0 / 2: two 16-byte chunks of both rows, the loads first
+            for (int c0 = 0; c0 < 4; c0 += 2) {
                 uint4 raw[2][2];
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
 #pragma unroll
                     for (int c = 0; c < 2; ++c)
-                        raw[h][c] = lds128(st + C::kRawBOff + (r + h * C::kConverters) * C::kRawB + (c0 + c) * 16);
+                        raw[h][c] =
+                            lds128(st + C::kRawBOff + (r + h * C::kConverters) * C::kRawB + (c0 + c) * 16);
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int row = r + h * C::kConverters;
-                    const uint32_t mult = fold ? (((ww[h] >> (4 * c0)) & 0xFFu) - 112u) * 0x04000400u : 0x3C003C00u;
+                    const uint32_t mult =
+                        fold ? (((ww[h] >> (4 * c0)) & 0xFFu) - 112u) * 0x04000400u : 0x3C003C00u;
 #pragma unroll
                     for (int c = 0; c < 2; ++c) {  // 16 bytes = 16 codes -> 2 chunks
                         const uint4 v = raw[h][c];
-                        sts128(st + C::kB + swz128(row, 2 * (c0 + c)), hmul2x4(e5m2x8_to_f16x8(v.x, v.y), mult));
-                        sts128(st + C::kB + swz128(row, 2 * (c0 + c) + 1), hmul2x4(e5m2x8_to_f16x8(v.z, v.w), mult));
+                        sts128(st + C::kB + swz128(row, 2 * (c0 + c)),
+                               hmul2x4(e5m2x8_to_f16x8(v.x, v.y), mult));
+                        sts128(st + C::kB + swz128(row, 2 * (c0 + c) + 1),
+                               hmul2x4(e5m2x8_to_f16x8(v.z, v.w), mult));
                     }
                 }
             }

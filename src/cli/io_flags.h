@@ -1,4 +1,5 @@
-// The flags shared by `score`, `bench` (and `selftest`): I/O (include/ds4r/io_settings.h) and the GPU kernels.
+// The flags shared by `score`, `bench` (and `selftest`): I/O (include/ds4r/io_settings.h) and the GPU
+// kernels.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -170,7 +170,8 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
             row(g.name, rows, g.n, g.k, ours, ref, note);
             // the Hopper kernels on the experts prepared as e5m2 bytes (one byte per weight, no fp4 decoding
             // per tile; --prepared-experts)
-            const double e5 = kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it, 0, false, true);
+            const double e5 =
+                kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it, 0, false, true);
             if (e5 >= 0) row(strfmt("%s, e5m2 weights", g.name), rows, g.n, g.k, e5, ref, note);
             if (rows != chunk_avg) continue;
             // the passes' chunk average on the Hopper kernels: each of their tile shapes, same run
@@ -188,8 +189,10 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
                 kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it, 128, true);
             if (r128 >= 0)
                 row(strfmt("%s, routed rows, 128-row tiles", g.name), rows, g.n, g.k, r128, ref, note);
-            const double re5 = kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it, 0, true, true);
-            if (re5 >= 0) row(strfmt("%s, routed rows, e5m2 weights", g.name), rows, g.n, g.k, re5, ref, note);
+            const double re5 =
+                kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it, 0, true, true);
+            if (re5 >= 0)
+                row(strfmt("%s, routed rows, e5m2 weights", g.name), rows, g.n, g.k, re5, ref, note);
         }
     }
     // The output head's logits (bf16 x bf16 -> f32), as head_stats runs them.
@@ -282,9 +285,10 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
     uint64_t room = pass_arena_room(be, c, ro.chunk_rows);
     const uint64_t prepared = plan_prepared_experts(be, c, room, opt.prepared_experts);
     room -= prepared;
-    std::fprintf(out, "prepared experts: %s\n",
-                 prepared ? strfmt("on (e5m2 weights, %.2f GB per layer)", static_cast<double>(prepared) / 1e9).c_str()
-                          : "off");
+    std::fprintf(
+        out, "prepared experts: %s\n",
+        prepared ? strfmt("on (e5m2 weights, %.2f GB per layer)", static_cast<double>(prepared) / 1e9).c_str()
+                 : "off");
     if (w.name == "d") {
         // As score plans its passes: the sequences whose attention arenas fit the backend memory left
         // beside the weight slots and the chunks (a 24 GB card holds fewer tokens than host memory).

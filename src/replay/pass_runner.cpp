@@ -65,12 +65,13 @@ uint64_t plan_prepared_experts(Backend& be, const ModelConfig& cfg, uint64_t are
     const bool on = allow && bytes > 0 && arena_room / 2 >= bytes;
     be.set_prepared_experts(on);
     if (on)
-        log_info(strfmt("prepared experts: each layer's routed experts as e5m2 bytes on %s (%.2f GB)", be.name().c_str(),
-                        static_cast<double>(bytes) / 1e9));
+        log_info(strfmt("prepared experts: each layer's routed experts as e5m2 bytes on %s (%.2f GB)",
+                        be.name().c_str(), static_cast<double>(bytes) / 1e9));
     else if (allow && bytes > 0)
-        log_debug(strfmt("prepared experts off: %.2f GB per layer would take over half of the %.2f GB left for the "
-                         "pass's attention state (raise --gpu-memory-gb)",
-                         static_cast<double>(bytes) / 1e9, static_cast<double>(arena_room) / 1e9));
+        log_debug(
+            strfmt("prepared experts off: %.2f GB per layer would take over half of the %.2f GB left for the "
+                   "pass's attention state (raise --gpu-memory-gb)",
+                   static_cast<double>(bytes) / 1e9, static_cast<double>(arena_room) / 1e9));
     return on ? bytes : 0;
 }
 

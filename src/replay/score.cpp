@@ -640,7 +640,8 @@ ScoreSummary run_score(const ScoreOptions& opt) {
         runner.set_on_chunk(on_chunk);
         uint64_t room = pass_arena_room(be, cfg, ro.chunk_rows);
         room -= plan_prepared_experts(be, cfg, room, opt.prepared_experts);
-        job.run(PassEngine{&runner, nullptr, [&] { return weights->stats().bytes_read; }, room}, progress, sum);
+        job.run(PassEngine{&runner, nullptr, [&] { return weights->stats().bytes_read; }, room}, progress,
+                sum);
     } else {
         // One reader for every worker: each layer is read once into host memory (the prefetching
         // source in direct mode, layer L+1 while L computes; pinned memory of the first GPU when the

@@ -444,8 +444,9 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
                                                                          shapes[t], g8, be.stream()));
                 tiles_e5m2[t] = host(be, y);
             }
-            EXPECT_EQ(kern::launch_grouped_gemm_fp4_sm90_partials(kern::Sm90Partials::Fp8Wgmma, g8, be.stream()),
-                      cudaErrorInvalidValue);
+            EXPECT_EQ(
+                kern::launch_grouped_gemm_fp4_sm90_partials(kern::Sm90Partials::Fp8Wgmma, g8, be.stream()),
+                cudaErrorInvalidValue);
             EXPECT_EQ(kern::launch_grouped_gemm_fp4(g8, be.stream()), cudaErrorInvalidValue);
             // the MoE's calls (the family's activations, the pair count known: Auto picks by rows per
             // expert), with the split plan (Hopper) and without
@@ -480,7 +481,8 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
     }
     expect_equal(what + " 64-row tiles", "portable", agreement(tiles[1][0], p, 2, N));
     for (int t = 0; t < 3; ++t)
-        EXPECT_EQ(tiles_e5m2[t], tiles[1][t]) << what << ": e5m2 weights differ from fp4 weights, tile shape " << t;
+        EXPECT_EQ(tiles_e5m2[t], tiles[1][t])
+            << what << ": e5m2 weights differ from fp4 weights, tile shape " << t;
 }
 
 TEST(CudaGemmSm90, Fp4ToE5m2KeepsEveryValue) {

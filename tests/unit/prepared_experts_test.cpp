@@ -18,8 +18,8 @@
 #include "ds4r/backend.h"
 #include "ds4r/checkpoint.h"
 #include "ds4r/engram_io.h"
-#include "ds4r/io_settings.h"
 #include "ds4r/error.h"
+#include "ds4r/io_settings.h"
 #include "ds4r/replay.h"
 #include "ds4r/weights.h"
 
@@ -45,8 +45,8 @@ public:
         if (current_) ++releases;
         current_ = nullptr;
     }
-    void moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y, const Tensor& route_idx,
-             const Tensor& route_w) override {
+    void moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y,
+             const Tensor& route_idx, const Tensor& route_w) override {
         if (on_) {
             EXPECT_EQ(current_, w.experts[0].w1.w.data) << "moe of a layer that is not the prepared one";
             ++moe_calls;

@@ -87,12 +87,12 @@ public:
     bool prepared_experts() const override { return prepare_on_; }
     void prepare_experts(const MoeWeights& w) override;
     void release_experts() override;
-    // The e5m2 copy of w's routed experts made by prepare_experts, or null (not prepared, or another layer's).
+    // The e5m2 copy of w's routed experts made by prepare_experts; null when none was made from w.
     struct PreparedExperts {
-        const uint8_t* source = nullptr;             // experts[0].w1.w of the layer it was made from
-        size_t experts = 0;                          // E
-        Tensor buffer;                               // I8: every expert's w1, w3 [I, D] and w2 [D, I] as e5m2
-        std::vector<const uint8_t*> w1, w3, w2;      // [E] per-expert pointers into buffer
+        const uint8_t* source = nullptr;         // experts[0].w1.w of the layer it was made from
+        size_t experts = 0;                      // E
+        Tensor buffer;                           // I8: every expert's w1, w3 [I, D] and w2 [D, I] as e5m2
+        std::vector<const uint8_t*> w1, w3, w2;  // [E] per-expert pointers into buffer
     };
     const PreparedExperts* prepared_for(const MoeWeights& w) const;
     // ---- ops (cuda_ops_misc.cpp) ----

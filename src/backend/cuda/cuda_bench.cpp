@@ -176,8 +176,8 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
             scs.push_back(be.alloc(DType::F8_E8M0, {N, K / 32}));
             if (e5m2) {  // the prepared experts' layout: e5m2 bytes [N, K]
                 wts.push_back(be.alloc(DType::I8, {N, K}));
-                DS4R_CUDA_CHECK(kern::launch_fp4_to_e5m2(w_src.ptr<uint8_t>(), N * K / 2, wts.back().ptr<uint8_t>(),
-                                                         be.stream()));
+                DS4R_CUDA_CHECK(kern::launch_fp4_to_e5m2(w_src.ptr<uint8_t>(), N * K / 2,
+                                                         wts.back().ptr<uint8_t>(), be.stream()));
             } else {
                 wts.push_back(be.alloc(DType::I8, {N, K / 2}));
                 be.copy(wts.back(), 0, w_src, 0, w_src.nbytes());
@@ -376,8 +376,8 @@ public:
                               int iters, int tile_rows, bool routed, bool e5m2) override {
         if ((tile_rows != 0 || e5m2) && !be_.gemm().hopper) return -1;
         if (e5m2 && be_.gemm().fp8_partials) return -1;  // widened partials only
-        return bench_grouped_fp4_tflops(be_, experts, rows_per_expert, N, K, n_proj, iters, tile_rows,
-                                        routed, e5m2);
+        return bench_grouped_fp4_tflops(be_, experts, rows_per_expert, N, K, n_proj, iters, tile_rows, routed,
+                                        e5m2);
     }
     double head_logits_tflops(int64_t M, int64_t V, int64_t D, int iters) override {
         return bench_head_logits_tflops(be_, M, V, D, iters);

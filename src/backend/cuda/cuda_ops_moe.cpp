@@ -267,7 +267,8 @@ uint64_t CudaBackend::prepared_experts_bytes(int64_t experts, int64_t dim, int64
 
 void CudaBackend::set_prepared_experts(bool on) {
     DS4R_CHECK(!on || prepared_experts_bytes(1, 32, 32) > 0,
-               "cuda: prepared experts need the Hopper kernels with widened partials (kernels: %s)", gemm_.name());
+               "cuda: prepared experts need the Hopper kernels with widened partials (kernels: %s)",
+               gemm_.name());
     if (!on) release_experts();
     prepare_on_ = on;
 }
@@ -283,7 +284,8 @@ void CudaBackend::prepare_experts(const MoeWeights& w) {
         for (const Fp4Linear* l : {&ew.w1, &ew.w3, &ew.w2}) {
             check_fp4_weight(op, "expert weight", *l);
             check_aligned16(op, "expert weight", l->w);
-            DS4R_CHECK(l->w.nbytes() % 16 == 0, "cuda prepare_experts: expert weight of %zu bytes (not a multiple of 16)",
+            DS4R_CHECK(l->w.nbytes() % 16 == 0,
+                       "cuda prepare_experts: expert weight of %zu bytes (not a multiple of 16)",
                        l->w.nbytes());
             total += 2 * l->w.nbytes();
         }
@@ -293,8 +295,8 @@ void CudaBackend::prepare_experts(const MoeWeights& w) {
     uint8_t* dst = pe.buffer.ptr<uint8_t>();
     for (const ExpertWeights& ew : w.experts) {
         for (const Fp4Linear* l : {&ew.w1, &ew.w3, &ew.w2}) {
-            DS4R_CUDA_CHECK(kern::launch_fp4_to_e5m2(l->w.ptr<uint8_t>(), static_cast<int64_t>(l->w.nbytes()), dst,
-                                                     stream_));
+            DS4R_CUDA_CHECK(kern::launch_fp4_to_e5m2(l->w.ptr<uint8_t>(), static_cast<int64_t>(l->w.nbytes()),
+                                                     dst, stream_));
             (l == &ew.w1 ? pe.w1 : l == &ew.w3 ? pe.w3 : pe.w2).push_back(dst);
             dst += 2 * l->w.nbytes();
         }
