@@ -151,6 +151,13 @@ DS4R_HD float e8m0_to_f32(uint8_t e) {
     if (e == 0) return bits_f32(0x00400000u);
     return bits_f32(static_cast<uint32_t>(e) << 23);
 }
+// The same value's bits, by selects instead of branches, for device code whose branches cost (the
+// Hopper kernels' per-stage scale decoding: nvcc turns e8m0_to_f32's ifs into divergent branches there).
+// Equal to e8m0_to_f32's bits for every code (tests/unit/smoke_test.cpp).
+DS4R_HD uint32_t e8m0_f32_bits(uint32_t e) {
+    const uint32_t v = e == 0 ? 0x00400000u : e << 23;
+    return e == 0xFFu ? kF32QuietNanBits : v;
+}
 
 // ---- fp4 e2m1 (two codes per byte for packed weights: even element in the low nibble) ----
 DS4R_HD float e2m1_to_f32(uint32_t code) {

@@ -382,12 +382,6 @@ __device__ __forceinline__ bool sw_foldable(uint32_t b) {
 // partial the consumers get is P * sw, exactly (the products' and sums' exponents all shift by b, no
 // value leaves the normal range: scaling by a power of two commutes with every rounding), and
 // fma(P * sw, sa, acc) is the fused form's fma(P, sa * sw, acc) bit for bit.
-// e8m0_to_f32's bits without branches (selects): 2^(b - 127); b = 0: 2^-127 (subnormal), b = 255: NaN.
-__device__ __forceinline__ uint32_t e8m0_f32_bits(uint32_t b) {
-    const uint32_t v = b == 0 ? 0x00400000u : b << 23;
-    return b == 0xFFu ? kF32QuietNanBits : v;
-}
-
 template <class C>
 __device__ __forceinline__ bool stage_scales(uint32_t st, int i, int p) {
     const int q0 = C::kWiden ? (2 * i) & 3 : 0;

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "ds4r/binding.h"
 #include "ds4r/config.h"
 #include "ds4r/numeric.h"
@@ -23,6 +25,15 @@ TEST(Numeric, E4m3AllCodesRoundTrip) {
     }
     EXPECT_EQ(e4m3_to_f32(0x7e), 448.0f);
     EXPECT_EQ(f32_to_e4m3(1000.0f), 0x7e);
+}
+
+TEST(Numeric, E8m0BitsWithoutBranchesEqualE8m0ToF32) {
+    for (uint32_t e = 0; e < 256; ++e) {
+        const float v = e8m0_to_f32(static_cast<uint8_t>(e));
+        uint32_t bits = 0;
+        std::memcpy(&bits, &v, 4);
+        EXPECT_EQ(e8m0_f32_bits(e), bits) << e;
+    }
 }
 
 TEST(Numeric, E2m1TiesToEven) {

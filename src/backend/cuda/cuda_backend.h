@@ -158,6 +158,8 @@ private:
     cublasHandle_t cublas_ = nullptr;
     size_t budget_;
     GemmKernels gemm_;
+    // The kernels that read prepared (e5m2) experts: the Hopper ones with widened partials.
+    bool reads_prepared_experts() const { return gemm_.hopper && !gemm_.fp8_partials; }
     bool prepare_on_ = false;
     PreparedExperts prepared_;
     std::atomic<size_t> in_use_{0}, high_water_{0};

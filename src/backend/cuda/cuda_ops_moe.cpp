@@ -260,13 +260,12 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, 
 }
 
 uint64_t CudaBackend::prepared_experts_bytes(int64_t experts, int64_t dim, int64_t hidden) const {
-    // the Hopper widened kernels read e5m2 weights (the fp8-wgmma partials and the portable kernels do not)
-    if (!gemm_.hopper || gemm_.fp8_partials || experts <= 0 || dim <= 0 || hidden <= 0) return 0;
+    if (!reads_prepared_experts() || experts <= 0 || dim <= 0 || hidden <= 0) return 0;
     return static_cast<uint64_t>(experts) * 3 * static_cast<uint64_t>(dim) * static_cast<uint64_t>(hidden);
 }
 
 void CudaBackend::set_prepared_experts(bool on) {
-    DS4R_CHECK(!on || prepared_experts_bytes(1, 32, 32) > 0,
+    DS4R_CHECK(!on || reads_prepared_experts(),
                "cuda: prepared experts need the Hopper kernels with widened partials (kernels: %s)",
                gemm_.name());
     if (!on) release_experts();
