@@ -78,6 +78,14 @@ cudaError_t launch_gemm_fp4_sm90_partials(Sm90Partials partials, const uint8_t* 
 cudaError_t launch_grouped_gemm_fp4_sm90_partials(Sm90Partials partials, const GroupedFp4Gemm& g,
                                                   cudaStream_t stream);
 
+// As launch_gemm_fp8_sm90 with the weights widened to fp16 beforehand: w16 [N, K] the fp16 bits of w's
+// codes as launch_e4m3_to_f16 (quant.cuh) makes them, sw the fp8 weights' scales. The same partials and
+// bits as the widened default; its stages take B as the MMA tile itself, so no producer warps convert.
+// Fp16Widened partials only (the activation codes in their GemmFragment order).
+cudaError_t launch_gemm_fp8_sm90_f16w(const uint8_t* q, const uint8_t* sa, const uint16_t* w16,
+                                      const uint8_t* sw, uint16_t* y, int64_t ldc, int64_t M, int64_t N,
+                                      int64_t K, cudaStream_t stream, Sm90Loads loads = Sm90Loads::Auto);
+
 // The grouped GEMM's tiles: 128 rows x 128 columns, or 64 rows x 256 columns (an expert's rows in
 // blocks of 64: less idle work when experts hold few rows, e.g. ~38 each in workload b's chunks of
 // 2,420 rows). Every output's instruction sequence is the same in both (bit-identical results; the

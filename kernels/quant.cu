@@ -2,6 +2,7 @@
 // quantization block of 32 (16) elements is 4 (2) consecutive lanes that share the amax by shuffles.
 // Every arithmetic step is the CPU twin's (cpu_ref.h), with explicit IEEE intrinsics, so the outputs
 // are bit identical (NaN payloads aside: the GPU's NaNs are canonical).
+#include "gemm_tile.cuh"  // gemm::e4m3x8_to_f16x8: the GEMM converters' own widening
 #include "quant.cuh"
 #include "quant_device.cuh"
 
@@ -137,6 +138,28 @@ cudaError_t launch_fp4_to_e5m2(const uint8_t* w, int64_t bytes, uint8_t* out, cu
     const int64_t blocks = (n16 + kThreads - 1) / kThreads;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
     fp4_to_e5m2_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        reinterpret_cast<const uint4*>(w), n16, reinterpret_cast<uint4*>(out));
+    return cudaGetLastError();
+}
+
+// w [n16 * 16] e4m3 codes -> out [n16 * 16] fp16 (two uint4 per 16 codes).
+__global__ void e4m3_to_f16_kernel(const uint4* __restrict__ w, int64_t n16, uint4* __restrict__ out) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n16) return;
+    const uint4 v = w[i];
+    out[2 * i] = gemm::e4m3x8_to_f16x8(v.x, v.y);
+    out[2 * i + 1] = gemm::e4m3x8_to_f16x8(v.z, v.w);
+}
+
+cudaError_t launch_e4m3_to_f16(const uint8_t* w, int64_t n, uint16_t* out, cudaStream_t stream) {
+    if (n < 0 || n % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(out) % 16 != 0)
+        return cudaErrorInvalidValue;
+    const int64_t n16 = n / 16;
+    if (n16 == 0) return cudaSuccess;
+    const int64_t blocks = (n16 + kThreads - 1) / kThreads;
+    if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
+    e4m3_to_f16_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
         reinterpret_cast<const uint4*>(w), n16, reinterpret_cast<uint4*>(out));
     return cudaGetLastError();
 }

@@ -50,4 +50,9 @@ cudaError_t launch_dequant_fp8_bf16(const uint8_t* w, const uint8_t* s, int64_t 
 // The Hopper kernels' prepared routed experts (GroupedFp4Gemm::w_e5m2). 16-byte aligned, bytes % 16 == 0.
 cudaError_t launch_fp4_to_e5m2(const uint8_t* w, int64_t bytes, uint8_t* out, cudaStream_t stream);
 
+// e4m3 weight codes -> fp16 bits, exactly as the GEMMs' converters widen them (gemm_tile.cuh
+// e4m3x8_to_f16x8: every e4m3 value is an fp16 normal; the NaN code 0x7f becomes 480): w [n] -> out [n].
+// The Hopper kernels' fp16 weights (launch_gemm_fp8_sm90_f16w). 16-byte aligned, n % 16 == 0.
+cudaError_t launch_e4m3_to_f16(const uint8_t* w, int64_t n, uint16_t* out, cudaStream_t stream);
+
 }  // namespace ds4r::kern

@@ -223,6 +223,11 @@ public:
     virtual bool prepared_experts() const { return false; }
     virtual void prepare_experts(const MoeWeights& w);
     virtual void release_experts() {}
+    // fp16 weights (on by default where the backend has them; never changes a result): CudaBackend with
+    // the Hopper widened kernels widens the fp8 weights of its larger block-scaled GEMMs to fp16 first
+    // (a transient copy), so that the GEMM needs no converter warps (docs/PERFORMANCE.md). Off: the
+    // GEMMs read the fp8 codes. The default backend has nothing to turn on or off.
+    virtual void set_fp16_weights(bool on) { (void)on; }
 
     // ---------------------------------------------------------------- Engram (docs/MODEL.md 4.8)
     // X BF16 [M, hc, D] updated in place: kv BF16 [M, (hc + 1) * D] = wkv(e) (keys of copy k at

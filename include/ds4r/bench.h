@@ -35,6 +35,8 @@ struct BenchOptions {
     std::string kernels = "auto";  // CUDA GEMM kernels (--kernels auto|portable|hopper, ds4r/backend.h)
     // --prepared-experts auto (true) | off (ds4r/replay.h plan_prepared_experts)
     bool prepared_experts = true;
+    // --fp16-weights auto (true) | off (Backend::set_fp16_weights)
+    bool fp16_weights = true;
     int64_t chunk_rows = 0;    // 0: sized from free memory, as `score`
     bool prefetch = true;      // false: the synchronous weight source (no overlap), for comparison
     int64_t b_sequences = 80, b_tokens = 1800;

@@ -35,6 +35,8 @@ struct ScoreOptions {
     std::string kernels = "auto";  // CUDA GEMM kernels (--kernels auto|portable|hopper, ds4r/backend.h)
     // --prepared-experts auto (true) | off (ds4r/replay.h plan_prepared_experts)
     bool prepared_experts = true;
+    // --fp16-weights auto (true) | off (Backend::set_fp16_weights)
+    bool fp16_weights = true;
     int64_t chunk_rows = 0;        // 0 = sized from free backend memory
     int64_t pass_tokens = 0;       // 0 = sized from available host / backend memory
     int64_t max_seq_len = 0;       // 0 = max_position_embeddings of the config

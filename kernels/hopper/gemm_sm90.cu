@@ -97,10 +97,11 @@ EncodeTiledFn encode_tiled() {
     return fn;
 }
 
-// One operand's tensor map: [groups][rows][k] elements of `bf16` (2 bytes) or bytes (1), pitch and
-// zstride in bytes; boxes of box_k elements x box_rows rows with the given swizzle. False where TMA
-// cannot describe it (alignment, strides, sizes): the caller then takes the cp.async loaders.
-bool operand_map(CUtensorMap* map, bool bf16, const uint8_t* base, int64_t k, int64_t rows, int64_t pitch,
+// One operand's tensor map: [groups][rows][k] elements of 2 bytes (elem16: bf16 or fp16; the copies
+// move bits, zero-filling past the tensor) or bytes, pitch and zstride in bytes; boxes of box_k elements
+// x box_rows rows with the given swizzle. False where TMA cannot describe it (alignment, strides, sizes):
+// the caller then takes the cp.async loaders.
+bool operand_map(CUtensorMap* map, bool elem16, const uint8_t* base, int64_t k, int64_t rows, int64_t pitch,
                  int64_t zstride, int64_t groups, int box_k, int box_rows, CUtensorMapSwizzle swizzle) {
     const EncodeTiledFn encode = encode_tiled();
     if (encode == nullptr || k <= 0 || rows <= 0 || groups <= 0 || !aligned16(base) || pitch <= 0 ||
@@ -112,7 +113,7 @@ bool operand_map(CUtensorMap* map, bool bf16, const uint8_t* base, int64_t k, in
                                    static_cast<cuuint64_t>(groups > 1 ? zstride : pitch)};
     const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_k), static_cast<cuuint32_t>(box_rows), 1};
     const cuuint32_t steps[3] = {1, 1, 1};
-    return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 3,
+    return encode(map, elem16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 3,
                   const_cast<uint8_t*>(base), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
                   swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
@@ -123,13 +124,13 @@ bool operand_map(CUtensorMap* map, bool bf16, const uint8_t* base, int64_t k, in
 template <class C>
 bool operand_maps(TmaMaps* maps, const GemmParams& p, int64_t M, int64_t N, int64_t K, int64_t groups) {
     constexpr bool kBf16 = C::kOp == Op::Bf16;
-    // dimension 0: K elements (bf16) or bytes (codes; fp4 weights: two per byte)
+    // dimension 0: K elements (bf16, fp16 weights) or bytes (codes; fp4 weights: two per byte)
     const int64_t a_k = K, b_k = C::kOp == Op::Fp4 ? K / 2 : K;
     const CUtensorMapSwizzle sa = C::kWiden ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
     const CUtensorMapSwizzle sb = C::kConvert ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B;
-    const int box_a = kBf16 ? C::kKs : C::kABytes, box_b = kBf16 ? C::kKs : C::kBBytes;
+    const int box_a = kBf16 ? C::kKs : C::kABytes, box_b = C::kB16 ? C::kKs : C::kBBytes;
     return operand_map(&maps->a, kBf16, p.a, a_k, M, p.a_pitch, p.a_zstride, groups, box_a, C::kBM, sa) &&
-           operand_map(&maps->b, kBf16, p.b, b_k, N, p.b_pitch, p.b_zstride, groups, box_b, C::kBN, sb);
+           operand_map(&maps->b, C::kB16, p.b, b_k, N, p.b_pitch, p.b_zstride, groups, box_b, C::kBN, sb);
 }
 
 // extra: the TmaMaps of a Cfg::kTma kernel.
@@ -176,6 +177,17 @@ cudaError_t launch_scaled(Sm90Loads loads, const uint8_t* q, const uint8_t* sa, 
     if (K % 32 != 0 || K > 0x7fffffffLL || !aligned16(q) || !aligned16(w)) return cudaErrorInvalidValue;
     const GemmParams p = scaled_params(q, sa, w, sw, kOp == Op::Fp4, y, ldc, M, N, K);
     return launch_plain<Cfg<kOp, kWiden>, false>(loads, p, M, N, K, 1, stream);
+}
+
+// A block-scaled fp8 linear with its weights widened to fp16 beforehand (w16 [N, K] fp16 bits; sw the
+// fp8 weights' scales): Op::Fp8F16, widened partials.
+cudaError_t launch_scaled_f16w(Sm90Loads loads, const uint8_t* q, const uint8_t* sa, const uint16_t* w16,
+                               const uint8_t* sw, uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K,
+                               cudaStream_t stream) {
+    if (K % 32 != 0 || K > 0x7fffffffLL || !aligned16(q) || !aligned16(w16)) return cudaErrorInvalidValue;
+    GemmParams p = scaled_params(q, sa, reinterpret_cast<const uint8_t*>(w16), sw, false, y, ldc, M, N, K);
+    p.b_pitch = 2 * K;  // fp16 rows
+    return launch_plain<Cfg<Op::Fp8F16, true>, false>(loads, p, M, N, K, 1, stream);
 }
 
 // kBM: 128 (the routing plan's tiles) or 64 (two blocks per plan tile: grid.y doubled). kOp: Fp4, or
@@ -255,6 +267,12 @@ cudaError_t launch_gemm_fp8_sm90_partials(Sm90Partials partials, const uint8_t* 
     if (partials == Sm90Partials::Fp16Widened)
         return launch_scaled<Op::Fp8, true>(loads, q, sa, w, sw, y, ldc, M, N, K, stream);
     return launch_scaled<Op::Fp8, false>(loads, q, sa, w, sw, y, ldc, M, N, K, stream);
+}
+
+cudaError_t launch_gemm_fp8_sm90_f16w(const uint8_t* q, const uint8_t* sa, const uint16_t* w16,
+                                      const uint8_t* sw, uint16_t* y, int64_t ldc, int64_t M, int64_t N,
+                                      int64_t K, cudaStream_t stream, Sm90Loads loads) {
+    return launch_scaled_f16w(loads, q, sa, w16, sw, y, ldc, M, N, K, stream);
 }
 
 cudaError_t launch_gemm_fp4_sm90_partials(Sm90Partials partials, const uint8_t* q, const uint8_t* sa,

@@ -51,7 +51,10 @@ using namespace sm90;
 
 // Fp4E5m2: fp4 weights held as e5m2 bytes, one per value (e2m1 -> e5m2 is exact: launch_fp4_to_e5m2,
 // the prepared routed experts), with the fp4 weights' column scales; widened partials only.
-enum class Op : int { Fp8 = 0, Fp4 = 1, Bf16 = 2, Fp4E5m2 = 3 };
+// Fp8F16: fp8 weights widened to fp16 before the launch (launch_e4m3_to_f16: the converters' very
+// values), with the fp8 weights' 32 x 32 block scales; widened partials only, and no converters: B
+// arrives as the MMA tile itself.
+enum class Op : int { Fp8 = 0, Fp4 = 1, Bf16 = 2, Fp4E5m2 = 3, Fp8F16 = 4 };
 
 constexpr int kRowBytes = 128;  // bytes of one MMA operand tile row per stage (the 128-byte swizzle)
 constexpr int kThreads = 384;   // two consumer warpgroups + one producer warpgroup
@@ -94,14 +97,20 @@ struct Cfg {
     static constexpr bool kQuant = kOp != Op::Bf16;
     static constexpr bool kWiden = kQuant && kWiden_;
     static_assert(kOp != Op::Fp4E5m2 || kWiden, "e5m2 weights: widened partials");
+    static_assert(kOp != Op::Fp8F16 || kWiden, "fp16 weights: widened partials");
+    // the weights' scales: one per 32 x 32 block (fp8), else one per column per 32-wide K block (fp4)
+    static constexpr bool kBlockScales = kOp == Op::Fp8 || kOp == Op::Fp8F16;
+    // B's elements are 16-bit (bf16, fp16 weights): TMA coordinates in elements, not bytes
+    static constexpr bool kB16 = kOp == Op::Bf16 || kOp == Op::Fp8F16;
     // a converter role (half the producer warpgroup): fp4 weights -> codes, or widening to fp16
-    static constexpr bool kConvert = kWiden || kOp == Op::Fp4;  // (Fp4E5m2: widened)
+    // (Fp4E5m2: widened; Fp8F16: none, its B is already fp16)
+    static constexpr bool kConvert = (kWiden && kOp != Op::Fp8F16) || kOp == Op::Fp4;
     static constexpr int kLoaders = kConvert ? kProducers / 2 : kProducers;
     static constexpr int kConverters = kProducers - kLoaders;
     static_assert(!kConvert || kConverters == kLoaders, "converters: the other half of the producers");
     // scale rows per loader: A rows (sa), and weight scale rows (sw: fp8 one per 32 columns, fp4 one
     // per column)
-    static constexpr int kSwRows = kOp == Op::Fp8 ? kBN / 32 : kBN;
+    static constexpr int kSwRows = kBlockScales ? kBN / 32 : kBN;
     static constexpr int kSaPerLoader = (kBM + kLoaders - 1) / kLoaders;
     static constexpr int kSwPerLoader = (kSwRows + kLoaders - 1) / kLoaders;
     static_assert(kSaPerLoader > 0 && kSwPerLoader > 0, "scale rows per loader");
@@ -109,7 +118,7 @@ struct Cfg {
     static constexpr int kKb = kKs / 32;                                // 32-wide K blocks per stage
     static_assert(kKb >= 2, "K blocks per stage");
     static constexpr int kABytes = kOp == Op::Bf16 ? 2 * kKs : kKs;  // bytes of a stage's A row as read
-    static constexpr int kBBytes = kOp == Op::Bf16 ? 2 * kKs : (kOp == Op::Fp4 ? kKs / 2 : kKs);
+    static constexpr int kBBytes = kB16 ? 2 * kKs : (kOp == Op::Fp4 ? kKs / 2 : kKs);
     static constexpr int kRawA = kWiden ? kABytes : 0;
     static constexpr int kRawB = kConvert ? kBBytes : 0;
     // TMA: a stage's A box (kBM rows x kABytes) and B box (kBN rows x kBBytes), bytes
@@ -233,7 +242,7 @@ template <class C>
 __device__ __forceinline__ void tma_stage(const Job& j, uint32_t st, Bars bars, int i, int s) {
     // coordinates of dimension 0: elements (bf16) or bytes (codes)
     const int ka = i * (C::kOp == Op::Bf16 ? C::kKs : C::kABytes);
-    const int kb = i * (C::kOp == Op::Bf16 ? C::kKs : C::kBBytes);
+    const int kb = i * (C::kB16 ? C::kKs : C::kBBytes);
     mbar_arrive_expect_tx(bars.loaded(s), C::kTmaBytes);
     tma_load_3d(C::kWiden ? st + C::kRawAOff : st + C::kA, j.tma_a, ka, j.m0, j.z, bars.loaded(s));
     tma_load_3d(C::kConvert ? st + C::kRawBOff : st + C::kB, j.tma_b, kb, j.n0, j.z, bars.loaded(s));
@@ -272,7 +281,7 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
     const uint8_t* sw_row[kRw];
     bool a_ok[kRa], sw_ok[kRw];
     const int a_bytes = C::kOp == Op::Bf16 ? 2 * j.k : j.k;  // bytes of one A row
-    const int b_bytes = C::kOp == Op::Bf16 ? 2 * j.k : (C::kOp == Op::Fp4 ? j.k / 2 : j.k);
+    const int b_bytes = C::kB16 ? 2 * j.k : (C::kOp == Op::Fp4 ? j.k / 2 : j.k);
 #pragma unroll
     for (int t = 0; t < kRa; ++t) {
         const int r = p + C::kLoaders * t;
@@ -283,7 +292,7 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
 #pragma unroll
     for (int t = 0; t < kRw; ++t) {
         const int r = p + C::kLoaders * t;
-        if constexpr (C::kOp == Op::Fp8) {
+        if constexpr (C::kBlockScales) {
             sw_ok[t] = r < C::kSwRows && 32 * r < j.n_valid;
             sw_row[t] = j.sb + static_cast<int64_t>(j.n0 / 32 + (sw_ok[t] ? r : 0)) * j.sb_pitch;
         } else {
@@ -541,7 +550,7 @@ __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, 
 template <class C>
 __device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], uint32_t st, int q, int q0,
                                         int r0, int n0, int lane) {
-    if constexpr (C::kOp == Op::Fp8) {
+    if constexpr (C::kBlockScales) {
         static_assert(!C::kSplitN, "fp8 tiles: 128 rows (the column blocks below are the tile's first 4)");
         const uint32_t sa0b = (lds32(st + C::kSa + 4 * r0) >> (8 * q)) & 0xFFu;
         const uint32_t sa1b = (lds32(st + C::kSa + 4 * (r0 + 8)) >> (8 * q)) & 0xFFu;

@@ -25,6 +25,7 @@ void add_bench_command(CLI::App& root, std::vector<Command>& out) {
     app->add_option("--device", opt->device, "CUDA device index")->capture_default_str();
     add_kernels_flag(app, &opt->kernels);
     add_prepared_experts_flag(app, &opt->prepared_experts);
+    add_fp16_weights_flag(app, &opt->fp16_weights);
     app->add_option("--gpu-memory-gb", opt->gpu_memory_gb,
                     "GPU memory budget in GB (0 = 22, sized for a 24 GB card); never changes results")
         ->check(CLI::NonNegativeNumber);

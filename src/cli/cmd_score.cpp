@@ -73,6 +73,7 @@ void add_score_command(CLI::App& root, std::vector<Command>& out) {
         ->excludes(device_opt);
     add_kernels_flag(app, &opt->kernels);
     add_prepared_experts_flag(app, &opt->prepared_experts);
+    add_fp16_weights_flag(app, &opt->fp16_weights);
     app->add_option("--gpu-memory-gb", opt->gpu_memory_gb,
                     "GPU memory budget in GB (0 = 22, sized for a 24 GB card); never changes results")
         ->check(CLI::NonNegativeNumber);

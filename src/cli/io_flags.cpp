@@ -26,6 +26,16 @@ void add_prepared_experts_flag(CLI::App* app, bool* allow) {
         ->default_str("auto");
 }
 
+void add_fp16_weights_flag(CLI::App* app, bool* allow) {
+    app->add_option_function<std::string>(
+           "--fp16-weights", [allow](const std::string& v) { *allow = v == "auto"; },
+           "Hopper kernels: the fp8 weights of GEMMs of 1,024 rows or more widened to fp16 first (a "
+           "transient copy of up to 84 MB, made where the memory budget has room; faster GEMMs, the same "
+           "results): auto or off")
+        ->check(CLI::IsMember({"auto", "off"}))
+        ->default_str("auto");
+}
+
 std::function<void()> add_io_flags(CLI::App* app, IoSettings* io) {
     auto weight_io = std::make_shared<std::string>(io->direct_weights ? "direct" : "buffered");
     auto engram_io = std::make_shared<std::string>(engram_io_name(io->engram_io));

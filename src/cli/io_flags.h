@@ -19,5 +19,7 @@ std::function<void()> add_io_flags(CLI::App* app, IoSettings* io);
 void add_kernels_flag(CLI::App* app, std::string* kernels);
 // --prepared-experts auto|off into *allow (ds4r/replay.h plan_prepared_experts).
 void add_prepared_experts_flag(CLI::App* app, bool* allow);
+// --fp16-weights auto|off into *allow (Backend::set_fp16_weights).
+void add_fp16_weights_flag(CLI::App* app, bool* allow);
 
 }  // namespace ds4r::cli

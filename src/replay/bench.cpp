@@ -135,6 +135,12 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
             const double tma = kb.hopper_gemm_tflops(s.kind, s.m, s.n, s.k, true, it);
             if (tma >= 0) {
                 row(strfmt("%s, GEMM alone, TMA", s.name), s.m, s.n, s.k, tma, ref, "gemm only");
+                if (s.kind == 0) {
+                    const double f16 = kb.hopper_gemm_tflops(4, s.m, s.n, s.k, true, it);
+                    if (f16 >= 0)
+                        row(strfmt("%s, GEMM alone, fp16 weights, TMA", s.name), s.m, s.n, s.k, f16, ref,
+                            "gemm only");
+                }
                 const double cp = kb.hopper_gemm_tflops(s.kind, s.m, s.n, s.k, false, it);
                 row(strfmt("%s, GEMM alone, cp.async", s.name), s.m, s.n, s.k, cp, ref, "baseline");
             }
@@ -285,6 +291,7 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
     uint64_t room = pass_arena_room(be, c, ro.chunk_rows);
     const uint64_t prepared = plan_prepared_experts(be, c, room, opt.prepared_experts);
     room -= prepared;
+    std::fprintf(out, "fp16 weights: %s\n", opt.fp16_weights ? "auto" : "off");
     std::fprintf(
         out, "prepared experts: %s\n",
         prepared ? strfmt("on (e5m2 weights, %.2f GB per layer)", static_cast<double>(prepared) / 1e9).c_str()
@@ -476,6 +483,7 @@ int run_bench(const BenchOptions& opt, std::FILE* out) {
     Checkpoint ck = Checkpoint::open(opt.model_dir);
     const ModelConfig& c = ck.config();
     auto be = select_backend(opt.backend, opt.device, opt.gpu_memory_gb, parse_gpu_kernels(opt.kernels));
+    be->set_fp16_weights(opt.fp16_weights);
     std::fprintf(out, "ds4replay bench: %s, %lld layers, dim %lld, %lld experts; backend %s\n",
                  opt.model_dir.c_str(), (long long)c.n_layers, (long long)c.dim,
                  (long long)c.n_routed_experts, be->name().c_str());

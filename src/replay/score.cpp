@@ -606,6 +606,7 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     if (!multi) bes.push_back(select_backend(opt.backend, opt.device, opt.gpu_memory_gb, kernels));
     for (int d : opt.devices) {
         bes.push_back(select_backend(opt.backend, d, opt.gpu_memory_gb, kernels));
+        bes.back()->set_fp16_weights(opt.fp16_weights);
         // Every worker on the same kind of backend: the bytes must equal a one-device run's.
         if (bes.back()->host_memory() != bes.front()->host_memory())
             throw InputError(strfmt("--devices: device %d gives the %s backend, device %d the %s backend", d,
@@ -613,6 +614,7 @@ ScoreSummary run_score(const ScoreOptions& opt) {
                                     bes.front()->name().c_str()));
     }
     Backend& be = *bes.front();
+    be.set_fp16_weights(opt.fp16_weights);
     std::string names;
     for (const auto& b : bes) names += (names.empty() ? "" : ", ") + b->name();
     log_info((multi ? strfmt("backends (%zu workers): ", bes.size()) : std::string("backend: ")) + names);

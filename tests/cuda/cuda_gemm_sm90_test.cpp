@@ -522,6 +522,107 @@ TEST(CudaGemmSm90, Fp4ToE5m2KeepsEveryValue) {
               cudaErrorInvalidValue);
 }
 
+TEST(CudaGemmSm90, E4m3ToF16KeepsEveryValue) {
+    // launch_e4m3_to_f16 (the fp16 weights): every code -> the fp16 of its value (signed zeros and
+    // subnormals included), the NaN codes -> +-480 as the GEMMs' converters widen them; unaligned
+    // pointers and sizes refused
+    DS4R_REQUIRE_CUDA();
+    CudaBackend& be = port();
+    std::vector<uint8_t> in(512);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(i * 37 + i / 256);
+    const Tensor d_in = upload(be, DType::F8_E4M3, {512}, in.data());
+    Tensor d_out = be.alloc(DType::BF16, {512 + 8});
+    DS4R_CUDA_CHECK(kern::launch_e4m3_to_f16(d_in.ptr<uint8_t>(), 512, d_out.ptr<uint16_t>(), be.stream()));
+    const std::vector<uint8_t> out = host(be, d_out);
+    auto e4m3 = [](uint8_t b) {  // sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7f / 0xff NaN
+        const int e = (b >> 3) & 15, m = b & 7;
+        const float v = e == 0 ? std::ldexp(m / 8.0f, -6) : std::ldexp(1.0f + m / 8.0f, e - 7);
+        return (b & 0x80) ? -v : v;
+    };
+    std::vector<bool> seen(256, false);
+    for (size_t i = 0; i < in.size(); ++i) {
+        seen[in[i]] = true;
+        uint16_t h = 0;
+        std::memcpy(&h, out.data() + 2 * i, 2);
+        const bool nan = (in[i] & 0x7f) == 0x7f;
+        const float want = nan ? ((in[i] & 0x80) ? -480.0f : 480.0f) : e4m3(in[i]);
+        EXPECT_EQ(f16_to_f32(h), want) << "code " << static_cast<int>(in[i]);
+        EXPECT_EQ(h >> 15, in[i] >> 7) << "sign of code " << static_cast<int>(in[i]);
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), true), 256);
+    EXPECT_EQ(kern::launch_e4m3_to_f16(d_in.ptr<uint8_t>() + 1, 16, d_out.ptr<uint16_t>(), be.stream()),
+              cudaErrorInvalidValue);
+    EXPECT_EQ(kern::launch_e4m3_to_f16(d_in.ptr<uint8_t>(), 24, d_out.ptr<uint16_t>(), be.stream()),
+              cudaErrorInvalidValue);
+    EXPECT_EQ(kern::launch_e4m3_to_f16(d_in.ptr<uint8_t>(), 16, d_out.ptr<uint16_t>() + 4, be.stream()),
+              cudaErrorInvalidValue);
+}
+
+// The fp8 linears on their weights widened to fp16 beforehand (Op::Fp8F16: B by TMA or the loaders
+// straight into the MMA tile, no converters) against the fp8 weights (the converters widen them): the
+// same bits, with M / N / K tails, scales outside the fused window and NaN weight codes; and the
+// backend's linear_fp8 with the fp16 weights on for every M against off.
+TEST(CudaGemmSm90, Fp16WeightsEqualFp8Weights) {
+    DS4R_REQUIRE_HOPPER();
+    struct Case {
+        int64_t M, N, K;
+        bool extreme;
+    };
+    const Case cases[] = {{1, 200, 96, false},     {7, 1024, 32, false},  {129, 300, 5120, false},
+                          {257, 384, 1280, false}, {130, 300, 256, true}, {8193, 256, 512, false}};
+    CudaBackend& be = hop();
+    std::mt19937_64 rng(81);
+    for (const Case& c : cases) {
+        if (sanitizer_run() && c.M > 300) continue;
+        const std::string what = "fp8 on fp16 weights M=" + std::to_string(c.M) +
+                                 " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                                 (c.extreme ? " extreme scales" : "");
+        const auto xh = rand_x(c.M, c.K, 82, c.extreme ? 300.0f : 1.0f);
+        std::vector<uint8_t> wh = rand_fp8_codes(static_cast<size_t>(c.N * c.K), rng);
+        for (size_t i = 0; i < wh.size(); i += 997) wh[i] = (i & 1) ? 0xff : 0x7f;  // NaN codes: 480
+        std::vector<uint8_t> sh(static_cast<size_t>(((c.N + 31) / 32) * (c.K / 32)));
+        for (auto& b : sh) b = scale_byte(rng, c.extreme);
+        Tensor x = upload(be, DType::BF16, {c.M, c.K}, xh.data());
+        Fp8Linear w{upload(be, DType::F8_E4M3, {c.N, c.K}, wh.data()),
+                    upload(be, DType::F8_E8M0, {(c.N + 31) / 32, c.K / 32}, sh.data())};
+        Tensor w16 = be.alloc(DType::BF16, {c.N, c.K});
+        DS4R_CUDA_CHECK(
+            kern::launch_e4m3_to_f16(w.w.ptr<uint8_t>(), c.N * c.K, w16.ptr<uint16_t>(), be.stream()));
+        const CudaBackend::GemmActs a =
+            be.quantize_gemm_acts(x, c.M, c.K, kern::sm90_act_order(kern::Sm90Partials::Fp16Widened));
+        Tensor y = poisoned(be, DType::BF16, {c.M, c.N});
+        DS4R_CUDA_CHECK(kern::launch_gemm_fp8_sm90_partials(
+            kern::Sm90Partials::Fp16Widened, a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.w.ptr<uint8_t>(),
+            w.s.ptr<uint8_t>(), y.ptr<uint16_t>(), c.N, c.M, c.N, c.K, be.stream(), kern::Sm90Loads::Auto));
+        const auto ref = host(be, y);
+        for (const auto loads : {kern::Sm90Loads::Tma, kern::Sm90Loads::CpAsync, kern::Sm90Loads::Auto}) {
+            Tensor y16 = poisoned(be, DType::BF16, {c.M, c.N});
+            DS4R_CUDA_CHECK(kern::launch_gemm_fp8_sm90_f16w(
+                a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w16.ptr<uint16_t>(), w.s.ptr<uint8_t>(),
+                y16.ptr<uint16_t>(), c.N, c.M, c.N, c.K, be.stream(), loads));
+            expect_equal(what + " loads " + std::to_string(static_cast<int>(loads)), "fp8 w",
+                         agreement(host(be, y16), ref, 2, c.N));
+        }
+        // the backend: fp16 weights for every M (rows threshold 0) vs off
+        auto linear = [&](bool on) {
+            be.set_fp16_weights(on);
+            Tensor yl = poisoned(be, DType::BF16, {c.M, c.N});
+            be.linear_fp8(x, w, yl);
+            return host(be, yl);
+        };
+        const int64_t rows = be.fp16_weight_rows();
+        be.set_fp16_weight_rows(0);
+        const auto on = linear(true), off = linear(false);
+        be.set_fp16_weights(true);
+        be.set_fp16_weight_rows(rows);
+        expect_equal(what + " linear_fp8", "off", agreement(on, off, 2, c.N));
+        EXPECT_EQ(off, ref) << what << ": linear_fp8 without fp16 weights differs from the kernel";
+    }
+    EXPECT_EQ(kern::launch_gemm_fp8_sm90_f16w(nullptr, nullptr, nullptr, nullptr, nullptr, 64, 8, 64, 48,
+                                              be.stream()),
+              cudaErrorInvalidValue);  // K % 32 != 0
+}
+
 TEST(CudaGemmSm90, TileSplitOfTheRoutingPlan) {
     // launch_moe_tile_split against split_plan: counts around every boundary (0, 1, 64, 65, 127, 128,
     // 129, 192, 193, 256, 257) and random ones

@@ -309,6 +309,28 @@ TEST(CudaMoe, PreparedExpertsGiveTheSameBytes) {
     }
 }
 
+TEST(CudaMoe, Fp16WeightsGiveTheSameBytes) {
+    // Backend::set_fp16_weights (the Hopper kernels: the shared expert's fp8 weights widened to fp16
+    // before its GEMMs of >= 1,024 rows) changes no bit; a backend without them ignores the setting
+    DS4R_REQUIRE_CUDA();
+    Backend& g = *cuda();
+    const MoeCase m = make_moe(1024, 64, 256, 256, 7, 9);
+    const MoeParams p = params();
+    for (const int64_t M : {int64_t{8192}, int64_t{1500}}) {
+        const auto xh = random_x(M, m.D, 900 + M);
+        Tensor x = g.alloc(DType::BF16, {M, m.D});
+        g.upload(x, 0, xh.data(), xh.size() * 2);
+        Tensor y = g.alloc(DType::BF16, {M, m.D});
+        g.set_fp16_weights(false);
+        g.moe(x, m.g, p, y, Tensor(), Tensor());
+        const auto ref = to_host(g, y);
+        g.set_fp16_weights(true);
+        g.fill(y, 0xff);
+        g.moe(x, m.g, p, y, Tensor(), Tensor());
+        EXPECT_TRUE(to_host(g, y) == ref) << "moe with fp16 shared-expert weights differs, M = " << M;
+    }
+}
+
 TEST(CudaMoe, OptionalOutputsAndInPlace) {
     DS4R_REQUIRE_CUDA();
     const MoeCase m = make_moe(256, 16, 128, 128, 16, 6);

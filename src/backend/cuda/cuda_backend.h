@@ -87,6 +87,19 @@ public:
     bool prepared_experts() const override { return prepare_on_; }
     void prepare_experts(const MoeWeights& w) override;
     void release_experts() override;
+    // fp16 weights (cuda_ops_linear.cpp): with the Hopper widened kernels, the block-scaled fp8 GEMMs of
+    // at least fp16_weight_rows() rows widen their weights to fp16 first (a transient buffer of 2 bytes
+    // per weight, skipped where the budget lacks room) and run on kern::launch_gemm_fp8_sm90_f16w: the
+    // same bits, no converter warps in the GEMM.
+    void set_fp16_weights(bool on) override { fp16_weights_ = on; }
+    // Tests: the least rows of a GEMM that widens its weights (0: every GEMM).
+    void set_fp16_weight_rows(int64_t rows) { fp16_weight_rows_ = rows; }
+    int64_t fp16_weight_rows() const { return fp16_weight_rows_; }
+    // y BF16 [M, N] (pitch ldc) = the block-scaled fp8 GEMM of activation codes q [M, K] (gemm().act_order)
+    // with scales sa [M, K / 32] and weights w [N, K] with scales sw [ceil(N / 32), K / 32] (device
+    // pointers): gemm().fp8, or on fp16 weights as above.
+    void fp8_gemm(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw, uint16_t* y,
+                  int64_t ldc, int64_t M, int64_t N, int64_t K);
     // The e5m2 copy of w's routed experts made by prepare_experts; null when none was made from w.
     struct PreparedExperts {
         const uint8_t* source = nullptr;         // experts[0].w1.w of the layer it was made from
@@ -161,6 +174,10 @@ private:
     // The kernels that read prepared (e5m2) experts: the Hopper ones with widened partials.
     bool reads_prepared_experts() const { return gemm_.hopper && !gemm_.fp8_partials; }
     bool prepare_on_ = false;
+    bool fp16_weights_ = true;
+    // The GEMMs of fewer rows keep the fp8 weights: the widening (3 bytes of traffic per weight) costs
+    // more than it saves there.
+    int64_t fp16_weight_rows_ = 1024;
     PreparedExperts prepared_;
     std::atomic<size_t> in_use_{0}, high_water_{0};
     struct Range {

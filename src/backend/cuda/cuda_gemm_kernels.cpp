@@ -40,6 +40,10 @@ GemmKernels select_gemm_kernels(GpuKernels choice, int device) {
         k.fp4 = kern::launch_gemm_fp4_sm90;
         k.grouped_fp4 = kern::launch_grouped_gemm_fp4_sm90;
         k.bf16 = kern::launch_gemm_bf16_sm90;
+        k.fp8_f16w = [](const uint8_t* q, const uint8_t* sa, const uint16_t* w16, const uint8_t* sw,
+                        uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K, cudaStream_t st) {
+            return kern::launch_gemm_fp8_sm90_f16w(q, sa, w16, sw, y, ldc, M, N, K, st);
+        };
     } else {
         k.act_order = kern::Fp8CodeOrder::GemmFragment;
         k.fp8 = kern::launch_gemm_fp8;

@@ -22,6 +22,12 @@ struct GemmKernels {
     decltype(&kern::launch_gemm_fp4) fp4 = nullptr;
     decltype(&kern::launch_grouped_gemm_fp4) grouped_fp4 = nullptr;
     decltype(&kern::launch_gemm_bf16) bf16 = nullptr;
+    // The block-scaled fp8 GEMM on weights widened to fp16 beforehand (kern::launch_e4m3_to_f16): the
+    // same bits as fp8; null where the family has none (the Hopper widened kernels have it).
+    using Fp8F16w = cudaError_t (*)(const uint8_t* q, const uint8_t* sa, const uint16_t* w16,
+                                    const uint8_t* sw, uint16_t* y, int64_t ldc, int64_t M, int64_t N,
+                                    int64_t K, cudaStream_t stream);
+    Fp8F16w fp8_f16w = nullptr;
     const char* name() const {
         return fp8_partials ? "hopper wgmma (fp8 partials)" : hopper ? "hopper wgmma" : "portable mma.sync";
     }

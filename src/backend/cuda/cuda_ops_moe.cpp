@@ -163,16 +163,16 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
         {
             Tensor gs = be.alloc(DType::BF16, {Mc, Is});
             Tensor us = be.alloc(DType::BF16, {Mc, Is});
-            DS4R_CUDA_CHECK(be.gemm().fp8(qx.ptr<uint8_t>(), sx.ptr<uint8_t>(), w.sw1.w.ptr<uint8_t>(),
-                                          w.sw1.s.ptr<uint8_t>(), gs.ptr<uint16_t>(), Is, Mc, Is, D, st));
-            DS4R_CUDA_CHECK(be.gemm().fp8(qx.ptr<uint8_t>(), sx.ptr<uint8_t>(), w.sw3.w.ptr<uint8_t>(),
-                                          w.sw3.s.ptr<uint8_t>(), us.ptr<uint16_t>(), Is, Mc, Is, D, st));
+            be.fp8_gemm(qx.ptr<uint8_t>(), sx.ptr<uint8_t>(), w.sw1.w.ptr<uint8_t>(), w.sw1.s.ptr<uint8_t>(),
+                        gs.ptr<uint16_t>(), Is, Mc, Is, D);
+            be.fp8_gemm(qx.ptr<uint8_t>(), sx.ptr<uint8_t>(), w.sw3.w.ptr<uint8_t>(), w.sw3.s.ptr<uint8_t>(),
+                        us.ptr<uint16_t>(), Is, Mc, Is, D);
             DS4R_CUDA_CHECK(kern::launch_swiglu_quant(gs.ptr<uint16_t>(), us.ptr<uint16_t>(), nullptr,
                                                       p.swiglu_limit, Mc, Is, q2s.ptr<uint8_t>(),
                                                       s2s.ptr<uint8_t>(), be.gemm().act_order, st));
         }
-        DS4R_CUDA_CHECK(be.gemm().fp8(q2s.ptr<uint8_t>(), s2s.ptr<uint8_t>(), w.sw2.w.ptr<uint8_t>(),
-                                      w.sw2.s.ptr<uint8_t>(), shared.ptr<uint16_t>(), D, Mc, D, Is, st));
+        be.fp8_gemm(q2s.ptr<uint8_t>(), s2s.ptr<uint8_t>(), w.sw2.w.ptr<uint8_t>(), w.sw2.s.ptr<uint8_t>(),
+                    shared.ptr<uint16_t>(), D, Mc, D, Is);
     }
 
     // 7. combine
