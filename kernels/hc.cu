@@ -1,6 +1,8 @@
 // Hyper-connection kernels (docs/MODEL.md 4.5, 5.5, 8.2): the mixes (fp32 projection + Sinkhorn split),
 // the pre-collapse and the post-expansion. Separately rounded reference ops are written as explicit
 // __f*_rn intrinsics so nvcc's FMA contraction cannot merge them.
+#include <initializer_list>
+
 #include "common.cuh"
 #include "fixed_reduce.cuh"
 #include "hc.cuh"
@@ -94,6 +96,23 @@ __device__ void mixes_finish(const float* tot, const float* __restrict__ scale,
     sinkhorn_split_one(mixes, scale, base, hc_eps, iters, pre, post, comb);
 }
 
+// One column k of the mixes' sums: fn[m][k] for every mix and X[r0 + t][k] for the block's tokens (zeros
+// past K or past its tokens). The loops load column k + 256 while they add column k: the loads' L2
+// latency overlaps the arithmetic (the sums' operations and order are unchanged).
+template <int kTok>
+struct ColumnLoads {
+    float f[kHcMix];
+    uint16_t x[kTok];
+    __device__ __forceinline__ void load(const float* __restrict__ fn, const uint16_t* __restrict__ X,
+                                         int64_t r0, int ntok, int64_t K, int64_t k) {
+        const bool in = k < K;
+#pragma unroll
+        for (int m = 0; m < kHcMix; ++m) f[m] = in ? fn[m * K + k] : 0.0f;
+#pragma unroll
+        for (int t = 0; t < kTok; ++t) x[t] = in && t < ntok ? X[(r0 + t) * K + k] : uint16_t{0};
+    }
+};
+
 // One block of 256 threads per mix_tokens<A>() consecutive tokens. Thread t accumulates columns t,
 // t+256, ... in order for every (token, mix) and the sums of squares (HcMixAccum says in what);
 // then the fixed block reduction (fp32 for Fp32; double for Fp64; compensated fp32 pairs over the
@@ -118,20 +137,22 @@ __global__ void __launch_bounds__(kFixedReduceThreads)
         float acc[kVals];
 #pragma unroll
         for (int i = 0; i < kVals; ++i) acc[i] = 0.0f;
+        ColumnLoads<kTok> cur;
+        cur.load(fn, X, r0, ntok, K, threadIdx.x);
         for (int64_t k = threadIdx.x; k < K; k += kFixedReduceThreads) {
-            float f[kHcMix];
-#pragma unroll
-            for (int m = 0; m < kHcMix; ++m) f[m] = fn[m * K + k];
+            ColumnLoads<kTok> next;
+            next.load(fn, X, r0, ntok, K, k + kFixedReduceThreads);
 #pragma unroll
             for (int t = 0; t < kTok; ++t) {
                 if (t < ntok) {
-                    const float z = bf16_bits_to_f32(X[(r0 + t) * K + k]);
+                    const float z = bf16_bits_to_f32(cur.x[t]);
 #pragma unroll
                     for (int m = 0; m < kHcMix; ++m)
-                        acc[t * kHcMix + m] = __fmaf_rn(z, f[m], acc[t * kHcMix + m]);
+                        acc[t * kHcMix + m] = __fmaf_rn(z, cur.f[m], acc[t * kHcMix + m]);
                     acc[kTok * kHcMix + t] = __fmaf_rn(z, z, acc[kTok * kHcMix + t]);  // z^2 exact
                 }
             }
+            cur = next;
         }
         block_sum_fixed<kVals>(acc, scratch);
         if (threadIdx.x == 0) {
@@ -144,40 +165,45 @@ __global__ void __launch_bounds__(kFixedReduceThreads)
         if constexpr (A == HcMixAccum::Fp64) {
 #pragma unroll
             for (int i = 0; i < kVals; ++i) acc[i] = 0.0;
+            ColumnLoads<kTok> cur;
+            cur.load(fn, X, r0, ntok, K, threadIdx.x);
             for (int64_t k = threadIdx.x; k < K; k += kFixedReduceThreads) {
-                double f[kHcMix];
-#pragma unroll
-                for (int m = 0; m < kHcMix; ++m) f[m] = fn[m * K + k];
+                ColumnLoads<kTok> next;
+                next.load(fn, X, r0, ntok, K, k + kFixedReduceThreads);
 #pragma unroll
                 for (int t = 0; t < kTok; ++t) {
                     if (t < ntok) {
-                        const float zf = bf16_bits_to_f32(X[(r0 + t) * K + k]);
+                        const float zf = bf16_bits_to_f32(cur.x[t]);
                         const double z = zf;
                         // bf16 x fp32 products are exact in double: one rounding per addition.
 #pragma unroll
                         for (int m = 0; m < kHcMix; ++m)
-                            acc[t * kHcMix + m] = __fma_rn(z, f[m], acc[t * kHcMix + m]);
+                            acc[t * kHcMix + m] =
+                                __fma_rn(z, static_cast<double>(cur.f[m]), acc[t * kHcMix + m]);
                         acc[kTok * kHcMix + t] = __dadd_rn(acc[kTok * kHcMix + t], __fmul_rn(zf, zf));
                     }
                 }
+                cur = next;
             }
         } else {
             CompSum cs[kVals];
 #pragma unroll
             for (int i = 0; i < kVals; ++i) comp_zero(cs[i]);
+            ColumnLoads<kTok> cur;
+            cur.load(fn, X, r0, ntok, K, threadIdx.x);
             for (int64_t k = threadIdx.x; k < K; k += kFixedReduceThreads) {
-                float f[kHcMix];
-#pragma unroll
-                for (int m = 0; m < kHcMix; ++m) f[m] = fn[m * K + k];
+                ColumnLoads<kTok> next;
+                next.load(fn, X, r0, ntok, K, k + kFixedReduceThreads);
 #pragma unroll
                 for (int t = 0; t < kTok; ++t) {
                     if (t < ntok) {
-                        const float z = bf16_bits_to_f32(X[(r0 + t) * K + k]);
+                        const float z = bf16_bits_to_f32(cur.x[t]);
 #pragma unroll
-                        for (int m = 0; m < kHcMix; ++m) comp_fma(cs[t * kHcMix + m], z, f[m]);
+                        for (int m = 0; m < kHcMix; ++m) comp_fma(cs[t * kHcMix + m], z, cur.f[m]);
                         comp_add(cs[kTok * kHcMix + t], __fmul_rn(z, z));  // z^2 exact
                     }
                 }
+                cur = next;
             }
             block_sum_comp<kVals>(cs, acc, scratch);
         }
@@ -250,6 +276,39 @@ __global__ void hc_pre_kernel(const uint16_t* __restrict__ X, const float* __res
     }
 }
 
+// The same per element with 8 consecutive elements per thread (16-byte loads and stores; hc = kHcMult,
+// D % 8 == 0, 16-byte aligned tensors): the elements' operations are the scalar kernel's, in its order.
+// X [M, kHcMult, D], mix [M, kHcMult], y [M, D]; v: index of a group of 8 elements of y.
+__global__ void hc_pre_vec8_kernel(const uint16_t* __restrict__ X, const float* __restrict__ mix,
+                                   uint16_t* __restrict__ y, int64_t M, int64_t D) {
+    constexpr int hc = kHcMult;
+    const int64_t D8 = D / 8, total = M * D8;
+    for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < total;
+         v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t r = v / D8, d = (v - r * D8) * 8;
+        uint4 xs[hc];
+#pragma unroll
+        for (int k = 0; k < hc; ++k) xs[k] = *reinterpret_cast<const uint4*>(X + (r * hc + k) * D + d);
+        float m[hc];
+#pragma unroll
+        for (int k = 0; k < hc; ++k) m[k] = mix[r * hc + k];
+        uint32_t out[4];
+#pragma unroll
+        for (int h = 0; h < 8; ++h) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int k = 0; k < hc; ++k) {
+                const uint32_t w = reinterpret_cast<const uint32_t*>(&xs[k])[h / 2];
+                acc = __fadd_rn(
+                    acc, __fmul_rn(m[k], bf16_bits_to_f32(static_cast<uint16_t>(w >> (16 * (h & 1))))));
+            }
+            const uint32_t b = f32_to_bf16_bits(acc);
+            out[h / 2] = (h & 1) ? (out[h / 2] | (b << 16)) : b;
+        }
+        *reinterpret_cast<uint4*>(y + r * D + d) = make_uint4(out[0], out[1], out[2], out[3]);
+    }
+}
+
 constexpr int kPostMaxHc = 8;
 
 // One thread per (row, d): all hc residual values of the element are read before any output copy of
@@ -284,6 +343,61 @@ __global__ void hc_post_kernel(const uint16_t* __restrict__ x, const uint16_t* R
     }
 }
 
+// hc_post_kernel with 8 consecutive elements per thread (hc = kHcMult, D % 8 == 0, 16-byte aligned
+// tensors): every residual value of the 8 elements is read before any output is written (out may alias
+// R), each element's operations are the scalar kernel's, in its order.
+__global__ void hc_post_vec8_kernel(const uint16_t* __restrict__ x, const uint16_t* R,
+                                    const float* __restrict__ post, const float* __restrict__ comb,
+                                    uint16_t* out, int64_t M, int64_t D) {
+    constexpr int hc = kHcMult;
+    const int64_t D8 = D / 8, total = M * D8;
+    for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < total;
+         v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const int64_t r = v / D8, d = (v - r * D8) * 8;
+        uint4 rs[hc];
+#pragma unroll
+        for (int j = 0; j < hc; ++j) rs[j] = *reinterpret_cast<const uint4*>(R + (r * hc + j) * D + d);
+        const uint4 xv4 = *reinterpret_cast<const uint4*>(x + r * D + d);
+        float c[hc * hc], p[hc];
+#pragma unroll
+        for (int i = 0; i < hc * hc; ++i) c[i] = comb[r * hc * hc + i];
+#pragma unroll
+        for (int k = 0; k < hc; ++k) p[k] = post[r * hc + k];
+        uint32_t o[hc][4];
+#pragma unroll
+        for (int h = 0; h < 8; ++h) {
+            auto elem = [h](const uint4& q) {
+                const uint32_t w = reinterpret_cast<const uint32_t*>(&q)[h / 2];
+                return bf16_bits_to_f32(static_cast<uint16_t>(w >> (16 * (h & 1))));
+            };
+            float res[hc];
+#pragma unroll
+            for (int j = 0; j < hc; ++j) res[j] = elem(rs[j]);
+            const float xv = elem(xv4);
+#pragma unroll
+            for (int k = 0; k < hc; ++k) {
+                float s = 0.0f;
+#pragma unroll
+                for (int j = 0; j < hc; ++j) s = __fadd_rn(s, __fmul_rn(c[j * hc + k], res[j]));
+                const uint32_t b = f32_to_bf16_bits(__fadd_rn(__fmul_rn(p[k], xv), s));
+                o[k][h / 2] = (h & 1) ? (o[k][h / 2] | (b << 16)) : b;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < hc; ++k)
+            *reinterpret_cast<uint4*>(out + (r * hc + k) * D + d) =
+                make_uint4(o[k][0], o[k][1], o[k][2], o[k][3]);
+    }
+}
+
+// The 8-element kernels apply: the model's hc, whole 16-byte groups, aligned tensors.
+bool vec8_ok(int64_t hc, int64_t D, std::initializer_list<const void*> ptrs) {
+    if (hc != kHcMult || D % 8 != 0) return false;
+    for (const void* q : ptrs)
+        if (reinterpret_cast<uintptr_t>(q) % 16 != 0) return false;
+    return true;
+}
+
 }  // namespace
 
 cudaError_t launch_hc_mixes(const uint16_t* X, const float* fn, const float* scale, const float* base,
@@ -307,14 +421,20 @@ int64_t hc_mixes_blocks(int64_t M, HcMixAccum accum) {
 cudaError_t launch_hc_pre(const uint16_t* X, const float* mix, uint16_t* y, int64_t M, int64_t hc, int64_t D,
                           cudaStream_t stream) {
     if (M <= 0 || D <= 0) return cudaSuccess;
-    hc_pre_kernel<<<elem_blocks(M * D), kElemThreads, 0, stream>>>(X, mix, y, M, hc, D);
+    if (vec8_ok(hc, D, {X, y}))
+        hc_pre_vec8_kernel<<<elem_blocks(M * D / 8), kElemThreads, 0, stream>>>(X, mix, y, M, D);
+    else
+        hc_pre_kernel<<<elem_blocks(M * D), kElemThreads, 0, stream>>>(X, mix, y, M, hc, D);
     return cudaGetLastError();
 }
 
 cudaError_t launch_hc_post(const uint16_t* x, const uint16_t* R, const float* post, const float* comb,
                            uint16_t* out, int64_t M, int64_t hc, int64_t D, cudaStream_t stream) {
     if (M <= 0 || D <= 0) return cudaSuccess;
-    hc_post_kernel<<<elem_blocks(M * D), kElemThreads, 0, stream>>>(x, R, post, comb, out, M, hc, D);
+    if (vec8_ok(hc, D, {x, R, out}))
+        hc_post_vec8_kernel<<<elem_blocks(M * D / 8), kElemThreads, 0, stream>>>(x, R, post, comb, out, M, D);
+    else
+        hc_post_kernel<<<elem_blocks(M * D), kElemThreads, 0, stream>>>(x, R, post, comb, out, M, hc, D);
     return cudaGetLastError();
 }
 

@@ -190,7 +190,8 @@ TEST(CudaMisc, HcPreMatchesCpuBitwise) {
     DS4R_REQUIRE_CUDA();
     const int64_t D = model_dim();
     for (int64_t M : {int64_t{1}, int64_t{3}, int64_t{17}, int64_t{130}}) {
-        const int64_t d = M == 17 ? 256 : D;
+        // D % 8 != 0 (M = 3): the one-element kernel; else the 8-element one
+        const int64_t d = M == 17 ? 256 : (M == 3 ? 100 : D);
         const std::string what = "hc_pre M" + std::to_string(M) + " D" + std::to_string(d);
         SCOPED_TRACE(what);
         const Pair X = random_bf16({M, kHc, d}, 1.0f, 500 + M);
@@ -221,7 +222,8 @@ TEST(CudaMisc, HcPostMatchesCpuBitwise) {
     const int64_t D = model_dim();
     for (int64_t M : {int64_t{1}, int64_t{3}, int64_t{17}, int64_t{130}}) {
         for (bool inplace : {false, true}) {
-            const int64_t d = M == 17 ? 256 : D;
+            // D % 8 != 0 (M = 3): the one-element kernel; else the 8-element one
+            const int64_t d = M == 17 ? 256 : (M == 3 ? 100 : D);
             const std::string what = "hc_post M" + std::to_string(M) + " D" + std::to_string(d) +
                                      (inplace ? " in place (out = R)" : "");
             SCOPED_TRACE(what);
