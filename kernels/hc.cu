@@ -276,6 +276,22 @@ __global__ void hc_pre_kernel(const uint16_t* __restrict__ X, const float* __res
     }
 }
 
+// The 8-element kernels' pieces: rows row0 .. row0 + N - 1 of a [rows, D] bf16 tensor at columns d .. d + 7,
+// element h of such a group, and 8 bf16 results packed back.
+template <int N>
+__device__ __forceinline__ void load_rows8(uint4 (&out)[N], const uint16_t* t, int64_t row0, int64_t D, int64_t d) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) out[j] = *reinterpret_cast<const uint4*>(t + (row0 + j) * D + d);
+}
+__device__ __forceinline__ float bf16x8_elem(const uint4& q, int h) {
+    const uint32_t w = reinterpret_cast<const uint32_t*>(&q)[h / 2];
+    return bf16_bits_to_f32(static_cast<uint16_t>(w >> (16 * (h & 1))));
+}
+__device__ __forceinline__ void pack_bf16(uint32_t (&out)[4], int h, float v) {
+    const uint32_t b = f32_to_bf16_bits(v);
+    out[h / 2] = (h & 1) ? (out[h / 2] | (b << 16)) : b;
+}
+
 // The same per element with 8 consecutive elements per thread (16-byte loads and stores; hc = kHcMult,
 // D % 8 == 0, 16-byte aligned tensors): the elements' operations are the scalar kernel's, in its order.
 // X [M, kHcMult, D], mix [M, kHcMult], y [M, D]; v: index of a group of 8 elements of y.
@@ -287,8 +303,7 @@ __global__ void hc_pre_vec8_kernel(const uint16_t* __restrict__ X, const float* 
          v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const int64_t r = v / D8, d = (v - r * D8) * 8;
         uint4 xs[hc];
-#pragma unroll
-        for (int k = 0; k < hc; ++k) xs[k] = *reinterpret_cast<const uint4*>(X + (r * hc + k) * D + d);
+        load_rows8(xs, X, r * hc, D, d);
         float m[hc];
 #pragma unroll
         for (int k = 0; k < hc; ++k) m[k] = mix[r * hc + k];
@@ -297,13 +312,8 @@ __global__ void hc_pre_vec8_kernel(const uint16_t* __restrict__ X, const float* 
         for (int h = 0; h < 8; ++h) {
             float acc = 0.0f;
 #pragma unroll
-            for (int k = 0; k < hc; ++k) {
-                const uint32_t w = reinterpret_cast<const uint32_t*>(&xs[k])[h / 2];
-                acc = __fadd_rn(
-                    acc, __fmul_rn(m[k], bf16_bits_to_f32(static_cast<uint16_t>(w >> (16 * (h & 1))))));
-            }
-            const uint32_t b = f32_to_bf16_bits(acc);
-            out[h / 2] = (h & 1) ? (out[h / 2] | (b << 16)) : b;
+            for (int k = 0; k < hc; ++k) acc = __fadd_rn(acc, __fmul_rn(m[k], bf16x8_elem(xs[k], h)));
+            pack_bf16(out, h, acc);
         }
         *reinterpret_cast<uint4*>(y + r * D + d) = make_uint4(out[0], out[1], out[2], out[3]);
     }
@@ -354,10 +364,9 @@ __global__ void hc_post_vec8_kernel(const uint16_t* __restrict__ x, const uint16
     for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < total;
          v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
         const int64_t r = v / D8, d = (v - r * D8) * 8;
-        uint4 rs[hc];
-#pragma unroll
-        for (int j = 0; j < hc; ++j) rs[j] = *reinterpret_cast<const uint4*>(R + (r * hc + j) * D + d);
-        const uint4 xv4 = *reinterpret_cast<const uint4*>(x + r * D + d);
+        uint4 rs[hc], xv[1];
+        load_rows8(rs, R, r * hc, D, d);
+        load_rows8(xv, x, r, D, d);
         float c[hc * hc], p[hc];
 #pragma unroll
         for (int i = 0; i < hc * hc; ++i) c[i] = comb[r * hc * hc + i];
@@ -366,21 +375,16 @@ __global__ void hc_post_vec8_kernel(const uint16_t* __restrict__ x, const uint16
         uint32_t o[hc][4];
 #pragma unroll
         for (int h = 0; h < 8; ++h) {
-            auto elem = [h](const uint4& q) {
-                const uint32_t w = reinterpret_cast<const uint32_t*>(&q)[h / 2];
-                return bf16_bits_to_f32(static_cast<uint16_t>(w >> (16 * (h & 1))));
-            };
             float res[hc];
 #pragma unroll
-            for (int j = 0; j < hc; ++j) res[j] = elem(rs[j]);
-            const float xv = elem(xv4);
+            for (int j = 0; j < hc; ++j) res[j] = bf16x8_elem(rs[j], h);
+            const float xh = bf16x8_elem(xv[0], h);
 #pragma unroll
             for (int k = 0; k < hc; ++k) {
                 float s = 0.0f;
 #pragma unroll
                 for (int j = 0; j < hc; ++j) s = __fadd_rn(s, __fmul_rn(c[j * hc + k], res[j]));
-                const uint32_t b = f32_to_bf16_bits(__fadd_rn(__fmul_rn(p[k], xv), s));
-                o[k][h / 2] = (h & 1) ? (o[k][h / 2] | (b << 16)) : b;
+                pack_bf16(o[k], h, __fadd_rn(__fmul_rn(p[k], xh), s));
             }
         }
 #pragma unroll
