@@ -291,7 +291,8 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
     uint64_t room = pass_arena_room(be, c, ro.chunk_rows);
     const uint64_t prepared = plan_prepared_experts(be, c, room, opt.prepared_experts);
     room -= prepared;
-    std::fprintf(out, "fp16 weights: %s\n", opt.fp16_weights ? "auto" : "off");
+    std::fprintf(out, "fp16 weights: %s\n",
+                 opt.fp16_weights ? "auto (the Hopper kernels' fp8 GEMMs of >= 1,024 rows)" : "off");
     std::fprintf(
         out, "prepared experts: %s\n",
         prepared ? strfmt("on (e5m2 weights, %.2f GB per layer)", static_cast<double>(prepared) / 1e9).c_str()
