@@ -130,3 +130,25 @@ TEST(EngramIoCli, InspectPredictsThePassTraffic) {
     EXPECT_EQ(j.at("pass_prediction").at("pass_tokens"), 1000);
     EXPECT_TRUE(j.at("ok").get<bool>());
 }
+
+// bench compares the Engram layers' wall with the non-Engram layers of the same compress ratio (window
+// layers and compressed ones differ by themselves) and prints the gather's stall as a share of it.
+TEST(EngramIoCli, BenchComparesEngramLayersWithTheirOwnRatio) {
+    const std::string dir = temp_dir("engram-bench-ratio");
+    const std::string model = dir + "/model";
+    std::string log;
+    ASSERT_EQ(run_ds4replay("make-tiny " + model + " --preset tiny --layers 6 --seed 2 -q", &log), 0) << log;
+    const std::string out = dir + "/bench.txt";
+    ASSERT_EQ(run_ds4replay("bench --model " + model +
+                                " --backend cpu --workloads b --b-sequences 3 --b-tokens 64 --disk-seconds 0.1 "
+                                "--csv " + dir + "/bench.csv",
+                            &log),
+              0)
+        << log;
+    EXPECT_NE(log.find("Engram layers:"), std::string::npos) << log;
+    EXPECT_NE(log.find("non-Engram layers of the same compress ratio"), std::string::npos) << log;
+    EXPECT_NE(log.find("the gather's stall"), std::string::npos) << log;
+    const std::string csv = slurp(dir + "/bench.csv");
+    EXPECT_NE(csv.find("engram_layer_wall_ratio"), std::string::npos);
+    EXPECT_NE(csv.find("engram_stall_share"), std::string::npos);
+}
