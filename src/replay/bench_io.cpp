@@ -2,6 +2,7 @@
 #include "replay/bench_io.h"
 
 #include <algorithm>
+#include <set>
 
 #include "ds4r/checkpoint.h"
 #include "ds4r/file_util.h"
@@ -93,10 +94,10 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
     // Layers of another attention kind (window only vs compressed, docs/MODEL.md 5.6) differ in compute and
     // weight bytes by themselves, so the comparison takes the non-Engram layers of the Engram layers'
     // compress ratios where the checkpoint has any; the stall is the gather's own share either way.
-    std::vector<bool> eng_ratio(8, false);
+    std::set<int> eng_ratios;
     for (const LayerTiming& t : timings)
         if (t.layer >= 0 && roles[static_cast<size_t>(t.layer)].engram)
-            eng_ratio[static_cast<size_t>(roles[static_cast<size_t>(t.layer)].ratio) % 8] = true;
+            eng_ratios.insert(roles[static_cast<size_t>(t.layer)].ratio);
     double eng = 0, same = 0, other = 0;
     int n_eng = 0, n_same = 0, n_other = 0;
     for (const LayerTiming& t : timings) {
@@ -107,7 +108,7 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
             eng += lw, ++n_eng;
         } else {
             other += lw, ++n_other;
-            if (eng_ratio[static_cast<size_t>(r.ratio) % 8]) same += lw, ++n_same;
+            if (eng_ratios.count(r.ratio)) same += lw, ++n_same;
         }
     }
     if (n_eng > 0 && n_other > 0) {

@@ -138,7 +138,6 @@ TEST(EngramIoCli, BenchComparesEngramLayersWithTheirOwnRatio) {
     const std::string model = dir + "/model";
     std::string log;
     ASSERT_EQ(run_ds4replay("make-tiny " + model + " --preset tiny --layers 6 --seed 2 -q", &log), 0) << log;
-    const std::string out = dir + "/bench.txt";
     ASSERT_EQ(run_ds4replay("bench --model " + model +
                                 " --backend cpu --workloads b --b-sequences 3 --b-tokens 64 --disk-seconds 0.1 "
                                 "--csv " + dir + "/bench.csv",
