@@ -114,22 +114,37 @@ __device__ __forceinline__ uint32_t e2m1x4_to_e5m2x4(uint32_t nib16) {  // 4 cod
     const uint32_t s = nib16 & 0x8888u;
     return mag | ((s & 0x8u) << 4) | ((s & 0x80u) << 8) | ((s & 0x800u) << 12) | ((s & 0x8000u) << 16);
 }
-__global__ void fp4_to_e5m2_kernel(const uint4* __restrict__ w, int64_t n16, uint4* __restrict__ out) {
+
+// The weight copies below widen 16 input bytes into 32 output bytes per thread:
+// w [n16 * 16] bytes -> out [n16 * 32] bytes (two uint4 per input uint4).
+struct Fp4ToE5m2 {
+    __device__ static void widen(uint4 v, uint4& lo, uint4& hi) {
+        const uint32_t in[4] = {v.x, v.y, v.z, v.w};
+        uint32_t o[8];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            o[2 * t] = e2m1x4_to_e5m2x4(in[t] & 0xFFFFu);
+            o[2 * t + 1] = e2m1x4_to_e5m2x4(in[t] >> 16);
+        }
+        lo = make_uint4(o[0], o[1], o[2], o[3]);
+        hi = make_uint4(o[4], o[5], o[6], o[7]);
+    }
+};
+struct E4m3ToF16 {
+    __device__ static void widen(uint4 v, uint4& lo, uint4& hi) {
+        lo = gemm::e4m3x8_to_f16x8(v.x, v.y);
+        hi = gemm::e4m3x8_to_f16x8(v.z, v.w);
+    }
+};
+template <class Widen>
+__global__ void widen16_kernel(const uint4* __restrict__ w, int64_t n16, uint4* __restrict__ out) {
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n16) return;
-    const uint4 v = w[i];
-    const uint32_t in[4] = {v.x, v.y, v.z, v.w};
-    uint32_t o[8];
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-        o[2 * t] = e2m1x4_to_e5m2x4(in[t] & 0xFFFFu);
-        o[2 * t + 1] = e2m1x4_to_e5m2x4(in[t] >> 16);
-    }
-    out[2 * i] = make_uint4(o[0], o[1], o[2], o[3]);
-    out[2 * i + 1] = make_uint4(o[4], o[5], o[6], o[7]);
+    Widen::widen(w[i], out[2 * i], out[2 * i + 1]);
 }
-
-cudaError_t launch_fp4_to_e5m2(const uint8_t* w, int64_t bytes, uint8_t* out, cudaStream_t stream) {
+// bytes: input bytes (a multiple of 16, both pointers 16-byte aligned, else cudaErrorInvalidValue).
+template <class Widen>
+cudaError_t launch_widen16(const uint8_t* w, int64_t bytes, void* out, cudaStream_t stream) {
     if (bytes < 0 || bytes % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0 ||
         reinterpret_cast<uintptr_t>(out) % 16 != 0)
         return cudaErrorInvalidValue;
@@ -137,31 +152,17 @@ cudaError_t launch_fp4_to_e5m2(const uint8_t* w, int64_t bytes, uint8_t* out, cu
     if (n16 == 0) return cudaSuccess;
     const int64_t blocks = (n16 + kThreads - 1) / kThreads;
     if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
-    fp4_to_e5m2_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+    widen16_kernel<Widen><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
         reinterpret_cast<const uint4*>(w), n16, reinterpret_cast<uint4*>(out));
     return cudaGetLastError();
 }
 
-// w [n16 * 16] e4m3 codes -> out [n16 * 16] fp16 (two uint4 per 16 codes).
-__global__ void e4m3_to_f16_kernel(const uint4* __restrict__ w, int64_t n16, uint4* __restrict__ out) {
-    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= n16) return;
-    const uint4 v = w[i];
-    out[2 * i] = gemm::e4m3x8_to_f16x8(v.x, v.y);
-    out[2 * i + 1] = gemm::e4m3x8_to_f16x8(v.z, v.w);
+cudaError_t launch_fp4_to_e5m2(const uint8_t* w, int64_t bytes, uint8_t* out, cudaStream_t stream) {
+    return launch_widen16<Fp4ToE5m2>(w, bytes, out, stream);
 }
 
 cudaError_t launch_e4m3_to_f16(const uint8_t* w, int64_t n, uint16_t* out, cudaStream_t stream) {
-    if (n < 0 || n % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0 ||
-        reinterpret_cast<uintptr_t>(out) % 16 != 0)
-        return cudaErrorInvalidValue;
-    const int64_t n16 = n / 16;
-    if (n16 == 0) return cudaSuccess;
-    const int64_t blocks = (n16 + kThreads - 1) / kThreads;
-    if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
-    e4m3_to_f16_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        reinterpret_cast<const uint4*>(w), n16, reinterpret_cast<uint4*>(out));
-    return cudaGetLastError();
+    return launch_widen16<E4m3ToF16>(w, n, out, stream);  // n codes, one byte each
 }
 
 cudaError_t launch_act_quant_fp8(const uint16_t* x, uint8_t* q, uint8_t* s, int64_t rows, int64_t K,

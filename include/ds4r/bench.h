@@ -45,6 +45,8 @@ struct BenchOptions {
     double d_host_gb = 0;        // workload d: host memory for the pass's state; 0: half of MemAvailable
     int passes = 1;              // passes per workload (fresh tokens each); the last one is reported
     int64_t kernel_rows = 8192;  // M of the kernel benchmarks
+    // --kernel-filter: only the kernel-table rows whose name contains this text (empty: every row)
+    std::string kernel_filter;
     int iters = 10;
     uint64_t seed = 1;
     IoSettings io;              // --io, --read-threads, --read-request-mb, --engram-io, ...

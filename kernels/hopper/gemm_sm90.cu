@@ -127,7 +127,7 @@ bool operand_maps(TmaMaps* maps, const GemmParams& p, int64_t M, int64_t N, int6
     // dimension 0: K elements (bf16, fp16 weights) or bytes (codes; fp4 weights: two per byte)
     const int64_t a_k = K, b_k = C::kOp == Op::Fp4 ? K / 2 : K;
     const CUtensorMapSwizzle sa = C::kWiden ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
-    const CUtensorMapSwizzle sb = C::kConvert ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B;
+    const CUtensorMapSwizzle sb = C::kConvertB ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B;
     const int box_a = kBf16 ? C::kKs : C::kABytes, box_b = C::kB16 ? C::kKs : C::kBBytes;
     return operand_map(&maps->a, kBf16, p.a, a_k, M, p.a_pitch, p.a_zstride, groups, box_a, C::kBM, sa) &&
            operand_map(&maps->b, C::kB16, p.b, b_k, N, p.b_pitch, p.b_zstride, groups, box_b, C::kBN, sb);

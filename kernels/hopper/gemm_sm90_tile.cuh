@@ -14,8 +14,9 @@
 //   coalesced 16-byte cp.async into kStages-deep 128-byte-swizzled shared tiles (or raw rows), plus the rows'
 //   e8m0 scale words; completion arrives on the stage's `loaded` mbarrier through cp.async itself. Where
 //   weight rows need converting (fp4 -> e4m3 codes, or codes -> fp16 for the widened partials), half of the
-//   warpgroup converts them, fences the async proxy and arrives on `full`. Consumers free a stage
-//   on `empty`.
+//   warpgroup converts them, fences the async proxy and arrives on `full`; with fp16 weights (nothing to
+//   convert) that half writes the stage's scale products sa * sw for the consumers instead
+//   (stage_products). Consumers free a stage on `empty`.
 // - warpgroups 0 and 1 are the consumers, rows 64 g .. 64 g + 63 each (m64n128 / m64n256; kSplitN: the
 //   same 64 rows, columns 128 g ..). A thread's accumulator fragment is sm90_ptx.cuh's (rows r0 =
 //   16 warp + lane / 4 and r0 + 8). For the widened partials they widen their A fragments themselves
@@ -60,8 +61,6 @@ constexpr int kRowBytes = 128;  // bytes of one MMA operand tile row per stage (
 constexpr int kThreads = 384;   // two consumer warpgroups + one producer warpgroup
 constexpr int kConsumers = 256;
 constexpr int kProducers = kThreads - kConsumers;
-// Register split (setmaxnreg): 2 x 128 x 224 + 128 x 56 = 64,512 of the SM's 65,536.
-constexpr int kConsumerRegs = 224, kProducerRegs = 56;
 constexpr int kSmemLimit = 227 * 1024;
 
 // The operands of a kernel: kOp and, for the block-scaled ones, kWiden: partials on fp16 wgmma (k16,
@@ -75,6 +74,7 @@ constexpr int kSmemLimit = 227 * 1024;
 //                                             the consumers' ldmatrix), weights for the converters
 //   sa [kBM] u32 | sw [kSwRows] u32           e8m0 scale words (4 bytes of a row's K/32 scales)
 //   (fp4) saf [kKb][kBM] f32 | swf [kKb][kBN] f32 | flags [2] u32   the converter's scales and flags
+//   (fp16 weights) prod [kKb][kBM][4] f32 | flags [2] u32   the converter's sa * sw per column block
 template <Op kOp_, bool kWiden_, int kBN_ = 128, int kBM_ = 128, bool kTma_ = false>
 struct Cfg {
     static constexpr Op kOp = kOp_;
@@ -102,10 +102,20 @@ struct Cfg {
     static constexpr bool kBlockScales = kOp == Op::Fp8 || kOp == Op::Fp8F16;
     // B's elements are 16-bit (bf16, fp16 weights): TMA coordinates in elements, not bytes
     static constexpr bool kB16 = kOp == Op::Bf16 || kOp == Op::Fp8F16;
-    // a converter role (half the producer warpgroup): fp4 weights -> codes, or widening to fp16
-    // (Fp4E5m2: widened; Fp8F16: none, its B is already fp16)
-    static constexpr bool kConvert = (kWiden && kOp != Op::Fp8F16) || kOp == Op::Fp4;
+    // B converted by the converters: fp4 weights -> codes, or widening to fp16 (Fp4E5m2: widened;
+    // Fp8F16: none, its B is already fp16)
+    static constexpr bool kConvertB = (kWiden && kOp != Op::Fp8F16) || kOp == Op::Fp4;
+    // Fp8F16: the converters write each stage's table of scale products sa * sw instead (stage_products)
+    static constexpr bool kProducts = kOp == Op::Fp8F16;
+    // a converter role (half the producer warpgroup), the consumers wait on its `full` barrier
+    static constexpr bool kConvert = kConvertB || kProducts;
     static constexpr int kLoaders = kConvert ? kProducers / 2 : kProducers;
+    // Register split (setmaxnreg; 2 x 128 x consumer + 128 x producer <= the SM's 65,536): the B
+    // converters need 56 per producer thread; without them the consumers take 232 (224 spills the
+    // fp16-weight kernels' promotion, whose shared loads ptxas moves above the wgmma wait)
+    static constexpr int kProducerRegs = kConvertB ? 56 : 40;
+    static constexpr int kConsumerRegs = kConvertB ? 224 : 232;
+    static_assert(2 * 128 * kConsumerRegs + 128 * kProducerRegs <= 65536, "register file");
     static constexpr int kConverters = kProducers - kLoaders;
     static_assert(!kConvert || kConverters == kLoaders, "converters: the other half of the producers");
     // scale rows per loader: A rows (sa), and weight scale rows (sw: fp8 one per 32 columns, fp4 one
@@ -120,7 +130,7 @@ struct Cfg {
     static constexpr int kABytes = kOp == Op::Bf16 ? 2 * kKs : kKs;  // bytes of a stage's A row as read
     static constexpr int kBBytes = kB16 ? 2 * kKs : (kOp == Op::Fp4 ? kKs / 2 : kKs);
     static constexpr int kRawA = kWiden ? kABytes : 0;
-    static constexpr int kRawB = kConvert ? kBBytes : 0;
+    static constexpr int kRawB = kConvertB ? kBBytes : 0;
     // TMA: a stage's A box (kBM rows x kABytes) and B box (kBN rows x kBBytes), bytes
     static constexpr uint32_t kTmaBytes = static_cast<uint32_t>(kBM * kABytes + kBN * kBBytes);
     static_assert(kTmaBytes > 0, "stage bytes");
@@ -134,8 +144,10 @@ struct Cfg {
     static constexpr bool kScaleF = kOp == Op::Fp4 || kOp == Op::Fp4E5m2;
     static constexpr int kSaF = kSw + (kQuant ? 4 * kBN : 0);
     static constexpr int kSwF = kSaF + (kScaleF ? 4 * 4 * kBM : 0);
-    static constexpr int kFlags = kSwF + (kScaleF ? 4 * 4 * kBN : 0);
-    static constexpr int kEnd = kFlags + (kScaleF ? 16 : 0);
+    // Fp8F16: the products sa(row) * sw(column block) [kKb][kBM][4] f32
+    static constexpr int kProd = kSwF + (kScaleF ? 4 * 4 * kBN : 0);
+    static constexpr int kFlags = kProd + (kProducts ? 16 * kKb * kBM : 0);
+    static constexpr int kEnd = kFlags + (kScaleF || kProducts ? 16 : 0);
     static constexpr int kStage = (kEnd + 1023) / 1024 * 1024;
     // loaded, full, empty (<= 8 stages); the A row table and the rows' byte offsets (Bars)
     static constexpr int kBarBytes = 3 * 8 * 8 + 4 * kBM + 8 * kBM;
@@ -245,7 +257,7 @@ __device__ __forceinline__ void tma_stage(const Job& j, uint32_t st, Bars bars, 
     const int kb = i * (C::kB16 ? C::kKs : C::kBBytes);
     mbar_arrive_expect_tx(bars.loaded(s), C::kTmaBytes);
     tma_load_3d(C::kWiden ? st + C::kRawAOff : st + C::kA, j.tma_a, ka, j.m0, j.z, bars.loaded(s));
-    tma_load_3d(C::kConvert ? st + C::kRawBOff : st + C::kB, j.tma_b, kb, j.n0, j.z, bars.loaded(s));
+    tma_load_3d(C::kConvertB ? st + C::kRawBOff : st + C::kB, j.tma_b, kb, j.n0, j.z, bars.loaded(s));
 }
 
 // The bf16 TMA producer (no scale words): one thread.
@@ -333,7 +345,7 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
             for (int r = lw * kRpwB + rb; r < C::kBN; r += kWarps * kRpwB) {
                 const int n = r < j.n_valid && off < b_bytes ? 16 : 0;
                 const uint32_t dst =
-                    C::kConvert ? st + C::kRawBOff + r * C::kRawB + cb * 16 : st + C::kB + swz128(r, cb);
+                    C::kConvertB ? st + C::kRawBOff + r * C::kRawB + cb * 16 : st + C::kB + swz128(r, cb);
                 cp_async16(dst, n ? j.b + static_cast<int64_t>(r) * j.b_pitch + off : j.b, n);
             }
         }
@@ -529,51 +541,133 @@ __device__ __forceinline__ void convert_stage(uint32_t st, int i, bool fold, int
     }
 }
 
+// Fp8F16 stage i's scale products (converter p; no B to convert): for each tile row r and K block q
+// of the stage, the 4 products sa(r, q) * sw(column block cb, q) as 16 bytes at kProd + 16 (q kBM + r),
+// and one flag word per converter warp: set where some scale byte of the stage lies outside the fused
+// form's window (then the consumers take the three roundings from the scale words, and the products
+// are unused: in the window both scales are normal powers of two, 2^(b - 127) = b << 23, and the
+// product is exact). Scale words of rows or column blocks past the problem are not loaded (stale):
+// they can only send a stage to the slower path, whose results are the same.
+template <class C>
+__device__ __forceinline__ void stage_products(uint32_t st, int i, int p) {
+    const int q0 = (2 * i) & 3;  // the stage's first byte in its scale words
+    const uint4 sw4 = lds128(st + C::kSw);
+    const uint32_t sww[4] = {sw4.x, sw4.y, sw4.z, sw4.w};
+    bool ok = true;
+#pragma unroll
+    for (int r = p; r < C::kBM; r += C::kConverters) {
+        const uint32_t wa = lds32(st + C::kSa + 4 * r);
+#pragma unroll
+        for (int q = 0; q < C::kKb; ++q) {
+            const uint32_t ba = (wa >> (8 * (q0 + q))) & 0xFFu;
+            ok = ok && sa_in_window(ba);
+            const float sa = __uint_as_float(ba << 23);
+            float v[4];
+#pragma unroll
+            for (int cb = 0; cb < 4; ++cb) {
+                const uint32_t bw = (sww[cb] >> (8 * (q0 + q))) & 0xFFu;
+                ok = ok && sw_in_window(bw);
+                v[cb] = __fmul_rn(sa, __uint_as_float(bw << 23));
+            }
+            sts128(st + C::kProd + 16 * (q * C::kBM + r),
+                   make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]),
+                              __float_as_uint(v[3])));
+        }
+    }
+    const unsigned bad = __ballot_sync(0xffffffffu, !ok);
+    if ((p & 31) == 0) sts32(st + C::kFlags + 4 * (p / 32), bad ? 1u : 0u);
+}
+
 template <class C>
 __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, int p) {
     for (int i = 0; i < n_stages; ++i) {
         const int s = i % C::kStages;
         mbar_wait(bars.loaded(s), (i / C::kStages) & 1);
         const uint32_t st = base + s * C::kStage;
-        bool fold = false;
-        if constexpr (C::kScaleF) fold = stage_scales<C>(st, i, p);
-        convert_stage<C>(st, i, fold, p);
-        fence_proxy_async();
+        if constexpr (C::kProducts) {
+            stage_products<C>(st, i, p);  // read by the consumers' shared loads: no proxy fence
+        } else {
+            bool fold = false;
+            if constexpr (C::kScaleF) fold = stage_scales<C>(st, i, p);
+            convert_stage<C>(st, i, fold, p);
+            fence_proxy_async();
+        }
         mbar_arrive(bars.full(s));
     }
 }
 
 // ------------------------------------------------------------------ consumers (warpgroups 0, 1)
-// acc += P * scales of K block q (byte q of the stage's scale words; the stage's first block is byte
-// q0) (see NUMERICS). fp8: from the scale bytes; fp4: the converter's f32 scales and window flags.
-// r0: the thread's first tile row; n0: its warpgroup's first tile column (kSplitN: 128 wg, else 0).
+// One K block's scales for a thread's two rows, read from the stage before the block's partial is
+// ready (the shared loads and the decoding overlap the wgmma). fp8 (block scales): s0 / s1 [cb] =
+// sa(row) * sw(column block cb) of rows r0 / r0 + 8 and the tile's 4 column blocks, fast = every one of
+// those scale bytes lies in the fused form's window; fp4: s0[0] / s1[0] = sa(r0) / sa(r0 + 8) (the
+// converter's f32 table), fast = the stage's flag words (stage_scales; 0: B took the column scales).
+struct BlockScales {
+    float s0[4], s1[4];
+    uint32_t fast;
+};
+
+// Block q of the stage at st (byte q of its scale words; the stage's first block is byte q0).
 template <class C>
-__device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], uint32_t st, int q, int q0,
-                                        int r0, int n0, int lane) {
-    if constexpr (C::kBlockScales) {
-        static_assert(!C::kSplitN, "fp8 tiles: 128 rows (the column blocks below are the tile's first 4)");
+__device__ __forceinline__ BlockScales block_scales(uint32_t st, int q, int q0, int r0) {
+    BlockScales sc;
+    if constexpr (C::kProducts) {
+        // the converters' flags; promote reads their products (stage_products) a row at a time
+        sc.fast = (lds32(st + C::kFlags) | lds32(st + C::kFlags + 4)) == 0 ? 1u : 0u;
+    } else if constexpr (C::kBlockScales) {
         const uint32_t sa0b = (lds32(st + C::kSa + 4 * r0) >> (8 * q)) & 0xFFu;
         const uint32_t sa1b = (lds32(st + C::kSa + 4 * (r0 + 8)) >> (8 * q)) & 0xFFu;
         const float sa0 = e8m0_to_f32(static_cast<uint8_t>(sa0b)),
                     sa1 = e8m0_to_f32(static_cast<uint8_t>(sa1b));
         bool fast = sa_in_window(sa0b) && sa_in_window(sa1b);
-        float sw[4];
 #pragma unroll
         for (int cb = 0; cb < 4; ++cb) {
             const uint32_t b = (lds32(st + C::kSw + 4 * cb) >> (8 * q)) & 0xFFu;
             fast = fast && sw_in_window(b);
-            sw[cb] = e8m0_to_f32(static_cast<uint8_t>(b));
+            const float sw = e8m0_to_f32(static_cast<uint8_t>(b));
+            sc.s0[cb] = __fmul_rn(sa0, sw);
+            sc.s1[cb] = __fmul_rn(sa1, sw);
         }
-        if (fast) {
-            float s[2][4];
+        sc.fast = fast ? 1u : 0u;
+    } else {
+        const int kq = q - q0;  // the block's index inside the stage
+        sc.s0[0] = __uint_as_float(lds32(st + C::kSaF + 4 * (kq * C::kBM + r0)));
+        sc.s1[0] = __uint_as_float(lds32(st + C::kSaF + 4 * (kq * C::kBM + r0 + 8)));
+        sc.fast = lds32(st + C::kFlags) | lds32(st + C::kFlags + 4);
+    }
+    return sc;
+}
+
+// acc += P * scales of K block q (see NUMERICS; sc: block_scales of the block). r0: the thread's first
+// tile row; n0: its warpgroup's first tile column (kSplitN: 128 wg, else 0).
+template <class C>
+__device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], const BlockScales& sc, uint32_t st,
+                                        int q, int q0, int r0, int n0, int lane) {
+    if constexpr (C::kBlockScales) {
+        static_assert(!C::kSplitN, "fp8 tiles: 128 rows (the column blocks below are the tile's first 4)");
+        if (sc.fast && C::kProducts) {
+            // the converters' products of rows r0 (h = 0) and r0 + 8 (h = 1), one row's at a time
 #pragma unroll
-            for (int cb = 0; cb < 4; ++cb) {
-                s[0][cb] = __fmul_rn(sa0, sw[cb]);
-                s[1][cb] = __fmul_rn(sa1, sw[cb]);
+            for (int h = 0; h < 2; ++h) {
+                const uint4 pr = lds128(st + C::kProd + 16 * ((q - q0) * C::kBM + r0 + 8 * h));
+                const float s4[4] = {__uint_as_float(pr.x), __uint_as_float(pr.y), __uint_as_float(pr.z),
+                                     __uint_as_float(pr.w)};
+#pragma unroll
+                for (int i = 0; i < 64; ++i)
+                    if (((i >> 1) & 1) == h) acc[i] = __fmaf_rn(P[i], s4[i >> 4], acc[i]);
             }
+        } else if (sc.fast) {
 #pragma unroll
-            for (int i = 0; i < 64; ++i) acc[i] = __fmaf_rn(P[i], s[(i >> 1) & 1][i >> 4], acc[i]);
+            for (int i = 0; i < 64; ++i)
+                acc[i] = __fmaf_rn(P[i], ((i >> 1) & 1) ? sc.s1[i >> 4] : sc.s0[i >> 4], acc[i]);
         } else {
+            // the three roundings (a scale byte outside the window: rare), the scales read again
+            const float sa0 = e8m0_to_f32(static_cast<uint8_t>(lds32(st + C::kSa + 4 * r0) >> (8 * q)));
+            const float sa1 = e8m0_to_f32(static_cast<uint8_t>(lds32(st + C::kSa + 4 * (r0 + 8)) >> (8 * q)));
+            float sw[4];
+#pragma unroll
+            for (int cb = 0; cb < 4; ++cb)
+                sw[cb] = e8m0_to_f32(static_cast<uint8_t>(lds32(st + C::kSw + 4 * cb) >> (8 * q)));
 #pragma unroll
             for (int i = 0; i < 64; ++i)
                 acc[i] =
@@ -582,17 +676,15 @@ __device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], 
     } else {
         // fp4: one scale per column; the thread's columns 8 jj + 2 (lane % 4) + {0, 1}, jj = 0 .. 15
         // (accumulators 4 jj .. 4 jj + 3: rows r0, r0, r0 + 8, r0 + 8)
-        const int kq = q - q0;  // the block's index inside the stage
-        const float fa0 = __uint_as_float(lds32(st + C::kSaF + 4 * (kq * C::kBM + r0)));
-        const float fa1 = __uint_as_float(lds32(st + C::kSaF + 4 * (kq * C::kBM + r0 + 8)));
-        const uint32_t flags = lds32(st + C::kFlags) | lds32(st + C::kFlags + 4);  // stage_scales
-        if (flags == 0) {
+        const float fa0 = sc.s0[0], fa1 = sc.s1[0];
+        if (sc.fast == 0) {
             // B took the column scales (stage_scales): P is P * sw, acc = fma(P * sw, sa, acc)
 #pragma unroll
             for (int i = 0; i < 64; ++i) acc[i] = __fmaf_rn(P[i], ((i >> 1) & 1) ? fa1 : fa0, acc[i]);
             return;
         }
-        const bool all_fast = (flags & 1u) == 0;
+        const int kq = q - q0;
+        const bool all_fast = (sc.fast & 1u) == 0;
 #pragma unroll
         for (int jj = 0; jj < 16; ++jj) {
             const int col = n0 + 8 * jj + 2 * (lane & 3);
@@ -637,7 +729,7 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
     if constexpr (C::kQuant) {
         // Two partial buffers: the wgmma of K block g + 1 runs while block g's partial is promoted.
         // Block g lies in stage g / kKb (its scale byte (stage's q0) + g % kKb); a stage is freed once
-        // its last block's partial is promoted (its scales are read then).
+        // its last block's partial is promoted.
         float PA[64], PB[64];
         // widened: the A fragments ([k16 step][4]) of the two blocks in flight; a wgmma reads them until
         // it retires, so they stay live (fence_regs_u32) until its wait
@@ -676,33 +768,56 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
             }
             wgmma_commit();
         };
-        auto finish = [&](float(&P)[64], uint32_t(&F)[2][4], int g) {
+        // block g's stage's first byte in its scale words, and g's scales
+        auto q0_of = [&](int g) { return C::kWiden ? (2 * (g / C::kKb)) & 3 : 0; };
+        auto scales_of = [&](int g) {
+            return block_scales<C>(stage_of(g), q0_of(g) + g % C::kKb, q0_of(g), r0);
+        };
+        auto finish = [&](float(&P)[64], uint32_t(&F)[2][4], int g, const BlockScales& sc) {
             fence_regs(P);
             if constexpr (C::kWiden) {
                 fence_regs_u32(F[0]);
                 fence_regs_u32(F[1]);
             }
             const int i = g / C::kKb, q = g % C::kKb;
-            const int q0 = C::kWiden ? (2 * i) & 3 : 0;  // the stage's first byte in its scale words
-            promote<C>(acc, P, stage_of(g), q0 + q, q0, r0, n0, lane);
+            promote<C>(acc, P, sc, stage_of(g), q0_of(g) + q, q0_of(g), r0, n0, lane);
             if (q == C::kKb - 1 || g == KB - 1) mbar_arrive(bars.empty(i % C::kStages));
         };
-        // Pairs of blocks: both wgmmas in flight, the first one's promotion overlapping the second's
-        // wgmma. (Keeping a wgmma in flight across the loop's back edge instead makes ptxas serialize
-        // every wgmma: its C7514 advisory, checked by scripts/gpu_hopper.sh's build log.)
-        for (int g = 0; g < KB; g += 2) {
+        // Runs of kRun blocks: block u + 1's wgmma is issued before the wait for block u, so that each
+        // block's promotion overlaps the next one's wgmma; only a run's last promotion waits with no
+        // partial of this warpgroup in flight. (No wgmma stays in flight across the loop's back edge:
+        // ptxas then serializes every wgmma, its C7514 advisory, checked by check_sm90_ptxas.sh.) The
+        // buffers alternate PA (even blocks of a run) / PB (odd ones). Runs of 4 took the fp16-weight
+        // kernels (light promotions: the converters' products) from 355 to 373 TFLOP/s (wq_a) and
+        // cost the converter-bound ones 1-2% (docs/PERFORMANCE.md, eighth session): pairs there.
+        constexpr int kRun = C::kProducts ? 4 : 2;
+        auto run = [&](int g, auto n_const) {
+            constexpr int n = decltype(n_const)::value;
             issue(PA, FA, g);
-            if (g + 1 < KB) {
-                issue(PB, FB, g + 1);
-                wgmma_wait<1>();
-                finish(PA, FA, g);
-                wgmma_wait<0>();
-                finish(PB, FB, g + 1);
-            } else {
-                wgmma_wait<0>();
-                finish(PA, FA, g);
+#pragma unroll
+            for (int u = 0; u < n; ++u) {
+                if (u + 1 < n) {
+                    if (u % 2 == 0)
+                        issue(PB, FB, g + u + 1);
+                    else
+                        issue(PA, FA, g + u + 1);
+                    wgmma_wait<1>();
+                } else {
+                    wgmma_wait<0>();
+                }
+                // the block's scales after its wait: read before it (while the registers of two
+                // partials and the A fragments are live), they spill
+                const BlockScales sc = scales_of(g + u);
+                if (u % 2 == 0)
+                    finish(PA, FA, g + u, sc);
+                else
+                    finish(PB, FB, g + u, sc);
             }
-        }
+        };
+        int g = 0;
+        for (; g + kRun <= KB; g += kRun) run(g, std::integral_constant<int, kRun>{});
+        for (; g + 2 <= KB; g += 2) run(g, std::integral_constant<int, 2>{});
+        if (g < KB) run(g, std::integral_constant<int, 1>{});
     } else {
         for (int i = 0; i < n_stages; ++i) {
             const int s = i % C::kStages;
@@ -779,7 +894,7 @@ __device__ __forceinline__ void tile(const Job& j, uint8_t* smem) {
     const int row_bytes = C::kOp == Op::Bf16 ? 2 * j.k : j.k;
     const int n_stages = (row_bytes + C::kABytes - 1) / C::kABytes;
     if (tid >= kConsumers) {
-        regs_dec<kProducerRegs>();
+        regs_dec<C::kProducerRegs>();
         const int p = tid - kConsumers;
         if constexpr (C::kTma && !C::kQuant) {
             if (p == 0) load_tma<C>(j, base, bars, n_stages);
@@ -788,7 +903,7 @@ __device__ __forceinline__ void tile(const Job& j, uint8_t* smem) {
         else if constexpr (C::kConvert)
             convert<C>(bars, base, n_stages, p - C::kLoaders);
     } else {
-        regs_inc<kConsumerRegs>();
+        regs_inc<C::kConsumerRegs>();
         consume<C, kOutF32>(j, base, bars, n_stages, tid / 128, tid % 128);
     }
 }

@@ -50,6 +50,9 @@ void add_bench_command(CLI::App& root, std::vector<Command>& out) {
         ->check(CLI::Range(1, 100))
         ->capture_default_str();
     app->add_option("--kernel-rows", opt->kernel_rows, "M of the kernel benchmarks")->capture_default_str();
+    app->add_option("--kernel-filter", opt->kernel_filter,
+                    "Kernel table: only the rows whose name contains this text (e.g. \"wq_a\", \"grouped\", "
+                    "\"head\"); the cuBLAS 8192^3 reference always runs");
     app->add_option("--iters", opt->iters, "Timed iterations per kernel")->capture_default_str();
     app->add_option("--disk-seconds", opt->disk_seconds,
                     "Seconds per disk measurement (sequential O_DIRECT rate, random 4 KiB reads at queue "

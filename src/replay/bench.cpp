@@ -120,29 +120,41 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
         {"expert w1/w3 fp4 (dense M)", M, c.moe_inter_dim, c.dim, 1},
         {"expert w2 fp4 (dense M)", M, c.dim, c.moe_inter_dim, 1},
     };
+    // --kernel-filter: a row is timed only when its name contains the text
+    auto wanted = [&](const std::string& name) {
+        return opt.kernel_filter.empty() || name.find(opt.kernel_filter) != std::string::npos;
+    };
     for (const Shape& s : shapes) {
-        double ours = s.kind == 0   ? kb.linear_fp8_tflops(s.m, s.n, s.k, it)
-                      : s.kind == 1 ? kb.linear_fp4_tflops(s.m, s.n, s.k, it)
-                                    : kb.linear_bf16_tflops(s.m, s.n, s.k, it);
-        double ref = kb.cublas_bf16_tflops(s.m, s.n, s.k, it);
-        row(s.name, s.m, s.n, s.k, ours, ref, strfmt("cublas=%.3f", ref));
+        const std::string tma_name = strfmt("%s, GEMM alone, TMA", s.name),
+                          f16_name = strfmt("%s, GEMM alone, fp16 weights, TMA", s.name),
+                          cp_name = s.kind == 2 ? strfmt("%s, cp.async loads", s.name)
+                                                : strfmt("%s, GEMM alone, cp.async", s.name);
+        if (!wanted(s.name) && !wanted(tma_name) && !wanted(f16_name) && !wanted(cp_name)) continue;
+        const double ref = kb.cublas_bf16_tflops(s.m, s.n, s.k, it);
+        if (wanted(s.name)) {
+            const double ours = s.kind == 0   ? kb.linear_fp8_tflops(s.m, s.n, s.k, it)
+                                : s.kind == 1 ? kb.linear_fp4_tflops(s.m, s.n, s.k, it)
+                                              : kb.linear_bf16_tflops(s.m, s.n, s.k, it);
+            row(s.name, s.m, s.n, s.k, ours, ref, strfmt("cublas=%.3f", ref));
+        }
         // the Hopper kernels' baseline: the same kernel on its cp.async loaders instead of TMA (the
         // block-scaled ones as GEMMs alone, both ways: the rows above include the activation quant)
         if (s.kind == 2) {
-            const double cp = kb.hopper_gemm_tflops(2, s.m, s.n, s.k, false, it);
-            if (cp >= 0) row(strfmt("%s, cp.async loads", s.name), s.m, s.n, s.k, cp, ref, "baseline");
+            const double cp = wanted(cp_name) ? kb.hopper_gemm_tflops(2, s.m, s.n, s.k, false, it) : -1;
+            if (cp >= 0) row(cp_name, s.m, s.n, s.k, cp, ref, "baseline");
         } else {
-            const double tma = kb.hopper_gemm_tflops(s.kind, s.m, s.n, s.k, true, it);
-            if (tma >= 0) {
-                row(strfmt("%s, GEMM alone, TMA", s.name), s.m, s.n, s.k, tma, ref, "gemm only");
-                if (s.kind == 0) {
+            const double tma = wanted(tma_name) || wanted(f16_name) || wanted(cp_name)
+                                   ? kb.hopper_gemm_tflops(s.kind, s.m, s.n, s.k, true, it)
+                                   : -1;
+            if (tma >= 0) {  // -1: not the Hopper kernels
+                if (wanted(tma_name)) row(tma_name, s.m, s.n, s.k, tma, ref, "gemm only");
+                if (s.kind == 0 && wanted(f16_name)) {
                     const double f16 = kb.hopper_gemm_tflops(4, s.m, s.n, s.k, true, it);
-                    if (f16 >= 0)
-                        row(strfmt("%s, GEMM alone, fp16 weights, TMA", s.name), s.m, s.n, s.k, f16, ref,
-                            "gemm only");
+                    if (f16 >= 0) row(f16_name, s.m, s.n, s.k, f16, ref, "gemm only");
                 }
-                const double cp = kb.hopper_gemm_tflops(s.kind, s.m, s.n, s.k, false, it);
-                row(strfmt("%s, GEMM alone, cp.async", s.name), s.m, s.n, s.k, cp, ref, "baseline");
+                if (wanted(cp_name))
+                    row(cp_name, s.m, s.n, s.k, kb.hopper_gemm_tflops(s.kind, s.m, s.n, s.k, false, it), ref,
+                        "baseline");
             }
         }
     }
@@ -167,58 +179,62 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
     std::vector<int64_t> rows_cases{per_expert};
     for (const int64_t r : {b_rows, int64_t{128}, chunk_avg})
         if (std::find(rows_cases.begin(), rows_cases.end(), r) == rows_cases.end()) rows_cases.push_back(r);
+    // One case's rows: (name, timing; < 0 where the kernel family has no such variant), timed (and
+    // cuBLAS on the case's shape with them) only where --kernel-filter wants one.
+    using Timed = std::pair<std::string, std::function<double()>>;
+    auto emit_case = [&](const std::vector<Timed>& rows_of_case, int64_t m, int64_t n, int64_t k,
+                         const std::function<std::string(double)>& note_of) {
+        if (std::none_of(rows_of_case.begin(), rows_of_case.end(), [&](const Timed& t) { return wanted(t.first); }))
+            return;
+        const double ref = kb.cublas_bf16_tflops(m, n, k, it);
+        for (const Timed& t : rows_of_case) {
+            if (!wanted(t.first)) continue;
+            const double v = t.second();
+            if (v >= 0) row(t.first, m, n, k, v, ref, note_of(ref));
+        }
+    };
+    const int64_t E = c.n_routed_experts;
     for (const int64_t rows : rows_cases) {
         for (const Grouped& g : grouped) {
-            const double ours = kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it);
-            const double ref = kb.cublas_bf16_tflops(rows, g.n, g.k, it);
-            const std::string note =
-                strfmt("experts=%lld cublas_one_expert=%.3f", (long long)c.n_routed_experts, ref);
-            row(g.name, rows, g.n, g.k, ours, ref, note);
-            // the Hopper kernels on the experts prepared as e5m2 bytes (one byte per weight, no fp4 decoding
-            // per tile; --prepared-experts)
-            const double e5 =
-                kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it, 0, false, true);
-            if (e5 >= 0) row(strfmt("%s, e5m2 weights", g.name), rows, g.n, g.k, e5, ref, note);
-            if (rows != chunk_avg) continue;
-            // the passes' chunk average on the Hopper kernels: each of their tile shapes, same run
-            for (const int tr : {64, 128}) {
-                const double forced =
-                    kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it, tr);
-                if (forced < 0) break;  // the portable kernels: one tile shape
-                row(strfmt("%s, %d-row tiles", g.name, tr), rows, g.n, g.k, forced, ref, note);
+            auto grouped_t = [&, rows](int tile_rows, bool routed, bool e5m2) {
+                return [&kb, &g, E, rows, tile_rows, routed, e5m2, it] {
+                    return kb.grouped_fp4_tflops(E, rows, g.n, g.k, g.proj, it, tile_rows, routed, e5m2);
+                };
+            };
+            std::vector<Timed> t{{g.name, grouped_t(0, false, false)},
+                                 // the Hopper kernels on the experts prepared as e5m2 bytes (one byte per
+                                 // weight, no fp4 decoding per tile; --prepared-experts)
+                                 {strfmt("%s, e5m2 weights", g.name), grouped_t(0, false, true)}};
+            if (rows == chunk_avg) {
+                // the passes' chunk average on the Hopper kernels: each of their tile shapes (the portable
+                // kernels: one tile shape, -1); the experts' rows spread as a router spreads them (Poisson
+                // around the average): the family's own choice (Hopper: mixed tiles), the 128-row tiles
+                // alone, and the e5m2 weights
+                for (const int tr : {64, 128})
+                    t.push_back({strfmt("%s, %d-row tiles", g.name, tr), grouped_t(tr, false, false)});
+                t.push_back({strfmt("%s, routed rows", g.name), grouped_t(0, true, false)});
+                t.push_back({strfmt("%s, routed rows, 128-row tiles", g.name), grouped_t(128, true, false)});
+                t.push_back({strfmt("%s, routed rows, e5m2 weights", g.name), grouped_t(0, true, true)});
             }
-            // the experts' rows spread as a router spreads them (Poisson around the average): the family's
-            // own choice (Hopper: mixed tiles), and the 128-row tiles alone
-            row(strfmt("%s, routed rows", g.name), rows, g.n, g.k,
-                kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it, 0, true), ref, note);
-            const double r128 =
-                kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it, 128, true);
-            if (r128 >= 0)
-                row(strfmt("%s, routed rows, 128-row tiles", g.name), rows, g.n, g.k, r128, ref, note);
-            const double re5 =
-                kb.grouped_fp4_tflops(c.n_routed_experts, rows, g.n, g.k, g.proj, it, 0, true, true);
-            if (re5 >= 0)
-                row(strfmt("%s, routed rows, e5m2 weights", g.name), rows, g.n, g.k, re5, ref, note);
+            emit_case(t, rows, g.n, g.k, [&](double ref) {
+                return strfmt("experts=%lld cublas_one_expert=%.3f", (long long)E, ref);
+            });
         }
     }
     // The output head's logits (bf16 x bf16 -> f32), as head_stats runs them.
-    {
-        const double ours = kb.head_logits_tflops(M, c.vocab_size, c.dim, it);
-        const double ref = kb.cublas_bf16_tflops(M, c.vocab_size, c.dim, it);
-        row("head logits bf16->f32", M, c.vocab_size, c.dim, ours, ref, strfmt("cublas=%.3f", ref));
-        const double cp = kb.hopper_gemm_tflops(3, M, c.vocab_size, c.dim, false, it);
-        if (cp >= 0) row("head logits, cp.async loads", M, c.vocab_size, c.dim, cp, ref, "baseline");
-        // one launch as head_stats makes them in a pass (its chunk of rows)
-        const int64_t R = kb.head_launch_rows();
-        if (R < M) {
-            const double one = kb.head_logits_tflops(R, c.vocab_size, c.dim, it);
-            row("head logits, one head_stats launch", R, c.vocab_size, c.dim, one,
-                kb.cublas_bf16_tflops(R, c.vocab_size, c.dim, it), "");
-        }
-    }
+    emit_case({{"head logits bf16->f32", [&] { return kb.head_logits_tflops(M, c.vocab_size, c.dim, it); }},
+               {"head logits, cp.async loads",
+                [&] { return kb.hopper_gemm_tflops(3, M, c.vocab_size, c.dim, false, it); }}},
+              M, c.vocab_size, c.dim, [](double ref) { return strfmt("cublas=%.3f", ref); });
+    // one launch as head_stats makes them in a pass (its chunk of rows)
+    const int64_t R = kb.head_launch_rows();
+    if (R < M)
+        emit_case({{"head logits, one head_stats launch",
+                    [&] { return kb.head_logits_tflops(R, c.vocab_size, c.dim, it); }}},
+                  R, c.vocab_size, c.dim, [](double) { return std::string(); });
     // The mHC mixes kernel's accumulation variants (issue 10): time per call at M rows and the model's
     // dim, hc = 4 (the kernel's only hc). "*" marks the variant the backend runs.
-    if (c.hc_mult == 4) {
+    if (c.hc_mult == 4 && wanted("hc_mixes")) {
         std::fprintf(out, "  hc_mixes (M = %lld, D = %lld), ms per call:", (long long)M, (long long)c.dim);
         for (int v = 0; v < kHcMixVariants; ++v) {
             const double ms = kb.hc_mixes_ms(v, M, c.dim, it);

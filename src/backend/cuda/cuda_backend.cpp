@@ -140,6 +140,19 @@ std::string CudaBackend::name() const {
 }
 
 Tensor CudaBackend::alloc(DType t, const Shape& shape) {
+    std::string why;
+    std::optional<Tensor> x = allocate(t, shape, &why);
+    if (!x) throw OutOfMemoryError(why);
+    return *x;
+}
+
+std::optional<Tensor> CudaBackend::try_alloc(DType t, const Shape& shape) {
+    return allocate(t, shape, nullptr);
+}
+
+// alloc's rule, once: nothing (and *why, when asked for) where the budget or the pool has no room;
+// other CUDA failures throw.
+std::optional<Tensor> CudaBackend::allocate(DType t, const Shape& shape, std::string* why) {
     Tensor x;
     x.dtype = t;
     x.shape = shape;
@@ -147,19 +160,22 @@ Tensor CudaBackend::alloc(DType t, const Shape& shape) {
     const size_t bytes = x.nbytes();
     if (bytes == 0) return x;
     const size_t rounded = (bytes + 255) / 256 * 256;
-    if (in_use_.load() + rounded > budget_)
-        throw OutOfMemoryError(
-            strfmt("GPU memory budget exceeded: %zu bytes in use + %zu requested > %zu budget (lower "
-                   "--max-batch-tokens / --pass-tokens, or raise --gpu-memory-gb)",
-                   in_use_.load(), rounded, budget_));
+    if (in_use_.load() + rounded > budget_) {
+        if (why)
+            *why = strfmt("GPU memory budget exceeded: %zu bytes in use + %zu requested > %zu budget (lower "
+                          "--max-batch-tokens / --pass-tokens, or raise --gpu-memory-gb)",
+                          in_use_.load(), rounded, budget_);
+        return std::nullopt;
+    }
     void* p = nullptr;
     cudaError_t err = cudaMallocAsync(&p, rounded, stream_);
     if (err != cudaSuccess) {
         cudaGetLastError();  // an allocation failure is not sticky: clear it
         const std::string msg = strfmt("cudaMallocAsync of %zu bytes failed (%s); %zu bytes in use", rounded,
                                        cudaGetErrorString(err), in_use_.load());
-        if (err == cudaErrorMemoryAllocation) throw OutOfMemoryError(msg);
-        throw RuntimeError(msg);
+        if (err != cudaErrorMemoryAllocation) throw RuntimeError(msg);
+        if (why) *why = msg;
+        return std::nullopt;
     }
     size_t now = in_use_.fetch_add(rounded) + rounded;
     size_t hw = high_water_.load();

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,9 @@ public:
     bool host_memory() const override { return false; }
 
     Tensor alloc(DType t, const Shape& shape) override;
+    // alloc, or nothing where the budget or the pool has no room for it (transient copies that have a
+    // fallback: fp8_gemm's fp16 weights)
+    std::optional<Tensor> try_alloc(DType t, const Shape& shape);
     void upload(const Tensor& dst, size_t dst_offset, const void* src, size_t bytes) override;
     void download(void* dst, const Tensor& src, size_t src_offset, size_t bytes) override;
     void copy(const Tensor& dst, size_t dst_offset, const Tensor& src, size_t src_offset,
@@ -164,6 +168,8 @@ public:
     const GemmKernels& gemm() const { return gemm_; }  // the GEMM kernel family (--kernels)
 
 private:
+    std::optional<Tensor> allocate(DType t, const Shape& shape, std::string* why);
+
     int device_;
     cudaDeviceProp props_{};
     cudaStream_t stream_ = nullptr;

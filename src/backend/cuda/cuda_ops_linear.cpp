@@ -54,24 +54,6 @@ void CudaBackend::fp4_quant_inplace(const Tensor& x, Fp4Scale kind) {
 
 // ---------------------------------------------------------------------------- block-scaled linears
 
-namespace {
-
-// GemmKernels::fp8 or ::fp4 (the same parameters as kern::launch_gemm_fp8).
-using BlockScaledGemm = decltype(&kern::launch_gemm_fp8);
-static_assert(std::is_same_v<BlockScaledGemm, decltype(&kern::launch_gemm_fp4)>);
-
-// y BF16 [M, N] = act_quant(x BF16 [M, K]) . W^T: the activation codes in the GEMM's operand order
-// (NaN blocks marked in the scale bytes), then the block-scaled GEMM with weight codes w, scales sw.
-void quantized_gemm(CudaBackend& be, const Tensor& x, const uint8_t* w, const uint8_t* sw, const Tensor& y,
-                    int64_t M, int64_t N, int64_t K, BlockScaledGemm gemm) {
-    if (M == 0 || N == 0) return;
-    const CudaBackend::GemmActs a = be.quantize_gemm_acts(x, M, K);
-    DS4R_CUDA_CHECK(
-        gemm(a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w, sw, y.ptr<uint16_t>(), N, M, N, K, be.stream()));
-}
-
-}  // namespace
-
 void CudaBackend::linear_fp8(const Tensor& x, const Fp8Linear& w, const Tensor& y) {
     // x BF16 [M, K] -> act quant -> . W F8_E4M3 [N, K]^T (e8m0 32x32 scales) -> y BF16 [M, N]
     const char* op = "linear_fp8";
@@ -86,18 +68,11 @@ void CudaBackend::linear_fp8(const Tensor& x, const Fp8Linear& w, const Tensor& 
 void CudaBackend::fp8_gemm(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw,
                            uint16_t* y, int64_t ldc, int64_t M, int64_t N, int64_t K) {
     if (M == 0 || N == 0) return;
-    const size_t f16_bytes = static_cast<size_t>(N) * static_cast<size_t>(K) * 2;
-    if (fp16_weights_ && gemm_.fp8_f16w && M >= fp16_weight_rows_ && (N * K) % 16 == 0 &&
-        in_use_.load() + f16_bytes + 256 <= budget_) {
-        Tensor w16;
-        try {
-            w16 = alloc(DType::BF16, {N, K});  // fp16 bits (the tensor types have no fp16)
-        } catch (const OutOfMemoryError&) {
-            // no room after all (the pool): the fp8 weights give the same bits
-        }
-        if (w16.data) {
-            DS4R_CUDA_CHECK(kern::launch_e4m3_to_f16(w, N * K, w16.ptr<uint16_t>(), stream()));
-            DS4R_CUDA_CHECK(gemm_.fp8_f16w(q, sa, w16.ptr<uint16_t>(), sw, y, ldc, M, N, K, stream()));
+    if (fp16_weights_ && gemm_.fp8_f16w && M >= fp16_weight_rows_ && (N * K) % 16 == 0) {
+        // fp16 bits (the tensor types have no fp16); no room: the fp8 weights give the same bits
+        if (const std::optional<Tensor> w16 = try_alloc(DType::BF16, {N, K})) {
+            DS4R_CUDA_CHECK(kern::launch_e4m3_to_f16(w, N * K, w16->ptr<uint16_t>(), stream()));
+            DS4R_CUDA_CHECK(gemm_.fp8_f16w(q, sa, w16->ptr<uint16_t>(), sw, y, ldc, M, N, K, stream()));
             return;
         }
     }
@@ -109,7 +84,11 @@ void CudaBackend::linear_fp4(const Tensor& x, const Fp4Linear& w, const Tensor& 
     const char* op = "linear_fp4";
     const auto [M, N, K] = opcheck::linear_fp4(x, w, y);
     check_aligned16(op, "w.w", w.w);
-    quantized_gemm(*this, x, w.w.ptr<uint8_t>(), w.s.ptr<uint8_t>(), y, M, N, K, gemm_.fp4);
+    if (M == 0 || N == 0) return;
+    // the activation codes in the GEMM's operand order (NaN blocks marked in the scale bytes)
+    const GemmActs a = quantize_gemm_acts(x, M, K);
+    DS4R_CUDA_CHECK(gemm_.fp4(a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.w.ptr<uint8_t>(), w.s.ptr<uint8_t>(),
+                              y.ptr<uint16_t>(), N, M, N, K, stream()));
 }
 
 // ---------------------------------------------------------------------------- dense linears
