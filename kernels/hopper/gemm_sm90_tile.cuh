@@ -641,8 +641,8 @@ __device__ __forceinline__ BlockScales block_scales(uint32_t st, int q, int q0, 
 // acc += P * scales of K block q (see NUMERICS; sc: block_scales of the block). r0: the thread's first
 // tile row; n0: its warpgroup's first tile column (kSplitN: 128 wg, else 0).
 template <class C>
-__device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], const BlockScales& sc, uint32_t st,
-                                        int q, int q0, int r0, int n0, int lane) {
+__device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], const BlockScales& sc,
+                                        uint32_t st, int q, int q0, int r0, int n0, int lane) {
     if constexpr (C::kBlockScales) {
         static_assert(!C::kSplitN, "fp8 tiles: 128 rows (the column blocks below are the tile's first 4)");
         if (sc.fast && C::kProducts) {

@@ -162,9 +162,10 @@ std::optional<Tensor> CudaBackend::allocate(DType t, const Shape& shape, std::st
     const size_t rounded = (bytes + 255) / 256 * 256;
     if (in_use_.load() + rounded > budget_) {
         if (why)
-            *why = strfmt("GPU memory budget exceeded: %zu bytes in use + %zu requested > %zu budget (lower "
-                          "--max-batch-tokens / --pass-tokens, or raise --gpu-memory-gb)",
-                          in_use_.load(), rounded, budget_);
+            *why = strfmt(
+                "GPU memory budget exceeded: %zu bytes in use + %zu requested > %zu budget (lower "
+                "--max-batch-tokens / --pass-tokens, or raise --gpu-memory-gb)",
+                in_use_.load(), rounded, budget_);
         return std::nullopt;
     }
     void* p = nullptr;

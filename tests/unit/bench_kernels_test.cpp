@@ -1,0 +1,137 @@
+// bench's kernel table (src/replay/bench_kernels.cpp) against a fake KernelBench that records what it is
+// asked to time: --kernel-filter times (and prints, and writes as CSV) exactly the rows whose name holds
+// its text, the cuBLAS 8192^3 reference always, and cuBLAS on a shape only where one of its rows is
+// wanted; without a filter every row of the table is timed. (The CUDA backend's own timings are not
+// tested: they assert nothing, ds4r/kernel_bench.h.)
+#include "replay/bench_kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "ds4r/make_tiny.h"
+
+using namespace ds4r;
+
+namespace {
+
+// Records each call as "what M N K" and answers 1.0 (-1 where a family has no such kernel, as the
+// portable kernels answer for the Hopper-only rows when hopper is false).
+struct FakeKernelBench : KernelBench {
+    bool hopper = true;
+    std::vector<std::string> calls;
+    double rec(const std::string& what, int64_t m, int64_t n, int64_t k) {
+        calls.push_back(what + " " + std::to_string(m) + " " + std::to_string(n) + " " + std::to_string(k));
+        return 1.0;
+    }
+    double linear_fp8_tflops(int64_t M, int64_t N, int64_t K, int) override { return rec("fp8", M, N, K); }
+    double linear_fp4_tflops(int64_t M, int64_t N, int64_t K, int) override { return rec("fp4", M, N, K); }
+    double linear_bf16_tflops(int64_t M, int64_t N, int64_t K, int) override { return rec("bf16", M, N, K); }
+    double cublas_bf16_tflops(int64_t M, int64_t N, int64_t K, int) override {
+        return rec("cublas", M, N, K);
+    }
+    double grouped_fp4_tflops(int, int64_t rows, int64_t N, int64_t K, int, int, int tile_rows, bool routed,
+                              bool e5m2) override {
+        if (!hopper && (tile_rows != 0 || e5m2)) return -1;
+        return rec(std::string("grouped") + (e5m2 ? " e5m2" : "") + (routed ? " routed" : ""), rows, N, K);
+    }
+    double head_logits_tflops(int64_t M, int64_t V, int64_t D, int) override { return rec("head", M, V, D); }
+    int64_t head_launch_rows() const override { return 1024; }
+    double hopper_gemm_tflops(int kind, int64_t M, int64_t N, int64_t K, bool tma, int) override {
+        if (!hopper) return -1;
+        return rec("hopper" + std::to_string(kind) + (tma ? " tma" : " cp"), M, N, K);
+    }
+    std::string gemm_family() const override { return "fake"; }
+    double mma_sync_peak_tflops() override { return 1.0; }
+    double hc_mixes_ms(int v, int64_t M, int64_t D, int) override {
+        return rec("hc" + std::to_string(v), M, D, 0);
+    }
+    int hc_mix_default_variant() const override { return 2; }
+    void reset_memory_high_water() override {}
+    size_t memory_high_water() const override { return 0; }
+};
+
+struct Table {
+    std::vector<std::string> rows;  // CSV row names
+    std::vector<std::string> calls;
+};
+
+Table run_table(const std::string& filter, bool hopper = true) {
+    const ModelConfig c = make_tiny_base_config(TinyPreset::FullWidth, 1);
+    BenchOptions opt;
+    opt.kernel_filter = filter;
+    opt.iters = 1;
+    FakeKernelBench kb;
+    kb.hopper = hopper;
+    Table t;
+    std::FILE* out = std::tmpfile();
+    double peak = 0;
+    bench_kernels(
+        kb, c, opt, 8192,
+        [&](const std::string& name, int64_t, int64_t, int64_t, double, const std::string&,
+            const std::string&) { t.rows.push_back(name); },
+        out, &peak);
+    std::fclose(out);
+    EXPECT_EQ(peak, 1.0);
+    t.calls = kb.calls;
+    return t;
+}
+
+bool has(const std::vector<std::string>& v, const std::string& s) {
+    for (const auto& x : v)
+        if (x == s) return true;
+    return false;
+}
+
+}  // namespace
+
+TEST(BenchKernels, FilterTimesOnlyTheRowsWhoseNameHoldsIt) {
+    const ModelConfig c = make_tiny_base_config(TinyPreset::FullWidth, 1);
+    const std::string wq_a = " 8192 " + std::to_string(c.q_lora_rank) + " " + std::to_string(c.dim);
+    const Table t = run_table("wq_a fp8, GEMM alone, fp16");
+    // the references (always) and the one row asked for
+    EXPECT_EQ(t.rows, (std::vector<std::string>{"cublas_bf16_8192", "mma_sync_peak",
+                                                "attn.wq_a fp8, GEMM alone, fp16 weights, TMA"}));
+    // timed: cuBLAS 8192^3, cuBLAS on wq_a's shape, the fp8-code TMA kernel (whether the Hopper kernels
+    // run) and the fp16-weight kernel; not the whole op, the cp.async baseline or any other shape
+    EXPECT_EQ(t.calls, (std::vector<std::string>{"cublas 8192 8192 8192", "cublas" + wq_a,
+                                                 "hopper0 tma" + wq_a, "hopper4 tma" + wq_a}));
+}
+
+TEST(BenchKernels, FilterOnTheGroupedExpertsTimesNoDenseShape) {
+    const Table t = run_table("e5m2 weights");
+    ASSERT_GT(t.rows.size(), 2u);
+    for (size_t i = 2; i < t.rows.size(); ++i)
+        EXPECT_NE(t.rows[i].find("e5m2 weights"), std::string::npos) << t.rows[i];
+    for (const auto& call : t.calls) {
+        if (call.rfind("cublas", 0) == 0) continue;
+        EXPECT_EQ(call.rfind("grouped e5m2", 0), 0u) << call;  // only the e5m2 grouped kernels
+    }
+    // a filter nothing matches: the references alone
+    const Table none = run_table("no such row");
+    EXPECT_EQ(none.rows, (std::vector<std::string>{"cublas_bf16_8192", "mma_sync_peak"}));
+    EXPECT_EQ(none.calls, (std::vector<std::string>{"cublas 8192 8192 8192"}));
+}
+
+TEST(BenchKernels, NoFilterTimesEveryRow) {
+    const Table all = run_table("");
+    // every family's rows, the head's three and the mHC variants
+    for (const char* name :
+         {"attn.wq_a fp8", "attn.wo_a bf16 (1 group)", "attn.wo_a bf16 (1 group), cp.async loads",
+          "shared w2 fp8, GEMM alone, fp16 weights, TMA", "expert w2 fp4 (dense M), GEMM alone, cp.async",
+          "experts w1+w3 fp4 (grouped)", "experts w2 fp4 (grouped), routed rows, e5m2 weights",
+          "experts w1+w3 fp4 (grouped), 64-row tiles", "head logits bf16->f32",
+          "head logits, one head_stats launch", "hc_mixes compensated"})
+        EXPECT_TRUE(has(all.rows, name)) << name;
+    // the portable kernels: no Hopper-only rows, the rest unchanged
+    const Table portable = run_table("", false);
+    for (const auto& r : portable.rows) {
+        EXPECT_EQ(r.find("TMA"), std::string::npos) << r;
+        EXPECT_EQ(r.find("e5m2"), std::string::npos) << r;
+        EXPECT_EQ(r.find("-row tiles"), std::string::npos) << r;
+    }
+    EXPECT_TRUE(has(portable.rows, "experts w2 fp4 (grouped), routed rows"));
+    EXPECT_LT(portable.rows.size(), all.rows.size());
+}
