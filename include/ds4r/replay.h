@@ -166,7 +166,10 @@ public:
         std::vector<int32_t> route_idx;           // [rows, k]
         std::vector<float> route_w;               // [rows, k]
     };
-    void run_block(const LayerWeights& w, HostTaps* host_taps = nullptr);
+    // engram: layer w's gathered rows (engram_rows); then the block applies Engram to each chunk first,
+    // instead of run_engram's own sweep (the same bytes; run_pass takes it unless the layer is captured).
+    void run_block(const LayerWeights& w, HostTaps* host_taps = nullptr,
+                   const EngramRowSet* engram = nullptr);
     // Final collapse, norm, head statistics.
     std::vector<SequenceScores> finish(const GlobalWeights& g, HiddenSink* sink);
     // Captures layer L (< n_layers) from the host stream (call after run_engram, before run_block).
@@ -189,6 +192,12 @@ private:
     };
     void plan_chunks();
     void upload_chunk(const Chunk& ch, const Tensor& X, const Tensor& P);  // synchronous (Engram)
+    // Engram layer w's gathered rows, blocking until the gather has them (*waited: seconds blocked).
+    const EngramRowSet& engram_rows(const LayerWeights& w, double* waited);
+    // Chunk ch's lookups dequantized to bf16 into e_host (BF16 [rows, cols * ehd]).
+    void engram_dequant(const EngramRowSet& rows, const Chunk& ch, std::vector<uint16_t>& e_host) const;
+    // Engram on the chunk's residual stream X (BF16 [M, hc, D], on the backend), in place.
+    void engram_on_chunk(const LayerWeights& w, const std::vector<uint16_t>& e_host, const Tensor& X);
     // The chunk state ring (run_block, finish): chunk c's residual stream and pre-mix live in device
     // buffer c % ring while chunk c computes; chunk c + 1 is uploaded (up_q_) and chunk c - 1
     // downloaded (down_q_) meanwhile. Buffer b is refilled only after its previous chunk's download

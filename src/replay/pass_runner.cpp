@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <future>
 
 #include "ds4r/checkpoint.h"
 #include "ds4r/clock.h"
@@ -18,12 +19,15 @@ namespace ds4r {
 namespace {
 
 // Backend bytes per chunk row, estimated: activations ~ (14 + hc) * D * 4 plus attention scores, plus the
-// state ring's 2 extra buffers of hc * (D * 2 + 4). ~1.76x the measured marginal cost of a row at full
-// width (404 KB; docs/PERFORMANCE.md).
+// state ring's 2 extra buffers of hc * (D * 2 + 4), plus (Engram models) the chunk's dequantized Engram
+// rows, which run_block holds beside the block's own buffers (cols * ehd bf16: 12 KB at full width).
+// ~1.76x the measured marginal cost of a row at full width (404 KB; docs/PERFORMANCE.md).
 int64_t chunk_row_estimate_bytes(const ModelConfig& cfg) {
     const int64_t activations = (14 + cfg.hc_mult) * cfg.dim * 4 + cfg.n_heads * cfg.head_dim * 8;
     const int64_t ring = 2 * cfg.hc_mult * (cfg.dim * 2 + 4);
-    return activations + ring;
+    const int64_t engram =
+        cfg.engram_layer_ids.empty() ? 0 : cfg.engram_hash_cols() * cfg.engram_head_dim * 2;
+    return activations + ring + engram;
 }
 
 }  // namespace
@@ -362,39 +366,59 @@ void PassRunner::ring_drain(StateRing& ring) {
         }
 }
 
-double PassRunner::run_engram(const LayerWeights& w) {
-    if (!w.role.engram) return 0;
-    const int ei = cfg_.engram_index(w.layer);
-    const int64_t hc = cfg_.hc_mult, D = cfg_.dim, cols = cfg_.engram_hash_cols(), ehd = cfg_.engram_head_dim;
-    DS4R_CHECK(engram_gather_ != nullptr, "run_engram before begin()");
-    const EngramRowSet* rows;
+const EngramRowSet& PassRunner::engram_rows(const LayerWeights& w, double* waited) {
+    DS4R_CHECK(engram_gather_ != nullptr, "Engram rows before begin()");
     const double t_wait = now_s();
+    const EngramRowSet* rows;
     {
         ProfileRange pr(be_, "engram.gather_wait");
-        rows = &engram_gather_->wait(ei);  // rethrows a gather error (e.g. a truncated table shard)
+        rows =
+            &engram_gather_->wait(cfg_.engram_index(w.layer));  // rethrows a gather error (a truncated table)
     }
-    const double waited = now_s() - t_wait;
+    *waited = now_s() - t_wait;
+    return *rows;
+}
+
+void PassRunner::engram_dequant(const EngramRowSet& rows, const Chunk& ch,
+                                std::vector<uint16_t>& e_host) const {
+    const int64_t cols = cfg_.engram_hash_cols(), M = ch.r1 - ch.r0;
+    e_host.resize(static_cast<size_t>(M * cols * cfg_.engram_head_dim));
+    rows.dequant_bf16(static_cast<size_t>(ch.r0 * cols), static_cast<size_t>(M * cols), e_host.data());
+}
+
+void PassRunner::engram_on_chunk(const LayerWeights& w, const std::vector<uint16_t>& e_host,
+                                 const Tensor& X) {
+    // The chunk's rows dequantized to bf16 (docs/MODEL.md 4.8 step 1): BF16 [M, cols * ehd].
+    const int64_t M = X.dim(0);
+    Tensor e = be_.alloc(DType::BF16, {M, cfg_.engram_hash_cols() * cfg_.engram_head_dim});
+    DS4R_CHECK(e.nbytes() == e_host.size() * 2, "Engram rows: %zu values for a %lld-row chunk", e_host.size(),
+               (long long)M);
+    be_.upload(e, 0, e_host.data(), e.nbytes());
+    engram_chunk(ctx_, w, X, e);
+}
+
+double PassRunner::run_engram(const LayerWeights& w) {
+    if (!w.role.engram) return 0;
+    const int64_t hc = cfg_.hc_mult, D = cfg_.dim;
+    double waited = 0;
+    const EngramRowSet& rows = engram_rows(w, &waited);
     std::vector<uint16_t> e_host;
     for (Chunk& ch : chunks_) {
         const int64_t M = ch.r1 - ch.r0;
-        // The chunk's rows dequantized to bf16 (docs/MODEL.md 4.8 step 1): BF16 [M, cols * ehd].
-        e_host.resize(static_cast<size_t>(M * cols * ehd));
-        rows->dequant_bf16(static_cast<size_t>(ch.r0 * cols), static_cast<size_t>(M * cols), e_host.data());
-        Tensor e = be_.alloc(DType::BF16, {M, cols * ehd});
-        be_.upload(e, 0, e_host.data(), e_host.size() * 2);
+        engram_dequant(rows, ch, e_host);
         Tensor X = be_.alloc(DType::BF16, {M, hc, D});
         Tensor P = be_.alloc(DType::F32, {M, hc});
         upload_chunk(ch, X, P);
-        engram_chunk(ctx_, w, X, e);
+        engram_on_chunk(w, e_host, X);
         be_.download(static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D, X, 0,
                      static_cast<size_t>(M * hc * D) * 2);
     }
     be_.synchronize();
-    engram_gather_->release(ei);
+    engram_gather_->release(cfg_.engram_index(w.layer));
     return waited;
 }
 
-void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {
+void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps, const EngramRowSet* engram) {
     const int64_t D = cfg_.dim, k = cfg_.n_activated_experts;
     begin_layer(ctx_, w.role);
     // the layer's prepared experts (Backend::prepare_experts; no-op unless plan_prepared_experts turned
@@ -416,6 +440,13 @@ void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {
     // (a group's tokens end at or before t, and chunk boundaries inside a sequence are even), index
     // keys and candidate blocks of those groups. Rows of later positions in the arenas are never read
     // (masked / not indexed). So each chunk's KV part can run right before its attention part.
+    // Engram in the sweep (engram: the layer's gathered rows): each chunk's rows are dequantized on the
+    // host while the chunk before computes (e_next), and the chunk's residual stream takes the Engram
+    // output on the device before its attention. Engram reads and writes each row alone, so this is
+    // run_engram's arithmetic without its round trip of the whole stream through host memory.
+    std::vector<uint16_t> e_host[2];
+    std::future<void> e_next;  // destroyed (joined) before e_host
+    if (engram && !chunks_.empty()) engram_dequant(*engram, chunks_[0], e_host[0]);
     StateRing ring;
     init_ring(ring);
     ring_upload(ring, 0);
@@ -430,6 +461,14 @@ void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps) {
         const size_t b = c % ring.X.size();
         const Tensor X = ring.X[b].rows(0, M), P = ring.P[b].rows(0, M);
         up_q_->compute_wait(ring.up[c]);
+        if (engram) {
+            if (e_next.valid()) e_next.get();  // rethrows the dequant's error
+            engram_on_chunk(w, e_host[c % 2], X);
+            if (c + 1 < chunks_.size())
+                e_next = std::async(std::launch::async, [this, engram, c, &e_host] {
+                    engram_dequant(*engram, chunks_[c + 1], e_host[(c + 1) % 2]);
+                });
+        }
         const Tensor x = attn_input(ctx_, w, X, P);  // read by both sweeps of the chunk
         kv_chunk(ctx_, w, ch.rows, x);
         LayerTaps taps;
@@ -637,9 +676,16 @@ std::vector<SequenceScores> PassRunner::run_pass(const std::vector<std::vector<i
         t0 = now_s();
         const LayerWeights w = bind_layer_weights(cfg_, roles_[static_cast<size_t>(L)],
                                                   [&](const std::string& n) { return res->get(n); });
-        tm.engram_wait_s = run_engram(w);
+        // Engram in the block's sweep (run_block), or as a sweep of its own where the layer's input is
+        // captured (the capture reads the host stream after Engram)
+        const EngramRowSet* engram = nullptr;
+        if (w.role.engram && !captured(L))
+            engram = &engram_rows(w, &tm.engram_wait_s);
+        else
+            tm.engram_wait_s = run_engram(w);
         if (captured(L)) capture(L, sink);
-        run_block(w);
+        run_block(w, nullptr, engram);
+        if (engram) engram_gather_->release(cfg_.engram_index(L));
         next_layer_ = L + 1;  // the host state now holds layer L's output (a save point)
         tm.compute_s = now_s() - t0 - tm.engram_wait_s;
         if (on_layer) on_layer(tm);

@@ -351,3 +351,52 @@ TEST(EngramNextPass, LayerTimingsSeparateTheGatherWaitFromCompute) {
     EXPECT_GE(engram_waits, counted);
     EXPECT_LE(engram_waits, counted + 0.05 * engram_layers);
 }
+
+// Engram in the block's chunk sweep (run_pass: each chunk's rows dequantized while the chunk before
+// computes, Engram applied on the backend before the chunk's attention) against Engram as a sweep of its
+// own through the host stream (the step API, run_engram then run_block; also what run_pass does where an
+// Engram layer's input is captured): the same scores, byte for byte, at several chunk sizes (one chunk;
+// chunks cutting sequences), and the captured rows of an Engram layer are the post-Engram stream.
+TEST(EngramInTheSweep, SameBytesAsEngramOnTheHostStream) {
+    Checkpoint ck = Checkpoint::open(dense_model());
+    const ModelConfig& cfg = ck.config();
+    ASSERT_FALSE(cfg.engram_layer_ids.empty());
+    const int engram_layer = cfg.engram_layer_ids[0];
+    const Pass pass = random_passes(1, cfg.vocab_size, 11)[0];
+    struct Rows : HiddenSink {
+        std::vector<uint16_t> rows;
+        void add_rows(int, int, const uint16_t* d, int64_t n, int64_t e) override {
+            rows.insert(rows.end(), d, d + n * e);
+        }
+    };
+    for (const int64_t chunk_rows : {int64_t{4}, int64_t{16}, int64_t{1} << 20}) {
+        ReplayOptions ro;
+        ro.chunk_rows = chunk_rows;
+        // the step API: Engram's own sweep through the host stream, then the block
+        CpuRunner step(ck, EngramNextPassMode::Off, ro);
+        step.runner->begin(pass);
+        Rows step_rows;
+        for (int L = 0; L < cfg.n_layers; ++L) {
+            auto res = step.ws->acquire(L);
+            const LayerWeights w = bind_layer_weights(cfg, ck.roles()[static_cast<size_t>(L)],
+                                                      [&](const std::string& n) { return res->get(n); });
+            step.runner->run_engram(w);
+            if (L == engram_layer) step.runner->capture(L, &step_rows);
+            step.runner->run_block(w);
+        }
+        auto head = step.ws->acquire(kHeadLayer);
+        const GlobalWeights g = bind_global_weights([&](const std::string& n) { return head->get(n); });
+        const std::vector<SequenceScores> want = step.runner->finish(g, nullptr);
+        // run(): Engram inside the block's sweep
+        CpuRunner fused(ck, EngramNextPassMode::Off, ro);
+        EXPECT_TRUE(same_scores(fused.runner->run(pass, nullptr), want)) << "chunks of " << chunk_rows;
+        // run() with the Engram layer captured: its own sweep again, the same rows as the step API's
+        ReplayOptions rc = ro;
+        rc.capture_layers = {engram_layer};
+        CpuRunner captured(ck, EngramNextPassMode::Off, rc);
+        Rows run_rows;
+        EXPECT_TRUE(same_scores(captured.runner->run(pass, &run_rows), want)) << "chunks of " << chunk_rows;
+        EXPECT_FALSE(step_rows.rows.empty());
+        EXPECT_EQ(run_rows.rows, step_rows.rows) << "chunks of " << chunk_rows;
+    }
+}
