@@ -597,11 +597,12 @@ __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, 
 }
 
 // ------------------------------------------------------------------ consumers (warpgroups 0, 1)
-// One K block's scales for a thread's two rows, read from the stage before the block's partial is
-// ready (the shared loads and the decoding overlap the wgmma). fp8 (block scales): s0 / s1 [cb] =
-// sa(row) * sw(column block cb) of rows r0 / r0 + 8 and the tile's 4 column blocks, fast = every one of
-// those scale bytes lies in the fused form's window; fp4: s0[0] / s1[0] = sa(r0) / sa(r0 + 8) (the
-// converter's f32 table), fast = the stage's flag words (stage_scales; 0: B took the column scales).
+// One K block's scales for a thread's two rows, read after the block's wgmma wait (read before it, while
+// two partials and the A fragments are live, they spill). fp8 (block scales): s0 / s1 [cb] = sa(row) *
+// sw(column block cb) of rows r0 / r0 + 8 and the tile's 4 column blocks, fast = every one of those scale
+// bytes lies in the fused form's window (fp16 weights: only fast, from the converters' flags; promote
+// reads their products); fp4: s0[0] / s1[0] = sa(r0) / sa(r0 + 8) (the converter's f32 table), fast =
+// the stage's flag words (stage_scales; 0: B took the column scales).
 struct BlockScales {
     float s0[4], s1[4];
     uint32_t fast;
