@@ -6,7 +6,8 @@
 # (ChunkRing, ChunkRetry), and the Engram gather's engines (the pread pool, io_uring, mmap threads, the
 # pass gather's background thread: EngramGather, EngramPassGather, EngramRowPlan; the rows' dequant threads:
 # EngramRowDequant; the next pass's gather
-# during the current pass, its gate and an exception mid-pass with it in flight: EngramNextPass), and
+# during the current pass, its gate and an exception mid-pass with it in flight: EngramNextPass; the next
+# chunk's Engram rows dequantized while the chunk before computes: EngramInTheSweep), and
 # score --devices (the worker threads behind one fan-out weight reader: MultiDevice, ScoreDevices). CPU
 # only: configures build-tsan with -DDS4R_SANITIZE=thread -DDS4R_CUDA=OFF,
 # builds ds4r_unit_tests and runs those tests through CTest; any TSan report fails the run (exit != 0).
@@ -28,5 +29,5 @@ cmake --build "$build" -j"$jobs" --target ds4r_unit_tests
 export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 suppressions=$root/tests/tsan.supp ${TSAN_OPTIONS:-}"
 
 start=$(date +%s)
-ctest --test-dir "$build" -R 'Prefetch|DirectReader|Chunk|EngramGather|EngramPassGather|EngramRowPlan|EngramRowDequant|EngramNextPass|MultiDevice|ScoreDevices' --output-on-failure --repeat until-fail:"$repeat"
+ctest --test-dir "$build" -R 'Prefetch|DirectReader|Chunk|EngramGather|EngramPassGather|EngramRowPlan|EngramRowDequant|EngramNextPass|EngramInTheSweep|MultiDevice|ScoreDevices' --output-on-failure --repeat until-fail:"$repeat"
 echo "tsan_prefetch: passed in $(( $(date +%s) - start )) s (build dir $build)"
