@@ -256,7 +256,7 @@ cudaError_t launch_gemm_fp4(const uint8_t* q, const uint8_t* sa, const uint8_t* 
 
 cudaError_t launch_grouped_gemm_fp4(const GroupedFp4Gemm& g, cudaStream_t stream) {
     if (g.K % 32 != 0 || g.K > 0x7fffffffLL || g.N > 0x7fffffffLL || g.n_proj < 1 || g.n_proj > 2 ||
-        !aligned16(g.q) || g.n_experts < 0 || g.w_e5m2)  // e5m2 weights: the Hopper kernels only
+        !aligned16(g.q) || g.n_experts < 0 || g.w_e5m2 || g.w_f16)  // prepared weights: the Hopper kernels only
         return cudaErrorInvalidValue;
     if (g.n_experts == 0 || g.max_tiles <= 0 || g.N == 0) return cudaSuccess;
     constexpr int kBM = Fp4Grouped::kBM, kBN = Fp4Grouped::kBN;

@@ -80,6 +80,12 @@ struct GroupedFp4Gemm {
     // the prepared experts of the Hopper kernels, docs/PERFORMANCE.md). Hopper widened partials only:
     // every other launcher returns cudaErrorInvalidValue.
     bool w_e5m2 = false;
+    // The weights as fp16 [N, K] with each (column, K block)'s scale taken into the values where it folds
+    // (launch_fp4_to_f16_folded: e2m1 * 2^(byte - 127) for bytes 114 .. 128, else e2m1; the same values
+    // the Hopper converters make), every expert of a projection at one stride (w[z][e] = w[z][0] + e *
+    // stride: one tensor map). The Hopper kernels' prepared experts where memory allows (twice the e5m2
+    // bytes); widened partials only: every other launcher returns cudaErrorInvalidValue.
+    bool w_f16 = false;
     // Optional (Hopper, launch_moe_tile_split): the plan above split by tile height: `full` every tile
     // but each expert's last one when it holds 1 .. 64 pairs, `tail` those last tiles (one per expert at
     // most), so that they take 64-row tiles (Sm90GroupedRows::Mixed). Null pointers: no split.

@@ -127,7 +127,7 @@ struct GroupedParams {
     bool scale_words;  // every scale row 4-byte aligned with K / 32 % 4 == 0 (Hopper scale copies)
     int N, K;
     int e_begin, e_end;                       // experts of this launch
-    // packed e2m1 [N, K / 2] (w_e5m2: e5m2 [N, K]) per projection and expert
+    // packed e2m1 [N, K / 2] (w_e5m2: e5m2 [N, K]; w_f16: fp16 [N, K]) per projection and expert
     const uint8_t* w[2][kMaxGroupedExperts];
     const uint8_t* s[2][kMaxGroupedExperts];  // e8m0 [N, K / 32]
     uint8_t* y[2];                            // bf16 [pairs, N] per projection
@@ -145,7 +145,7 @@ inline GroupedParams grouped_params(const GroupedFp4Gemm& g, int e0, int e1) {
     p.expert_end = g.expert_end;
     p.a_pitch = g.K;
     p.sa_pitch = g.K / 32;
-    p.b_pitch = g.w_e5m2 ? g.K : g.K / 2;
+    p.b_pitch = g.w_f16 ? 2 * g.K : (g.w_e5m2 ? g.K : g.K / 2);
     p.sb_pitch = g.K / 32;
     p.c_pitch = g.N * 2;
     p.N = static_cast<int>(g.N);
@@ -172,8 +172,9 @@ inline GroupedParams grouped_params(const GroupedFp4Gemm& g, int e0, int e1) {
 // schedule's tiles or (kBM = 64) is the empty second half of its plan tile (the whole block returns).
 // The routing plan lists 128-row tiles (moe.cuh); with kBM = 64 blocks 2 t and 2 t + 1 take plan tile
 // t's two row halves (blockIdx.y: twice the plan's tile bound).
+// expert (optional): the tile's expert (the z coordinate of the prepared experts' tensor maps).
 template <int kBM, int kBN>
-__device__ __forceinline__ bool grouped_tile_job(const GroupedParams& p, gemm::TileJob& j) {
+__device__ __forceinline__ bool grouped_tile_job(const GroupedParams& p, gemm::TileJob& j, int* expert = nullptr) {
     static_assert(kBM == 128 || kBM == 64, "grouped tiles: 128 rows, or the halves of 128");
     constexpr int kParts = 128 / kBM;
     const int64_t t = static_cast<int64_t>(p.tile_begin[p.e_begin]) + blockIdx.y / kParts;
@@ -184,6 +185,7 @@ __device__ __forceinline__ bool grouped_tile_job(const GroupedParams& p, gemm::T
     if (start >= end) return false;
     const int z = blockIdx.z;
     const int n0 = blockIdx.x * kBN;
+    if (expert) *expert = e;
     if (p.a_rows) {
         j.a = p.q;
         j.a_rows = p.a_rows + start;

@@ -49,8 +49,9 @@ cudaError_t launch_gemm_fp4_sm90(const uint8_t* q, const uint8_t* sa, const uint
                                  cudaStream_t stream);
 
 // As launch_grouped_gemm_fp4 (gemm.cuh) with g.q in sm90_act_order(kSm90DefaultPartials). Also takes the
-// weights as e5m2 bytes (g.w_e5m2, the prepared experts: the same bits) with the widened partials
-// (Fp8Wgmma partials: cudaErrorInvalidValue).
+// weights as e5m2 bytes (g.w_e5m2) or as fp16 with the scales folded in (g.w_f16; B by TMA: cudaErrorNotSupported
+// where the experts do not lie at one stride), the prepared experts, the same bits, with the widened
+// partials (Fp8Wgmma partials: cudaErrorInvalidValue).
 cudaError_t launch_grouped_gemm_fp4_sm90(const GroupedFp4Gemm& g, cudaStream_t stream);
 
 // How the block-scaled kernels form each 32-wide K block's partial: one fp8 wgmma (k32) on the codes

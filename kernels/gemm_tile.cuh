@@ -214,6 +214,18 @@ __device__ __forceinline__ uint4 e2m1x8_to_f16x8(uint32_t w, uint32_t mult2 = kE
     r.w = e2m1x2_to_f16x2(w >> 24, mult2);
     return r;
 }
+// fp4 column scales 2^b that the widened weights can take into their values: byte = b + 127 with b in
+// [-13, 1], where every e2m1 value * 2^b is a normal fp16 (0.5 * 2^-13 .. 6 * 2^1) and the conversion's
+// multiplier 2^(14 + b) is one too (the Hopper kernels' converters, and the prepared fp16 experts).
+constexpr uint32_t kFoldLo = 114, kFoldSpan = 14;
+__host__ __device__ __forceinline__ bool sw_foldable(uint32_t byte) {
+    return byte - kFoldLo <= kFoldSpan;
+}
+// e2m1x2_to_f16x2's multiplier for a weight of fp4 column scale byte `byte`: the values times 2^b where
+// the scale folds (fp16 2^(14 + b): exponent field byte - 98), else the plain values.
+__device__ __forceinline__ uint32_t e2m1_f16_mult(uint32_t byte) {
+    return sw_foldable(byte) ? (byte - 98u) * 0x04000400u : kE2m1F16Mult;
+}
 
 // ------------------------------------------------------------------ one K block of one warp
 // Lane offsets (bytes, constant over the K loop): the swizzle term of every m16 block's / n16 pair's

@@ -161,6 +161,30 @@ cudaError_t launch_fp4_to_e5m2(const uint8_t* w, int64_t bytes, uint8_t* out, cu
     return launch_widen16<Fp4ToE5m2>(w, bytes, out, stream);
 }
 
+// Chunks of 16 packed bytes (one 32-wide K block of one row: chunk c's scale is s[c]) -> 64 bytes of fp16.
+// Each word of 4 packed bytes gives one 16-byte output; a warp's 32 consecutive words per step (8 chunks),
+// so that loads and stores are both coalesced. n4: input words.
+__global__ void fp4_to_f16_folded_kernel(const uint32_t* __restrict__ w, const uint8_t* __restrict__ s,
+                                         int64_t n4, uint4* __restrict__ out) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    out[i] = gemm::e2m1x8_to_f16x8(w[i], gemm::e2m1_f16_mult(s[i / 4]));
+}
+
+cudaError_t launch_fp4_to_f16_folded(const uint8_t* w, const uint8_t* s, int64_t bytes, uint16_t* out,
+                                     cudaStream_t stream) {
+    if (bytes < 0 || bytes % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(out) % 16 != 0)
+        return cudaErrorInvalidValue;
+    const int64_t n4 = bytes / 4;
+    if (n4 == 0) return cudaSuccess;
+    const int64_t blocks = (n4 + kThreads - 1) / kThreads;
+    if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
+    fp4_to_f16_folded_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        reinterpret_cast<const uint32_t*>(w), s, n4, reinterpret_cast<uint4*>(out));
+    return cudaGetLastError();
+}
+
 cudaError_t launch_e4m3_to_f16(const uint8_t* w, int64_t n, uint16_t* out, cudaStream_t stream) {
     return launch_widen16<E4m3ToF16>(w, n, out, stream);  // n codes, one byte each
 }

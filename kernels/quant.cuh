@@ -50,6 +50,15 @@ cudaError_t launch_dequant_fp8_bf16(const uint8_t* w, const uint8_t* s, int64_t 
 // The Hopper kernels' prepared routed experts (GroupedFp4Gemm::w_e5m2). 16-byte aligned, bytes % 16 == 0.
 cudaError_t launch_fp4_to_e5m2(const uint8_t* w, int64_t bytes, uint8_t* out, cudaStream_t stream);
 
+// Packed e2m1 weights with their e8m0 column scales -> fp16 with each scale taken into its K block's values
+// where it folds (gemm_tile.cuh sw_foldable: e2m1 * 2^(byte - 127), a normal fp16; else the e2m1 value),
+// exactly as the Hopper converters widen them: w [rows, cols / 2] packed, s [rows, cols / 32] (cols % 32 ==
+// 0: 16 packed bytes are one K block, and chunk i's scale is s[i]), bytes = rows * cols / 2 -> out fp16
+// [rows, cols]. The Hopper kernels' prepared fp16 experts (GroupedFp4Gemm::w_f16). w and out 16-byte
+// aligned, bytes % 16 == 0.
+cudaError_t launch_fp4_to_f16_folded(const uint8_t* w, const uint8_t* s, int64_t bytes, uint16_t* out,
+                                     cudaStream_t stream);
+
 // e4m3 weight codes -> fp16 bits, exactly as the GEMMs' converters widen them (gemm_tile.cuh
 // e4m3x8_to_f16x8: every e4m3 value is an fp16 normal; the NaN code 0x7f becomes 480): w [n] -> out [n].
 // The Hopper kernels' fp16 weights (launch_gemm_fp8_sm90_f16w). 16-byte aligned, n % 16 == 0.

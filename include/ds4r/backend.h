@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "ds4r/expert_layout.h"
 #include "ds4r/tensor.h"
 
 namespace ds4r {
@@ -210,17 +211,19 @@ public:
     // gate's top-k order (descending biased score).
     virtual void moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y,
                      const Tensor& route_idx, const Tensor& route_w) = 0;
-    // Prepared experts (optional, off unless set_prepared_experts(true); never changes a result): a copy
+    // Prepared experts (optional, off unless set_prepared_experts(layout); never changes a result): a copy
     // of a layer's routed expert weights in a layout the backend's kernels read faster, made once per
     // layer (prepare_experts, before its chunks) and dropped after (release_experts); the moe calls in
     // between read it. CudaBackend with the Hopper widened kernels: the fp4 weights as e5m2 bytes (one
-    // per value, 2 bytes per packed byte: no per-tile fp4 decoding, docs/PERFORMANCE.md). The pass
-    // planner (plan_prepared_experts, ds4r/replay.h) turns it on where the memory allows.
-    // prepared_experts_bytes: what one layer's copy takes for `experts` experts with w1, w3 [hidden, dim]
-    // and w2 [dim, hidden]; 0 where the backend prepares nothing (the default).
-    virtual uint64_t prepared_experts_bytes(int64_t experts, int64_t dim, int64_t hidden) const;
-    virtual void set_prepared_experts(bool on);
-    virtual bool prepared_experts() const { return false; }
+    // per value, 2 bytes per packed byte: no per-tile fp4 decoding), or as fp16 with their scales folded
+    // in (4 bytes per packed byte: the GEMM's B tiles straight from memory, docs/PERFORMANCE.md). The pass
+    // planner (plan_prepared_experts, ds4r/replay.h) picks the widest layout the memory allows.
+    // prepared_experts_bytes: what one layer's copy takes in `layout` for `experts` experts with w1, w3
+    // [hidden, dim] and w2 [dim, hidden]; 0 where the backend lacks that layout (the default: every one).
+    virtual uint64_t prepared_experts_bytes(int64_t experts, int64_t dim, int64_t hidden,
+                                            ExpertLayout layout) const;
+    virtual void set_prepared_experts(ExpertLayout layout);
+    virtual ExpertLayout prepared_experts() const { return ExpertLayout::None; }
     virtual void prepare_experts(const MoeWeights& w);
     virtual void release_experts() {}
     // fp16 weights (on by default where the backend has them; never changes a result): CudaBackend with

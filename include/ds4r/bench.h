@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <string>
 
+#include "ds4r/expert_layout.h"
 #include "ds4r/io_settings.h"
 
 namespace ds4r {
@@ -33,8 +34,9 @@ struct BenchOptions {
     int device = 0;
     double gpu_memory_gb = 0;  // CUDA memory budget (--gpu-memory-gb); 0: the default 22 GB
     std::string kernels = "auto";  // CUDA GEMM kernels (--kernels auto|portable|hopper, ds4r/backend.h)
-    // --prepared-experts auto (true) | off (ds4r/replay.h plan_prepared_experts)
-    bool prepared_experts = true;
+    // --prepared-experts auto (kAutoExpertLayout) | fp16 | e5m2 | off (None): the widest layout allowed
+    // (ds4r/replay.h plan_prepared_experts)
+    ExpertLayout prepared_experts = kAutoExpertLayout;
     // --fp16-weights auto (true) | off (Backend::set_fp16_weights)
     bool fp16_weights = true;
     int64_t chunk_rows = 0;    // 0: sized from free memory, as `score`

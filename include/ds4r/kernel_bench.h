@@ -38,11 +38,12 @@ public:
     // mixed tiles (each expert's short last tile on 64 rows) (-1 on the portable kernels, which have one).
     // routed: the experts' rows drawn around rows_per_expert as a router spreads them (Poisson, fixed
     // seed; FLOPs counted on the rows drawn) instead of exactly rows_per_expert each, with the MoE's split
-    // of the plan (launch_moe_tile_split). e5m2: the weights prepared as e5m2 bytes (the Hopper widened
-    // kernels' prepared experts; -1 on other kernels).
+    // of the plan (launch_moe_tile_split). layout: the weights prepared as e5m2 bytes or as fp16 with the
+    // scales folded in (the Hopper widened kernels' prepared experts, --prepared-experts; -1 on other
+    // kernels, and where the copy does not fit the memory budget).
     virtual double grouped_fp4_tflops(int experts, int64_t rows_per_expert, int64_t N, int64_t K, int n_proj,
                                       int iters, int tile_rows = 0, bool routed = false,
-                                      bool e5m2 = false) = 0;
+                                      ExpertLayout layout = ExpertLayout::None) = 0;
     // The output head's logits GEMM as head_stats runs it: x bf16 [M, D] . head bf16 [V, D]^T -> f32.
     virtual double head_logits_tflops(int64_t M, int64_t V, int64_t D, int iters) = 0;
     // Rows of one logits launch inside head_stats (it computes the logits in chunks of this many rows).

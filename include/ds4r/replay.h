@@ -52,11 +52,12 @@ int64_t chunk_row_budget_bytes(const ModelConfig& cfg);
 // set of chunks of `chunk_rows` rows. Call once the weight slots are allocated (the weight source is
 // built). score and bench d end a pass before its arenas would pass it; 0 when nothing is left.
 uint64_t pass_arena_room(const Backend& be, const ModelConfig& cfg, int64_t chunk_rows);
-// Turns the backend's prepared experts (Backend::prepare_experts: CudaBackend's e5m2 copy of a layer's
-// routed experts for the Hopper kernels) on where `allow` (--prepared-experts auto) and the copy takes at
-// most half of `arena_room` (the pass's arena room without it), else off. Returns the bytes the copy
-// takes (0 when off): the caller's arena room shrinks by them. Results never depend on it.
-uint64_t plan_prepared_experts(Backend& be, const ModelConfig& cfg, uint64_t arena_room, bool allow);
+// Sets the backend's prepared experts (Backend::prepare_experts: CudaBackend's e5m2 or fp16 copy of a
+// layer's routed experts for the Hopper kernels) to the widest layout, up to `widest` (--prepared-experts:
+// fp16 F16, e5m2 E5m2, auto kAutoExpertLayout, off None), that the backend has and whose copy takes at most half of `arena_room`
+// (the pass's arena room without it), else off. Returns the bytes the copy takes (0 when off): the
+// caller's arena room shrinks by them. Results never depend on it.
+uint64_t plan_prepared_experts(Backend& be, const ModelConfig& cfg, uint64_t arena_room, ExpertLayout widest);
 
 // Host bytes per pass token at most (docs/DESIGN.md 5: <= 64 KB): the residual stream (hc x dim bf16), the
 // pre-mix, the Engram hash ids, the gathered Engram rows as stored (engram_rows_bytes_per_token) and the

@@ -62,6 +62,32 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_kernel(const __grid_const
 #endif
 }
 
+// The prepared fp16 experts' weights of each projection: [experts][N][K] fp16, one map per projection
+// (boxes of one stage: kKs elements x kBN rows, 128-byte swizzle; z = the expert).
+struct ExpertMaps {
+    CUtensorMap b[2];
+};
+
+// The routed experts' grouped GEMM on prepared fp16 experts (Cfg::kTmaB): A rows gathered by the
+// loaders, B by TMA at (K, the tile's first column, the tile's expert).
+template <class C>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_tma_kernel(const __grid_constant__ GroupedParams p, const __grid_constant__ ExpertMaps maps) {
+#if defined(DS4R_SM90A_DEVICE)
+    extern __shared__ __align__(1024) uint8_t smem[];
+    Job j;
+    int expert = 0;
+    if (!grouped_tile_job<C::kBM, C::kBN>(p, j, &expert)) return;
+    j.c_pairs = p.c_pairs;
+    j.scale_words = p.scale_words;
+    j.tma_a = nullptr;
+    j.tma_b = &maps.b[blockIdx.z];
+    j.m0 = 0;
+    j.z = expert;
+    tile<C, false>(j, smem);
+#endif
+}
+
 bool aligned16(const void* p) {
     return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
@@ -190,15 +216,43 @@ cudaError_t launch_scaled_f16w(Sm90Loads loads, const uint8_t* q, const uint8_t*
     return launch_plain<Cfg<Op::Fp8F16, true>, false>(loads, p, M, N, K, 1, stream);
 }
 
-// kBM: 128 (the routing plan's tiles) or 64 (two blocks per plan tile: grid.y doubled). kOp: Fp4, or
-// Fp4E5m2 (g.w_e5m2, widened partials only).
+// The tensor maps of g's prepared fp16 experts for tile C (GroupedFp4Gemm::w_f16); false where the
+// experts of a projection do not lie at one stride or TMA cannot describe them.
+template <class C>
+bool expert_maps(ExpertMaps* maps, const GroupedFp4Gemm& g) {
+    if (g.n_experts <= 0) return false;
+    for (int z = 0; z < g.n_proj; ++z) {
+        const uint8_t* const* w = g.w[z];
+        const int64_t stride = g.n_experts > 1 ? w[1] - w[0] : 2 * g.N * g.K;
+        if (stride < 2 * g.N * g.K) return false;  // overlapping experts
+        for (int e = 2; e < g.n_experts; ++e)
+            if (w[e] - w[0] != e * stride) return false;
+        if (!operand_map(&maps->b[z], true, w[0], g.K, g.N, 2 * g.K, stride, g.n_experts, C::kKs, C::kBN,
+                         CU_TENSOR_MAP_SWIZZLE_128B))
+            return false;
+    }
+    return true;
+}
+
+// kBM: 128 (the routing plan's tiles) or 64 (two blocks per plan tile: grid.y doubled). kOp: Fp4,
+// Fp4E5m2 (g.w_e5m2) or Fp4F16 (g.w_f16: B by TMA, cudaErrorNotSupported where expert_maps fails); the
+// last two widened partials only.
 template <Op kOp, bool kWiden, int kBM>
 cudaError_t launch_grouped(const GroupedFp4Gemm& g, cudaStream_t stream) {
     using C = Cfg<kOp, kWiden, kBM == 64 ? 256 : 128, kBM>;
+    ExpertMaps maps{};
+    if constexpr (C::kPreFolded) {
+        if (g.K % 32 != 0 || g.n_proj < 1 || g.n_proj > 2) return cudaErrorInvalidValue;
+        if (g.n_experts > 0 && g.max_tiles > 0 && g.N > 0 && !expert_maps<C>(&maps, g))
+            return cudaErrorNotSupported;
+    }
     return for_each_grouped_batch(g, 128, C::kBN, [&](int e0, int e1, dim3 grid) {
         grid.y *= 128 / kBM;
         if (grid.y > 65535u) return cudaErrorInvalidValue;
-        return launch<C, grouped_kernel<C>>(grid, stream, grouped_params(g, e0, e1));
+        if constexpr (C::kPreFolded)
+            return launch<C, grouped_tma_kernel<C>>(grid, stream, grouped_params(g, e0, e1), maps);
+        else
+            return launch<C, grouped_kernel<C>>(grid, stream, grouped_params(g, e0, e1));
     });
 }
 
@@ -286,8 +340,10 @@ cudaError_t launch_gemm_fp4_sm90_partials(Sm90Partials partials, const uint8_t* 
 
 cudaError_t launch_grouped_gemm_fp4_sm90_tiles(Sm90Partials partials, Sm90GroupedRows rows,
                                                const GroupedFp4Gemm& g, cudaStream_t stream) {
-    if (g.w_e5m2) {
+    if (g.w_e5m2 && g.w_f16) return cudaErrorInvalidValue;
+    if (g.w_e5m2 || g.w_f16) {
         if (partials != Sm90Partials::Fp16Widened) return cudaErrorInvalidValue;
+        if (g.w_f16) return launch_grouped_rows<Op::Fp4F16, true>(rows, g, stream);
         return launch_grouped_rows<Op::Fp4E5m2, true>(rows, g, stream);
     }
     if (partials == Sm90Partials::Fp16Widened) return launch_grouped_rows<Op::Fp4, true>(rows, g, stream);

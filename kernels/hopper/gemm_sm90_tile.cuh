@@ -29,7 +29,9 @@
 //   kSwLo ..), else RN(acc + RN(RN(P * sa) * sw)), in K order, acc from +0, one bf16 rounding at the
 //   end. K blocks go in pairs: both wgmmas in flight, the first one's promotion overlapping the second.
 //   Widened fp4 stages whose column scales all fold (stage_scales) widen w * sw instead of w: the
-//   partial is exactly P * sw and acc = fma(P * sw, sa, acc), the same number.
+//   partial is exactly P * sw and acc = fma(P * sw, sa, acc), the same number. The prepared fp16 experts
+//   (Op::Fp4F16) hold w * sw wherever the column's scale folds; stages whose scales all fold take the
+//   same fma, the others multiply each column's partial by 2^-b first (exact: P again).
 // - bf16: acc from +0 (zeroed registers, scale-d 1), wgmma k16 steps in K order, zero-filled K
 //   tails; bf16 (one RNE rounding) or f32 out.
 #pragma once
@@ -55,7 +57,13 @@ using namespace sm90;
 // Fp8F16: fp8 weights widened to fp16 before the launch (launch_e4m3_to_f16: the converters' very
 // values), with the fp8 weights' 32 x 32 block scales; widened partials only, and no converters: B
 // arrives as the MMA tile itself.
-enum class Op : int { Fp8 = 0, Fp4 = 1, Bf16 = 2, Fp4E5m2 = 3, Fp8F16 = 4 };
+// Fp4F16: fp4 weights prepared as fp16 with each (column, K block)'s scale taken into the values where
+// it folds (launch_fp4_to_f16_folded: the converters' very values; the prepared routed experts when memory
+// allows), with the fp4 column scales; widened partials only. B arrives by TMA as the MMA tile (every
+// expert of a projection at one stride: one 3-D tensor map, z = expert); the converters only decode the
+// stages' scales (stage_scales), and a stage whose scales do not all fold takes its partials back to P
+// column by column (promote: unfold_of).
+enum class Op : int { Fp8 = 0, Fp4 = 1, Bf16 = 2, Fp4E5m2 = 3, Fp8F16 = 4, Fp4F16 = 5 };
 
 constexpr int kRowBytes = 128;  // bytes of one MMA operand tile row per stage (the 128-byte swizzle)
 constexpr int kThreads = 384;   // two consumer warpgroups + one producer warpgroup
@@ -87,7 +95,8 @@ struct Cfg {
     // grouped experts' tiles when experts hold few rows; each output's instruction sequence is the same)
     static constexpr int kBM = kBM_;
     static constexpr bool kSplitN = kBM == 64;
-    static_assert(kBM == 128 || (kSplitN && kBN_ == 256 && (kOp_ == Op::Fp4 || kOp_ == Op::Fp4E5m2)),
+    static_assert(kBM == 128 ||
+                      (kSplitN && kBN_ == 256 && (kOp_ == Op::Fp4 || kOp_ == Op::Fp4E5m2 || kOp_ == Op::Fp4F16)),
                   "tile rows");
     // output tile columns: 128 (m64n128 per consumer warpgroup); bf16 also 256 (m64n256: fewer bytes
     // per FLOP, the accumulators need no second copy there); 256 split over the warpgroups (kSplitN)
@@ -98,17 +107,24 @@ struct Cfg {
     static constexpr bool kWiden = kQuant && kWiden_;
     static_assert(kOp != Op::Fp4E5m2 || kWiden, "e5m2 weights: widened partials");
     static_assert(kOp != Op::Fp8F16 || kWiden, "fp16 weights: widened partials");
+    static_assert(kOp != Op::Fp4F16 || kWiden, "prepared fp16 experts: widened partials");
+    // Fp4F16: B holds w * sw wherever the column's scale folds (the partial is P * sw there)
+    static constexpr bool kPreFolded = kOp == Op::Fp4F16;
+    // B by TMA: with A (kTma, the plain problems), or alone (Fp4F16: the grouped experts' A rows are
+    // gathered by the loaders)
+    static constexpr bool kTmaB = kTma || kPreFolded;
     // the weights' scales: one per 32 x 32 block (fp8), else one per column per 32-wide K block (fp4)
     static constexpr bool kBlockScales = kOp == Op::Fp8 || kOp == Op::Fp8F16;
     // B's elements are 16-bit (bf16, fp16 weights): TMA coordinates in elements, not bytes
-    static constexpr bool kB16 = kOp == Op::Bf16 || kOp == Op::Fp8F16;
+    static constexpr bool kB16 = kOp == Op::Bf16 || kOp == Op::Fp8F16 || kOp == Op::Fp4F16;
     // B converted by the converters: fp4 weights -> codes, or widening to fp16 (Fp4E5m2: widened;
-    // Fp8F16: none, its B is already fp16)
-    static constexpr bool kConvertB = (kWiden && kOp != Op::Fp8F16) || kOp == Op::Fp4;
+    // Fp8F16, Fp4F16: none, their B is already fp16)
+    static constexpr bool kConvertB = (kWiden && !kB16) || kOp == Op::Fp4;
     // Fp8F16: the converters write each stage's table of scale products sa * sw instead (stage_products)
     static constexpr bool kProducts = kOp == Op::Fp8F16;
     // a converter role (half the producer warpgroup), the consumers wait on its `full` barrier
-    static constexpr bool kConvert = kConvertB || kProducts;
+    // (Fp4F16: the converters decode each stage's scales, stage_scales)
+    static constexpr bool kConvert = kConvertB || kProducts || kPreFolded;
     static constexpr int kLoaders = kConvert ? kProducers / 2 : kProducers;
     // Register split (setmaxnreg; 2 x 128 x consumer + 128 x producer <= the SM's 65,536): the B
     // converters need 56 per producer thread; without them the consumers take 232 (224 spills the
@@ -131,9 +147,10 @@ struct Cfg {
     static constexpr int kBBytes = kB16 ? 2 * kKs : (kOp == Op::Fp4 ? kKs / 2 : kKs);
     static constexpr int kRawA = kWiden ? kABytes : 0;
     static constexpr int kRawB = kConvertB ? kBBytes : 0;
-    // TMA: a stage's A box (kBM rows x kABytes) and B box (kBN rows x kBBytes), bytes
-    static constexpr uint32_t kTmaBytes = static_cast<uint32_t>(kBM * kABytes + kBN * kBBytes);
-    static_assert(kTmaBytes > 0, "stage bytes");
+    // TMA: a stage's A box (kBM rows x kABytes; kTma) and B box (kBN rows x kBBytes; kTmaB), bytes
+    static constexpr uint32_t kTmaBytes =
+        static_cast<uint32_t>((kTma ? kBM * kABytes : 0) + (kTmaB ? kBN * kBBytes : 0));
+    static_assert(kTmaBytes > 0 || !kTmaB, "stage bytes");
     // widened: no A tile (the consumers widen A in registers from the raw rows)
     static constexpr int kA = 0, kB = kWiden ? 0 : kBM * kRowBytes;
     static constexpr int kRawAOff = kB + kBN * kRowBytes;
@@ -141,7 +158,7 @@ struct Cfg {
     static constexpr int kSa = kRawBOff + kBN * kRawB;
     static constexpr int kSw = kSa + (kQuant ? 4 * kBM : 0);
     // fp4: the converter's f32 scales [4][128] (sa by row, sw by column) and its window flags [2]
-    static constexpr bool kScaleF = kOp == Op::Fp4 || kOp == Op::Fp4E5m2;
+    static constexpr bool kScaleF = kOp == Op::Fp4 || kOp == Op::Fp4E5m2 || kOp == Op::Fp4F16;
     static constexpr int kSaF = kSw + (kQuant ? 4 * kBN : 0);
     static constexpr int kSwF = kSaF + (kScaleF ? 4 * 4 * kBM : 0);
     // Fp8F16: the products sa(row) * sw(column block) [kKb][kBM][4] f32
@@ -256,7 +273,8 @@ __device__ __forceinline__ void tma_stage(const Job& j, uint32_t st, Bars bars, 
     const int ka = i * (C::kOp == Op::Bf16 ? C::kKs : C::kABytes);
     const int kb = i * (C::kB16 ? C::kKs : C::kBBytes);
     mbar_arrive_expect_tx(bars.loaded(s), C::kTmaBytes);
-    tma_load_3d(C::kWiden ? st + C::kRawAOff : st + C::kA, j.tma_a, ka, j.m0, j.z, bars.loaded(s));
+    if constexpr (C::kTma)
+        tma_load_3d(C::kWiden ? st + C::kRawAOff : st + C::kA, j.tma_a, ka, j.m0, j.z, bars.loaded(s));
     tma_load_3d(C::kConvertB ? st + C::kRawBOff : st + C::kB, j.tma_b, kb, j.n0, j.z, bars.loaded(s));
 }
 
@@ -321,7 +339,7 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
         const int s = i % C::kStages;
         if (i >= C::kStages) mbar_wait(bars.empty(s), ((i / C::kStages) - 1) & 1);
         const uint32_t st = base + s * C::kStage;
-        if constexpr (C::kTma) {
+        if constexpr (C::kTmaB) {
             if (p == 0) tma_stage<C>(j, st, bars, i, s);
         }
         // A: straight into the swizzled tile, or (widened) into the raw rows
@@ -339,7 +357,7 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
                 cp_async16(dst, n ? j.a + ao + off : j.a, n);
             }
         }
-        if constexpr (!C::kTma) {
+        if constexpr (!C::kTmaB) {
             const int off = i * C::kBBytes + cb * 16;
 #pragma unroll 4
             for (int r = lw * kRpwB + rb; r < C::kBN; r += kWarps * kRpwB) {
@@ -388,13 +406,8 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
 }
 
 // ------------------------------------------------------------------ converters (fp4 / widened)
-// fp4 column scales that the widened B can take into its values: b = byte - 127 in [-13, 1], where
-// every e2m1 value * 2^b is a normal fp16 (0.5 * 2^-13 .. 6 * 2^1) and the conversion's multiplier
-// 2^(14 + b) is one too.
-constexpr uint32_t kFoldLo = 114, kFoldSpan = 14;
-__device__ __forceinline__ bool sw_foldable(uint32_t b) {
-    return b - kFoldLo <= kFoldSpan;
-}
+// (fp4 column scales that the widened B takes into its values: gemm_tile.cuh sw_foldable)
+using gemm::sw_foldable;
 
 // fp4 stage i's scales, before its weights are converted (converter p): the f32 tables ([K block][row /
 // column]) and the flag words, one per converter warp: bit 0 some scale lies outside the fused
@@ -586,6 +599,8 @@ __device__ __forceinline__ void convert(Bars bars, uint32_t base, int n_stages, 
         const uint32_t st = base + s * C::kStage;
         if constexpr (C::kProducts) {
             stage_products<C>(st, i, p);  // read by the consumers' shared loads: no proxy fence
+        } else if constexpr (C::kPreFolded) {
+            (void)stage_scales<C>(st, i, p);  // tables and flags only (B arrived folded): no proxy fence
         } else {
             bool fold = false;
             if constexpr (C::kScaleF) fold = stage_scales<C>(st, i, p);
@@ -637,6 +652,14 @@ __device__ __forceinline__ BlockScales block_scales(uint32_t st, int q, int q0, 
         sc.fast = lds32(st + C::kFlags) | lds32(st + C::kFlags + 4);
     }
     return sc;
+}
+
+// Fp4F16: the factor that takes a column's pre-folded partial P * 2^b back to P: 2^-b where the column's
+// scale byte folds (gemm::sw_foldable), else 1 (its B holds w). From the scale's f32 bits (e8m0_f32_bits:
+// byte << 23; bytes 0 and 255, 2^-127 and NaN, have exponent fields 0 and 255, and never fold).
+__device__ __forceinline__ float unfold_of(uint32_t sw_bits) {
+    const uint32_t b = sw_bits >> 23;
+    return sw_foldable(b) ? __uint_as_float((254u - b) << 23) : 1.0f;
 }
 
 // acc += P * scales of K block q (see NUMERICS; sc: block_scales of the block). r0: the thread's first
@@ -695,16 +718,26 @@ __device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], 
                          : "r"(st + C::kSwF + 4 * (kq * C::kBN + col)));
             const float w0 = __uint_as_float(w2.x), w1 = __uint_as_float(w2.y);
             const int i = 4 * jj;
+            // the block's partials P of the two columns (Fp4F16: B held w * sw where the column's scale
+            // folds; times 2^-b, exact, gives P back)
+            float p0 = P[i], p1 = P[i + 1], p2 = P[i + 2], p3 = P[i + 3];
+            if constexpr (C::kPreFolded) {
+                const float u0 = unfold_of(w2.x), u1 = unfold_of(w2.y);
+                p0 = __fmul_rn(p0, u0);
+                p1 = __fmul_rn(p1, u1);
+                p2 = __fmul_rn(p2, u0);
+                p3 = __fmul_rn(p3, u1);
+            }
             if (all_fast) {
-                acc[i] = __fmaf_rn(P[i], __fmul_rn(fa0, w0), acc[i]);
-                acc[i + 1] = __fmaf_rn(P[i + 1], __fmul_rn(fa0, w1), acc[i + 1]);
-                acc[i + 2] = __fmaf_rn(P[i + 2], __fmul_rn(fa1, w0), acc[i + 2]);
-                acc[i + 3] = __fmaf_rn(P[i + 3], __fmul_rn(fa1, w1), acc[i + 3]);
+                acc[i] = __fmaf_rn(p0, __fmul_rn(fa0, w0), acc[i]);
+                acc[i + 1] = __fmaf_rn(p1, __fmul_rn(fa0, w1), acc[i + 1]);
+                acc[i + 2] = __fmaf_rn(p2, __fmul_rn(fa1, w0), acc[i + 2]);
+                acc[i + 3] = __fmaf_rn(p3, __fmul_rn(fa1, w1), acc[i + 3]);
             } else {
-                acc[i] = __fadd_rn(acc[i], __fmul_rn(__fmul_rn(P[i], fa0), w0));
-                acc[i + 1] = __fadd_rn(acc[i + 1], __fmul_rn(__fmul_rn(P[i + 1], fa0), w1));
-                acc[i + 2] = __fadd_rn(acc[i + 2], __fmul_rn(__fmul_rn(P[i + 2], fa1), w0));
-                acc[i + 3] = __fadd_rn(acc[i + 3], __fmul_rn(__fmul_rn(P[i + 3], fa1), w1));
+                acc[i] = __fadd_rn(acc[i], __fmul_rn(__fmul_rn(p0, fa0), w0));
+                acc[i + 1] = __fadd_rn(acc[i + 1], __fmul_rn(__fmul_rn(p1, fa0), w1));
+                acc[i + 2] = __fadd_rn(acc[i + 2], __fmul_rn(__fmul_rn(p2, fa1), w0));
+                acc[i + 3] = __fadd_rn(acc[i + 3], __fmul_rn(__fmul_rn(p3, fa1), w1));
             }
         }
     }
@@ -790,8 +823,9 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
         // ptxas then serializes every wgmma, its C7514 advisory, checked by check_sm90_ptxas.sh.) The
         // buffers alternate PA (even blocks of a run) / PB (odd ones). Runs of 4 took the fp16-weight
         // kernels (light promotions: the converters' products) from 355 to 373 TFLOP/s (wq_a) and
-        // cost the converter-bound ones 1-2% (docs/PERFORMANCE.md, eighth session): pairs there.
-        constexpr int kRun = C::kProducts ? 4 : 2;
+        // cost the converter-bound ones 1-2% (docs/PERFORMANCE.md, eighth session): pairs there. The
+        // prepared fp16 experts (no B converters, one scale per row in the promotion) take runs of 4.
+        constexpr int kRun = C::kProducts || C::kPreFolded ? 4 : 2;
         auto run = [&](int g, auto n_const) {
             constexpr int n = decltype(n_const)::value;
             issue(PA, FA, g);
@@ -884,7 +918,7 @@ __device__ __forceinline__ void tile(const Job& j, uint8_t* smem) {
         for (int s = 0; s < C::kStages; ++s) {
             // each loader: one (cp.async) arrival; TMA: plus the issuing thread's expect-tx arrival
             // (bf16: that one alone, the loaders have no scale words)
-            mbar_init(bars.loaded(s), C::kTma ? (C::kQuant ? C::kLoaders + 1 : 1) : C::kLoaders);
+            mbar_init(bars.loaded(s), C::kTmaB ? (C::kQuant ? C::kLoaders + 1 : 1) : C::kLoaders);
             mbar_init(bars.full(s),
                       C::kConvert ? kProducers - C::kLoaders : 1);  // each converter (unused without)
             mbar_init(bars.empty(s), kConsumers);                   // every consumer thread

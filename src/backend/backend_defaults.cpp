@@ -17,11 +17,19 @@
 namespace ds4r {
 
 // Prepared experts: a backend without a faster layout prepares nothing (ds4r/backend.h).
-uint64_t Backend::prepared_experts_bytes(int64_t, int64_t, int64_t) const {
+uint64_t Backend::prepared_experts_bytes(int64_t, int64_t, int64_t, ExpertLayout) const {
     return 0;
 }
-void Backend::set_prepared_experts(bool on) {
-    DS4R_CHECK(!on, "backend %s has no prepared expert layout", name().c_str());
+void Backend::set_prepared_experts(ExpertLayout layout) {
+    DS4R_CHECK(layout == ExpertLayout::None, "backend %s has no prepared expert layout %s", name().c_str(),
+               expert_layout_name(layout));
+}
+const char* expert_layout_name(ExpertLayout layout) {
+    switch (layout) {
+        case ExpertLayout::E5m2: return "e5m2";
+        case ExpertLayout::F16: return "fp16";
+        default: return "off";
+    }
 }
 void Backend::prepare_experts(const MoeWeights&) {}
 

@@ -16,13 +16,21 @@ void add_kernels_flag(CLI::App* app, std::string* kernels) {
         ->capture_default_str();
 }
 
-void add_prepared_experts_flag(CLI::App* app, bool* allow) {
+void add_prepared_experts_flag(CLI::App* app, ExpertLayout* widest) {
     app->add_option_function<std::string>(
-           "--prepared-experts", [allow](const std::string& v) { *allow = v == "auto"; },
-           "Hopper kernels: each layer's routed experts as e5m2 bytes on the GPU (one byte per weight, "
-           "13.6 GB at full width; faster grouped GEMMs, the same results): auto (where that copy takes at "
-           "most half of the memory left for a pass's attention state: raise --gpu-memory-gb) or off")
-        ->check(CLI::IsMember({"auto", "off"}))
+           "--prepared-experts",
+           [widest](const std::string& v) {
+               *widest = v == "auto"   ? kAutoExpertLayout
+                         : v == "fp16" ? ExpertLayout::F16
+                         : v == "e5m2" ? ExpertLayout::E5m2
+                                       : ExpertLayout::None;
+           },
+           "Hopper kernels: each layer's routed experts copied on the GPU in a layout the grouped GEMMs read "
+           "faster (the same results): fp16 with the scales folded in (2 bytes per weight, 27.2 GB at full "
+           "width) or e5m2 (1 byte, 13.6 GB); the widest copy allowed that takes at most half of the memory "
+           "left for a pass's attention state (raise --gpu-memory-gb). fp16: either; e5m2: e5m2 only; auto: " +
+               std::string(kAutoExpertLayout == ExpertLayout::F16 ? "fp16" : "e5m2") + "'s choice; off")
+        ->check(CLI::IsMember({"auto", "fp16", "e5m2", "off"}))
         ->default_str("auto");
 }
 

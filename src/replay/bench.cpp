@@ -143,7 +143,9 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
                  opt.fp16_weights ? "auto (the Hopper kernels' fp8 GEMMs of >= 1,024 rows)" : "off");
     std::fprintf(
         out, "prepared experts: %s\n",
-        prepared ? strfmt("on (e5m2 weights, %.2f GB per layer)", static_cast<double>(prepared) / 1e9).c_str()
+        prepared ? strfmt("on (%s weights, %.2f GB per layer)", expert_layout_name(be.prepared_experts()),
+                          static_cast<double>(prepared) / 1e9)
+                       .c_str()
                  : "off");
     if (w.name == "d") {
         // As score plans its passes: the sequences whose attention arenas fit the backend memory left

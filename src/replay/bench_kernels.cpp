@@ -127,25 +127,29 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
     const int64_t E = c.n_routed_experts;
     for (const int64_t rows : rows_cases) {
         for (const Grouped& g : grouped) {
-            auto grouped_t = [&, rows](int tile_rows, bool routed, bool e5m2) {
-                return [&kb, &g, E, rows, tile_rows, routed, e5m2, it] {
-                    return kb.grouped_fp4_tflops(E, rows, g.n, g.k, g.proj, it, tile_rows, routed, e5m2);
+            using L = ExpertLayout;
+            auto grouped_t = [&, rows](int tile_rows, bool routed, L layout) {
+                return [&kb, &g, E, rows, tile_rows, routed, layout, it] {
+                    return kb.grouped_fp4_tflops(E, rows, g.n, g.k, g.proj, it, tile_rows, routed, layout);
                 };
             };
-            std::vector<Timed> t{{g.name, grouped_t(0, false, false)},
-                                 // the Hopper kernels on the experts prepared as e5m2 bytes (one byte per
-                                 // weight, no fp4 decoding per tile; --prepared-experts)
-                                 {strfmt("%s, e5m2 weights", g.name), grouped_t(0, false, true)}};
+            std::vector<Timed> t{{g.name, grouped_t(0, false, L::None)},
+                                 // the Hopper kernels on the prepared experts (--prepared-experts): e5m2
+                                 // bytes (one per weight, no fp4 decoding per tile) and fp16 with the scales
+                                 // folded in (B tiles by TMA, no converting at all)
+                                 {strfmt("%s, e5m2 weights", g.name), grouped_t(0, false, L::E5m2)},
+                                 {strfmt("%s, fp16 experts", g.name), grouped_t(0, false, L::F16)}};
             if (rows == chunk_avg) {
                 // the passes' chunk average on the Hopper kernels: each of their tile shapes (the portable
                 // kernels: one tile shape, -1); the experts' rows spread as a router spreads them (Poisson
                 // around the average): the family's own choice (Hopper: mixed tiles), the 128-row tiles
-                // alone, and the e5m2 weights
+                // alone, and the prepared layouts
                 for (const int tr : {64, 128})
-                    t.push_back({strfmt("%s, %d-row tiles", g.name, tr), grouped_t(tr, false, false)});
-                t.push_back({strfmt("%s, routed rows", g.name), grouped_t(0, true, false)});
-                t.push_back({strfmt("%s, routed rows, 128-row tiles", g.name), grouped_t(128, true, false)});
-                t.push_back({strfmt("%s, routed rows, e5m2 weights", g.name), grouped_t(0, true, true)});
+                    t.push_back({strfmt("%s, %d-row tiles", g.name, tr), grouped_t(tr, false, L::None)});
+                t.push_back({strfmt("%s, routed rows", g.name), grouped_t(0, true, L::None)});
+                t.push_back({strfmt("%s, routed rows, 128-row tiles", g.name), grouped_t(128, true, L::None)});
+                t.push_back({strfmt("%s, routed rows, e5m2 weights", g.name), grouped_t(0, true, L::E5m2)});
+                t.push_back({strfmt("%s, routed rows, fp16 experts", g.name), grouped_t(0, true, L::F16)});
             }
             emit_case(t, rows, g.n, g.k, [&](double ref) {
                 return strfmt("experts=%lld cublas_one_expert=%.3f", (long long)E, ref);

@@ -64,19 +64,27 @@ uint64_t pass_arena_room(const Backend& be, const ModelConfig& cfg, int64_t chun
     return free_b > chunks ? free_b - chunks : 0;
 }
 
-uint64_t plan_prepared_experts(Backend& be, const ModelConfig& cfg, uint64_t arena_room, bool allow) {
-    const uint64_t bytes = be.prepared_experts_bytes(cfg.n_routed_experts, cfg.dim, cfg.moe_inter_dim);
-    const bool on = allow && bytes > 0 && arena_room / 2 >= bytes;
-    be.set_prepared_experts(on);
-    if (on)
-        log_info(strfmt("prepared experts: each layer's routed experts as e5m2 bytes on %s (%.2f GB)",
-                        be.name().c_str(), static_cast<double>(bytes) / 1e9));
-    else if (allow && bytes > 0)
-        log_debug(
-            strfmt("prepared experts off: %.2f GB per layer would take over half of the %.2f GB left for the "
-                   "pass's attention state (raise --gpu-memory-gb)",
-                   static_cast<double>(bytes) / 1e9, static_cast<double>(arena_room) / 1e9));
-    return on ? bytes : 0;
+uint64_t plan_prepared_experts(Backend& be, const ModelConfig& cfg, uint64_t arena_room, ExpertLayout widest) {
+    auto bytes_of = [&](ExpertLayout l) {
+        return be.prepared_experts_bytes(cfg.n_routed_experts, cfg.dim, cfg.moe_inter_dim, l);
+    };
+    // the widest layout up to `widest` that the backend has and whose copy fits in half of the room
+    ExpertLayout pick = ExpertLayout::None;
+    for (ExpertLayout l : {ExpertLayout::F16, ExpertLayout::E5m2}) {
+        const uint64_t b = bytes_of(l);
+        if (pick == ExpertLayout::None && l <= widest && b > 0 && arena_room / 2 >= b) pick = l;
+    }
+    be.set_prepared_experts(pick);
+    const uint64_t bytes = bytes_of(pick);
+    if (pick != ExpertLayout::None)
+        log_info(strfmt("prepared experts: each layer's routed experts as %s on %s (%.2f GB)",
+                        expert_layout_name(pick), be.name().c_str(), static_cast<double>(bytes) / 1e9));
+    else if (widest != ExpertLayout::None && bytes_of(ExpertLayout::E5m2) > 0)
+        log_debug(strfmt("prepared experts off: %.2f GB per layer (e5m2) would take over half of the %.2f GB "
+                         "left for the pass's attention state (raise --gpu-memory-gb)",
+                         static_cast<double>(bytes_of(ExpertLayout::E5m2)) / 1e9,
+                         static_cast<double>(arena_room) / 1e9));
+    return bytes;
 }
 
 int64_t resolve_chunk_rows(int64_t requested, const ModelConfig& cfg, size_t free_bytes) {

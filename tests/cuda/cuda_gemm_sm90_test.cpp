@@ -315,15 +315,18 @@ TileSplit split_plan(const std::vector<int>& counts) {
 }
 
 // The grouped kernel on both families with the same routing plan: experts with `counts[e]` pairs, the
-// activation rows gathered through a random permutation (as w1 / w3 run), one projection.
+// activation rows gathered through a random permutation (as w1 / w3 run), one projection. scales: 0
+// typical, 1 extreme (weight scales anywhere in e8m0, activations 300x: the scale windows' slow forms),
+// 2 foldable_fp4_scales.
 void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_t seed,
-                   const std::string& what, bool foldable = false) {
+                   const std::string& what, int scales = 0) {
+    const bool foldable = scales == 2, extreme = scales == 1;
     std::mt19937_64 rng(seed);
     const int E = static_cast<int>(counts.size());
     int64_t P = 0;
     for (int c : counts) P += c;
     ASSERT_GT(P, 0);
-    const auto xh = rand_x(P, K, seed + 1);
+    const auto xh = rand_x(P, K, seed + 1, extreme ? 300.0f : 1.0f);
     std::vector<int32_t> rows(static_cast<size_t>(P));
     for (int64_t i = 0; i < P; ++i) rows[static_cast<size_t>(i)] = static_cast<int32_t>(i);
     std::shuffle(rows.begin(), rows.end(), rng);
@@ -344,7 +347,7 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
         wh[static_cast<size_t>(e)].resize(static_cast<size_t>(N * K / 2));
         sh[static_cast<size_t>(e)].resize(static_cast<size_t>(N * K / 32));
         for (auto& b : wh[static_cast<size_t>(e)]) b = static_cast<uint8_t>(rng());
-        for (auto& b : sh[static_cast<size_t>(e)]) b = scale_byte(rng, false);
+        for (auto& b : sh[static_cast<size_t>(e)]) b = scale_byte(rng, extreme);
         if (foldable) sh[static_cast<size_t>(e)] = foldable_fp4_scales(N, K / 32, rng);
     }
     const int max_rows = *std::max_element(counts.begin(), counts.end());
@@ -353,6 +356,7 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
     // mixed: each expert's short last tile on 64 rows]
     std::vector<uint8_t> tiles[2][3];
     std::vector<uint8_t> tiles_e5m2[3];  // widened partials on the weights as e5m2 bytes
+    std::vector<uint8_t> tiles_f16[3];   // and as fp16 with the scales folded in (B by TMA)
     const TileSplit split = split_plan(counts);
     auto i32 = [](CudaBackend& be, const std::vector<int32_t>& v) {
         return upload(be, DType::I32, {static_cast<int64_t>(v.size())}, v.data());
@@ -448,6 +452,45 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
                 kern::launch_grouped_gemm_fp4_sm90_partials(kern::Sm90Partials::Fp8Wgmma, g8, be.stream()),
                 cudaErrorInvalidValue);
             EXPECT_EQ(kern::launch_grouped_gemm_fp4(g8, be.stream()), cudaErrorInvalidValue);
+            // the fp16 prepared experts (launch_fp4_to_f16_folded), every expert at one stride in one
+            // buffer as prepare_experts lays them out: each tile shape; refused by the other partials, the
+            // portable kernels, with e5m2 at once, and where the experts do not lie at one stride
+            Tensor w16 = be.alloc(DType::I8, {static_cast<int64_t>(E) * N * K * 2});
+            std::vector<const uint8_t*> w16p;
+            for (int e = 0; e < E; ++e) {
+                uint8_t* dst = w16.ptr<uint8_t>() + static_cast<int64_t>(e) * N * K * 2;
+                DS4R_CUDA_CHECK(kern::launch_fp4_to_f16_folded(wp[static_cast<size_t>(e)],
+                                                               sp[static_cast<size_t>(e)], N * K / 2,
+                                                               reinterpret_cast<uint16_t*>(dst), be.stream()));
+                w16p.push_back(dst);
+            }
+            kern::GroupedFp4Gemm g16 = g8;
+            g16.w[0] = w16p.data();
+            g16.w_e5m2 = false;
+            g16.w_f16 = true;
+            for (int t = 0; t < 3; ++t) {
+                be.fill(y, 0x3B);
+                DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4_sm90_tiles(kern::Sm90Partials::Fp16Widened,
+                                                                         shapes[t], g16, be.stream()));
+                tiles_f16[t] = host(be, y);
+            }
+            EXPECT_EQ(
+                kern::launch_grouped_gemm_fp4_sm90_partials(kern::Sm90Partials::Fp8Wgmma, g16, be.stream()),
+                cudaErrorInvalidValue);
+            EXPECT_EQ(kern::launch_grouped_gemm_fp4(g16, be.stream()), cudaErrorInvalidValue);
+            kern::GroupedFp4Gemm both = g16;
+            both.w_e5m2 = true;
+            EXPECT_EQ(kern::launch_grouped_gemm_fp4_sm90_partials(kern::Sm90Partials::Fp16Widened, both,
+                                                                  be.stream()),
+                      cudaErrorInvalidValue);
+            if (E > 1) {
+                std::vector<const uint8_t*> reversed(w16p.rbegin(), w16p.rend());
+                kern::GroupedFp4Gemm scattered = g16;
+                scattered.w[0] = reversed.data();
+                EXPECT_EQ(kern::launch_grouped_gemm_fp4_sm90_partials(kern::Sm90Partials::Fp16Widened,
+                                                                      scattered, be.stream()),
+                          cudaErrorNotSupported);
+            }
             // the MoE's calls (the family's activations, the pair count known: Auto picks by rows per
             // expert), with the split plan (Hopper) and without
             auto auto_call = [&](kern::GroupedFp4Gemm& x, uint8_t poison, const char* how) {
@@ -468,7 +511,7 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
     // the fp8-wgmma bounds were measured on typical scales; with the foldable scales (15 exponents wide,
     // for the widened kernels' folding) the opt-in, inexact variant is only reported (H200: one expert
     // holding 700 rows, max |d| / rms 4.6e-2 against the 4e-2 bound; 99.28% bitwise)
-    if (foldable)
+    if (foldable || extreme)
         report(what + " fp8-wgmma", "portable", agreement(wg, p, 2, N));
     else
         expect_fp8_wgmma(what + " fp8-wgmma", agreement(wg, p, 2, N));
@@ -480,9 +523,12 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
         EXPECT_EQ(tiles[v][2], tiles[v][1]) << what << var << ": mixed tiles differ from 128-row tiles";
     }
     expect_equal(what + " 64-row tiles", "portable", agreement(tiles[1][0], p, 2, N));
-    for (int t = 0; t < 3; ++t)
+    for (int t = 0; t < 3; ++t) {
         EXPECT_EQ(tiles_e5m2[t], tiles[1][t])
             << what << ": e5m2 weights differ from fp4 weights, tile shape " << t;
+        EXPECT_EQ(tiles_f16[t], tiles[1][t])
+            << what << ": fp16 prepared experts differ from fp4 weights, tile shape " << t;
+    }
 }
 
 TEST(CudaGemmSm90, Fp4ToE5m2KeepsEveryValue) {
@@ -519,6 +565,56 @@ TEST(CudaGemmSm90, Fp4ToE5m2KeepsEveryValue) {
     EXPECT_EQ(kern::launch_fp4_to_e5m2(d_in.ptr<uint8_t>(), 24, d_out.ptr<uint8_t>(), be.stream()),
               cudaErrorInvalidValue);
     EXPECT_EQ(kern::launch_fp4_to_e5m2(d_in.ptr<uint8_t>(), 16, d_out.ptr<uint8_t>() + 8, be.stream()),
+              cudaErrorInvalidValue);
+}
+
+TEST(CudaGemmSm90, Fp4ToF16FoldedKeepsEveryValue) {
+    // launch_fp4_to_f16_folded (the fp16 prepared experts): every packed byte under every scale byte ->
+    // two fp16 values e2m1 * 2^(byte - 127) where the byte folds (114 .. 128), else the e2m1 values
+    // (signed zeros included); unaligned pointers and sizes refused
+    DS4R_REQUIRE_CUDA();
+    CudaBackend& be = port();
+    // 256 scale bytes x one K block each: block b holds the 16 packed bytes 7 i + i / 256 (i = 16 b + j),
+    // every byte value under 16 different scales
+    const int64_t blocks = 256, bytes = 16 * blocks;
+    std::vector<uint8_t> in(static_cast<size_t>(bytes)), sc(static_cast<size_t>(blocks));
+    for (int64_t i = 0; i < bytes; ++i) in[static_cast<size_t>(i)] = static_cast<uint8_t>(i * 7 + i / 256);
+    for (int64_t b = 0; b < blocks; ++b) sc[static_cast<size_t>(b)] = static_cast<uint8_t>(b);
+    const Tensor d_in = upload(be, DType::I8, {bytes}, in.data());
+    const Tensor d_sc = upload(be, DType::F8_E8M0, {blocks}, sc.data());
+    Tensor d_out = be.alloc(DType::I8, {4 * bytes + 16});
+    DS4R_CUDA_CHECK(kern::launch_fp4_to_f16_folded(d_in.ptr<uint8_t>(), d_sc.ptr<uint8_t>(), bytes,
+                                                   d_out.ptr<uint16_t>(), be.stream()));
+    const std::vector<uint8_t> out = host(be, d_out);
+    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    std::vector<bool> seen(256, false);
+    int folded = 0;
+    for (int64_t i = 0; i < bytes; ++i) {
+        const uint8_t byte = in[static_cast<size_t>(i)];
+        const int s = sc[static_cast<size_t>(i / 16)];
+        const bool fold = s >= 114 && s <= 128;
+        folded += fold && i % 16 == 0;
+        seen[byte] = true;
+        for (int h = 0; h < 2; ++h) {
+            const int nib = (byte >> (4 * h)) & 15;
+            const float v = std::ldexp(mag[nib & 7], fold ? s - 127 : 0);
+            const float want = (nib & 8) ? -v : v;
+            uint16_t bits;
+            std::memcpy(&bits, out.data() + 4 * i + 2 * h, 2);
+            EXPECT_EQ(f16_to_f32(bits), want) << "byte " << i << " nibble " << h << " scale " << s;
+            EXPECT_EQ(bits >> 15, nib >> 3) << "sign of byte " << i << " nibble " << h;
+        }
+    }
+    EXPECT_EQ(folded, 15);
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), true), 256);
+    EXPECT_EQ(kern::launch_fp4_to_f16_folded(d_in.ptr<uint8_t>() + 1, d_sc.ptr<uint8_t>(), 16,
+                                             d_out.ptr<uint16_t>(), be.stream()),
+              cudaErrorInvalidValue);
+    EXPECT_EQ(kern::launch_fp4_to_f16_folded(d_in.ptr<uint8_t>(), d_sc.ptr<uint8_t>(), 24, d_out.ptr<uint16_t>(),
+                                             be.stream()),
+              cudaErrorInvalidValue);
+    EXPECT_EQ(kern::launch_fp4_to_f16_folded(d_in.ptr<uint8_t>(), d_sc.ptr<uint8_t>(), 16,
+                                             d_out.ptr<uint16_t>() + 4, be.stream()),
               cudaErrorInvalidValue);
 }
 
@@ -682,8 +778,11 @@ TEST(CudaGemmSm90, GroupedExpertsAgreeWithPortable) {
     for (auto& c : counts) c = 96 + static_cast<int>(rng() % 96);
     check_grouped(counts, 256, 256, 38, "grouped: 384 experts of 96-191 rows");
     // column scales taken into B (gemm_sm90_tile.cuh stage_scales), mixed with stages that cannot
-    check_grouped(counts, 320, 512, 36, "grouped: 384 experts of 20-56 rows, foldable scales", true);
-    check_grouped({0, 0, 700, 0}, 256, 512, 37, "grouped: one expert holds every row, foldable scales", true);
+    check_grouped(counts, 320, 512, 36, "grouped: 384 experts of 20-56 rows, foldable scales", 2);
+    check_grouped({0, 0, 700, 0}, 256, 512, 37, "grouped: one expert holds every row, foldable scales", 2);
+    // scales outside the fused windows and outside the foldable range (the prepared fp16 experts' stages
+    // that take their partials back column by column)
+    check_grouped({3, 0, 200, 77, 129}, 320, 512, 39, "grouped: extreme scales", 1);
 }
 
 // ---------------------------------------------------------------- bf16 GEMMs

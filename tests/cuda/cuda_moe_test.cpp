@@ -280,23 +280,27 @@ TEST(CudaMoe, BatchInvarianceAndDeterminism) {
 }
 
 TEST(CudaMoe, PreparedExpertsGiveTheSameBytes) {
-    // Backend::prepare_experts (the Hopper kernels: every expert's fp4 weights as e5m2 bytes, read by
-    // the grouped GEMMs) changes no bit: 384 experts at ~128 rows each (mixed 64 / 128-row tiles) and at
-    // ~5 (64-row tiles); a released copy is not read again
+    // Backend::prepare_experts (the Hopper kernels: every expert's fp4 weights as e5m2 bytes, or as fp16
+    // with the scales folded in, read by the grouped GEMMs) changes no bit: 384 experts at ~128 rows each
+    // (mixed 64 / 128-row tiles) and at ~5 (64-row tiles), both layouts; a released copy is not read again
     DS4R_REQUIRE_CUDA();
     Backend& g = *cuda();
     const MoeCase m = make_moe(1024, 384, 256, 256, 7, 8);
-    if (g.prepared_experts_bytes(m.E, m.D, m.I) == 0)
+    if (g.prepared_experts_bytes(m.E, m.D, m.I, ExpertLayout::E5m2) == 0)
         GTEST_SKIP() << "this device's kernels prepare no experts (Hopper kernels only)";
+    EXPECT_EQ(g.prepared_experts_bytes(m.E, m.D, m.I, ExpertLayout::F16),
+              2 * g.prepared_experts_bytes(m.E, m.D, m.I, ExpertLayout::E5m2));
     const MoeParams p = params();
+    for (const ExpertLayout layout : {ExpertLayout::E5m2, ExpertLayout::F16})
     for (const int64_t M : {int64_t{8192}, int64_t{300}}) {
+        SCOPED_TRACE(expert_layout_name(layout));
         const auto xh = random_x(M, m.D, 800 + M);
         Tensor x = g.alloc(DType::BF16, {M, m.D});
         g.upload(x, 0, xh.data(), xh.size() * 2);
         Tensor y = g.alloc(DType::BF16, {M, m.D});
         g.moe(x, m.g, p, y, Tensor(), Tensor());
         const auto ref = to_host(g, y);
-        g.set_prepared_experts(true);
+        g.set_prepared_experts(layout);
         g.prepare_experts(m.g);
         g.fill(y, 0xff);
         g.moe(x, m.g, p, y, Tensor(), Tensor());
@@ -305,7 +309,7 @@ TEST(CudaMoe, PreparedExpertsGiveTheSameBytes) {
         g.fill(y, 0xff);
         g.moe(x, m.g, p, y, Tensor(), Tensor());
         EXPECT_TRUE(to_host(g, y) == ref) << "moe after the release differs, M = " << M;
-        g.set_prepared_experts(false);
+        g.set_prepared_experts(ExpertLayout::None);
     }
 }
 

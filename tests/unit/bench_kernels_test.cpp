@@ -33,9 +33,12 @@ struct FakeKernelBench : KernelBench {
         return rec("cublas", M, N, K);
     }
     double grouped_fp4_tflops(int, int64_t rows, int64_t N, int64_t K, int, int, int tile_rows, bool routed,
-                              bool e5m2) override {
-        if (!hopper && (tile_rows != 0 || e5m2)) return -1;
-        return rec(std::string("grouped") + (e5m2 ? " e5m2" : "") + (routed ? " routed" : ""), rows, N, K);
+                              ExpertLayout layout) override {
+        const bool prepared = layout != ExpertLayout::None;
+        if (!hopper && (tile_rows != 0 || prepared)) return -1;
+        return rec(std::string("grouped") + (prepared ? std::string(" ") + expert_layout_name(layout) : "") +
+                       (routed ? " routed" : ""),
+                   rows, N, K);
     }
     double head_logits_tflops(int64_t M, int64_t V, int64_t D, int) override { return rec("head", M, V, D); }
     int64_t head_launch_rows() const override { return 1024; }
@@ -122,6 +125,7 @@ TEST(BenchKernels, NoFilterTimesEveryRow) {
          {"attn.wq_a fp8", "attn.wo_a bf16 (1 group)", "attn.wo_a bf16 (1 group), cp.async loads",
           "shared w2 fp8, GEMM alone, fp16 weights, TMA", "expert w2 fp4 (dense M), GEMM alone, cp.async",
           "experts w1+w3 fp4 (grouped)", "experts w2 fp4 (grouped), routed rows, e5m2 weights",
+          "experts w1+w3 fp4 (grouped), fp16 experts", "experts w2 fp4 (grouped), routed rows, fp16 experts",
           "experts w1+w3 fp4 (grouped), 64-row tiles", "head logits bf16->f32",
           "head logits, one head_stats launch", "hc_mixes compensated"})
         EXPECT_TRUE(has(all.rows, name)) << name;
@@ -130,6 +134,7 @@ TEST(BenchKernels, NoFilterTimesEveryRow) {
     for (const auto& r : portable.rows) {
         EXPECT_EQ(r.find("TMA"), std::string::npos) << r;
         EXPECT_EQ(r.find("e5m2"), std::string::npos) << r;
+        EXPECT_EQ(r.find("fp16 experts"), std::string::npos) << r;
         EXPECT_EQ(r.find("-row tiles"), std::string::npos) << r;
     }
     EXPECT_TRUE(has(portable.rows, "experts w2 fp4 (grouped), routed rows"));

@@ -33,6 +33,8 @@ TEST(GpuFlagsCli, CpuBackendGivesTheSameBytesWithEveryChoice) {
     ASSERT_FALSE(want.empty());
     EXPECT_EQ(score("off", "--kernels portable --prepared-experts off --fp16-weights off"), want);
     EXPECT_EQ(score("auto", "--kernels auto --prepared-experts auto --fp16-weights auto"), want);
+    EXPECT_EQ(score("e5m2", "--kernels auto --prepared-experts e5m2"), want);
+    EXPECT_EQ(score("fp16", "--kernels auto --prepared-experts fp16"), want);
 }
 
 TEST(GpuFlagsCli, BadValuesAreUsageErrors) {

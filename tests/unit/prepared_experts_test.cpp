@@ -1,8 +1,9 @@
-// The prepared experts (Backend::prepare_experts / release_experts; CudaBackend's e5m2 copy of a layer's
-// routed experts for the Hopper kernels, whose bits the CUDA tests check) as the pass runs them, on the
-// CPU through a backend that records the calls:
-//  - plan_prepared_experts turns them on where the copy takes at most half of the arena room, and off
-//    with --prepared-experts off or on a backend that prepares nothing (the CPU backend);
+// The prepared experts (Backend::prepare_experts / release_experts; CudaBackend's e5m2 or fp16 copy of a
+// layer's routed experts for the Hopper kernels, whose bits the CUDA tests check) as the pass runs them, on
+// the CPU through a backend that records the calls:
+//  - plan_prepared_experts picks the widest layout (up to --prepared-experts' choice) whose copy takes at
+//    most half of the arena room, and none with --prepared-experts off or on a backend that prepares
+//    nothing (the CPU backend);
 //  - PassRunner prepares each layer before its chunks and releases it after, so that every moe call
 //    reads the copy of its own layer's weights (a later layer may reuse an earlier one's addresses);
 //    the copy is released when a layer throws too;
@@ -30,11 +31,16 @@ namespace {
 // prepared and checks every moe call against them.
 class PreparingBackend : public CpuBackend {
 public:
-    uint64_t prepared_experts_bytes(int64_t experts, int64_t dim, int64_t hidden) const override {
-        return static_cast<uint64_t>(experts * 3 * dim * hidden);
+    uint64_t prepared_experts_bytes(int64_t experts, int64_t dim, int64_t hidden,
+                                    ExpertLayout layout) const override {
+        const int64_t per_value = layout == ExpertLayout::F16 ? 2 : layout == ExpertLayout::E5m2 ? 1 : 0;
+        return static_cast<uint64_t>(per_value * experts * 3 * dim * hidden);
     }
-    void set_prepared_experts(bool on) override { on_ = on; }
-    bool prepared_experts() const override { return on_; }
+    void set_prepared_experts(ExpertLayout layout) override {
+        on_ = layout != ExpertLayout::None;
+        layout_ = layout;
+    }
+    ExpertLayout prepared_experts() const override { return layout_; }
     void prepare_experts(const MoeWeights& w) override {
         EXPECT_EQ(current_, nullptr) << "a layer prepared before the previous one was released";
         if (!on_ || w.experts.empty()) return;
@@ -59,6 +65,7 @@ public:
 
 private:
     bool on_ = false;
+    ExpertLayout layout_ = ExpertLayout::None;
     const void* current_ = nullptr;
 };
 
@@ -83,22 +90,36 @@ ReplayOptions chunks_of_16() {
 }
 
 TEST(PreparedExperts, PlannedWhereTheCopyTakesAtMostHalfTheArenaRoom) {
+    using L = ExpertLayout;
     const ModelConfig cfg = Checkpoint::open(test::tiny_model_dir()).config();
     PreparingBackend be;
-    const uint64_t bytes = be.prepared_experts_bytes(cfg.n_routed_experts, cfg.dim, cfg.moe_inter_dim);
+    const uint64_t bytes = be.prepared_experts_bytes(cfg.n_routed_experts, cfg.dim, cfg.moe_inter_dim, L::E5m2);
+    const uint64_t wide = be.prepared_experts_bytes(cfg.n_routed_experts, cfg.dim, cfg.moe_inter_dim, L::F16);
     ASSERT_GT(bytes, 0u);
-    EXPECT_EQ(plan_prepared_experts(be, cfg, 2 * bytes, true), bytes);
-    EXPECT_TRUE(be.prepared_experts());
-    EXPECT_EQ(plan_prepared_experts(be, cfg, 2 * bytes - 1, true), 0u);
-    EXPECT_FALSE(be.prepared_experts());
-    EXPECT_EQ(plan_prepared_experts(be, cfg, 100 * bytes, false), 0u) << "--prepared-experts off";
-    EXPECT_FALSE(be.prepared_experts());
-    // a backend without a prepared layout: never on, and asking for it is an error
+    ASSERT_EQ(wide, 2 * bytes);
+    // auto (F16 the widest allowed): fp16 where it takes at most half of the room, else e5m2, else none
+    EXPECT_EQ(plan_prepared_experts(be, cfg, 2 * wide, L::F16), wide);
+    EXPECT_EQ(be.prepared_experts(), L::F16);
+    EXPECT_EQ(plan_prepared_experts(be, cfg, 2 * wide - 1, L::F16), bytes);
+    EXPECT_EQ(be.prepared_experts(), L::E5m2);
+    EXPECT_EQ(plan_prepared_experts(be, cfg, 2 * bytes, L::F16), bytes);
+    EXPECT_EQ(be.prepared_experts(), L::E5m2);
+    EXPECT_EQ(plan_prepared_experts(be, cfg, 2 * bytes - 1, L::F16), 0u);
+    EXPECT_EQ(be.prepared_experts(), L::None);
+    // --prepared-experts e5m2: never the fp16 copy, however much room
+    EXPECT_EQ(plan_prepared_experts(be, cfg, 100 * wide, L::E5m2), bytes);
+    EXPECT_EQ(be.prepared_experts(), L::E5m2);
+    EXPECT_EQ(plan_prepared_experts(be, cfg, 100 * bytes, L::None), 0u) << "--prepared-experts off";
+    EXPECT_EQ(be.prepared_experts(), L::None);
+    // a backend without a prepared layout: never on, and asking for one is an error
     auto cpu = make_cpu_backend();
-    EXPECT_EQ(cpu->prepared_experts_bytes(cfg.n_routed_experts, cfg.dim, cfg.moe_inter_dim), 0u);
-    EXPECT_EQ(plan_prepared_experts(*cpu, cfg, uint64_t{1} << 50, true), 0u);
-    EXPECT_FALSE(cpu->prepared_experts());
-    EXPECT_THROW(cpu->set_prepared_experts(true), RuntimeError);
+    for (L l : {L::E5m2, L::F16})
+        EXPECT_EQ(cpu->prepared_experts_bytes(cfg.n_routed_experts, cfg.dim, cfg.moe_inter_dim, l), 0u);
+    EXPECT_EQ(plan_prepared_experts(*cpu, cfg, uint64_t{1} << 50, L::F16), 0u);
+    EXPECT_EQ(cpu->prepared_experts(), L::None);
+    EXPECT_THROW(cpu->set_prepared_experts(L::E5m2), RuntimeError);
+    EXPECT_THROW(cpu->set_prepared_experts(L::F16), RuntimeError);
+    EXPECT_NO_THROW(cpu->set_prepared_experts(L::None));
 }
 
 TEST(PreparedExperts, EachLayerPreparedBeforeItsChunksReleasedAfterSameScores) {
@@ -113,7 +134,7 @@ TEST(PreparedExperts, EachLayerPreparedBeforeItsChunksReleasedAfterSameScores) {
         plain = runner.run(seqs, nullptr);
     }
     PreparingBackend be;
-    be.set_prepared_experts(true);
+    be.set_prepared_experts(ExpertLayout::E5m2);
     auto ws = make_sync_weight_source(be, ck);
     const auto eng = engram(ck);
     PassRunner runner(be, ck, *ws, eng.get(), chunks_of_16());
@@ -133,7 +154,7 @@ TEST(PreparedExperts, EachLayerPreparedBeforeItsChunksReleasedAfterSameScores) {
 TEST(PreparedExperts, ReleasedWhenALayerThrows) {
     const Checkpoint ck = Checkpoint::open(test::tiny_model_dir());
     PreparingBackend be;
-    be.set_prepared_experts(true);
+    be.set_prepared_experts(ExpertLayout::E5m2);
     be.throw_at = 2;
     auto ws = make_sync_weight_source(be, ck);
     const auto eng = engram(ck);

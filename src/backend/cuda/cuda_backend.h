@@ -84,11 +84,13 @@ public:
     void moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, const Tensor& y,
              const Tensor& route_idx, const Tensor& route_w) override;
     // Prepared experts (cuda_ops_moe.cpp): with the Hopper widened kernels, the layer's fp4 expert
-    // weights as e5m2 bytes (kern::launch_fp4_to_e5m2), read by the grouped GEMMs
-    // (GroupedFp4Gemm::w_e5m2); 0 bytes (nothing prepared) on the other kernel families.
-    uint64_t prepared_experts_bytes(int64_t experts, int64_t dim, int64_t hidden) const override;
-    void set_prepared_experts(bool on) override;
-    bool prepared_experts() const override { return prepare_on_; }
+    // weights as e5m2 bytes (kern::launch_fp4_to_e5m2; GroupedFp4Gemm::w_e5m2) or as fp16 with the scales
+    // folded in (kern::launch_fp4_to_f16_folded; GroupedFp4Gemm::w_f16, B by TMA), read by the grouped
+    // GEMMs; 0 bytes (nothing prepared) on the other kernel families.
+    uint64_t prepared_experts_bytes(int64_t experts, int64_t dim, int64_t hidden,
+                                    ExpertLayout layout) const override;
+    void set_prepared_experts(ExpertLayout layout) override;
+    ExpertLayout prepared_experts() const override { return prepare_; }
     void prepare_experts(const MoeWeights& w) override;
     void release_experts() override;
     // fp16 weights (cuda_ops_linear.cpp): with the Hopper widened kernels, the block-scaled fp8 GEMMs of
@@ -104,11 +106,14 @@ public:
     // pointers): gemm().fp8, or on fp16 weights as above.
     void fp8_gemm(const uint8_t* q, const uint8_t* sa, const uint8_t* w, const uint8_t* sw, uint16_t* y,
                   int64_t ldc, int64_t M, int64_t N, int64_t K);
-    // The e5m2 copy of w's routed experts made by prepare_experts; null when none was made from w.
+    // The copy of w's routed experts made by prepare_experts; null when none was made from w.
     struct PreparedExperts {
         const uint8_t* source = nullptr;         // experts[0].w1.w of the layer it was made from
         size_t experts = 0;                      // E
-        Tensor buffer;                           // I8: every expert's w1, w3 [I, D] and w2 [D, I] as e5m2
+        ExpertLayout layout = ExpertLayout::None;
+        // I8: expert 0's w1, w3 [I, D] and w2 [D, I] as e5m2 bytes (fp16: 2 bytes per value), then
+        // expert 1's, ...: each projection's experts at one stride
+        Tensor buffer;
         std::vector<const uint8_t*> w1, w3, w2;  // [E] per-expert pointers into buffer
     };
     const PreparedExperts* prepared_for(const MoeWeights& w) const;
@@ -179,7 +184,7 @@ private:
     GemmKernels gemm_;
     // The kernels that read prepared (e5m2) experts: the Hopper ones with widened partials.
     bool reads_prepared_experts() const { return gemm_.hopper && !gemm_.fp8_partials; }
-    bool prepare_on_ = false;
+    ExpertLayout prepare_ = ExpertLayout::None;
     bool fp16_weights_ = true;
     // The GEMMs of fewer rows keep the fp8 weights: the widening (3 bytes of traffic per weight) costs
     // more than it saves there.

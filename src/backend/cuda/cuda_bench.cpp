@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -126,7 +127,7 @@ Tensor upload_i32(CudaBackend& be, const std::vector<int32_t>& v) {
 }
 
 double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_expert, int64_t N, int64_t K,
-                                int n_proj, int iters, int tile_rows, bool routed, bool e5m2) {
+                                int n_proj, int iters, int tile_rows, bool routed, ExpertLayout layout) {
     DS4R_CHECK(experts > 0 && rows_per_expert > 0 && (n_proj == 1 || n_proj == 2) && K % 32 == 0 &&
                    experts * rows_per_expert < (int64_t{1} << 30),
                "bench: bad grouped GEMM arguments (%d experts x %lld rows, N=%lld K=%lld, %d projections)",
@@ -172,9 +173,23 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
     std::vector<Tensor> wts, scs, ys;
     std::vector<const uint8_t*> wp[2], sp[2];
     for (int z = 0; z < n_proj; ++z) {
+        // fp16 (the prepared experts' widest layout): each projection's experts in one buffer [E][N][K], as
+        // prepare_experts lays them at one stride; -1 where it does not fit the budget
+        std::optional<Tensor> f16;
+        if (layout == ExpertLayout::F16 && !(f16 = be.try_alloc(DType::I8, {experts * N * K * 2}))) return -1;
         for (int e = 0; e < experts; ++e) {
             scs.push_back(be.alloc(DType::F8_E8M0, {N, K / 32}));
-            if (e5m2) {  // the prepared experts' layout: e5m2 bytes [N, K]
+            be.copy(scs.back(), 0, s_src, 0, s_src.nbytes());
+            if (f16) {
+                uint8_t* dst = f16->ptr<uint8_t>() + static_cast<int64_t>(e) * N * K * 2;
+                DS4R_CUDA_CHECK(kern::launch_fp4_to_f16_folded(w_src.ptr<uint8_t>(), scs.back().ptr<uint8_t>(),
+                                                               N * K / 2, reinterpret_cast<uint16_t*>(dst),
+                                                               be.stream()));
+                wp[z].push_back(dst);
+                sp[z].push_back(scs.back().ptr<uint8_t>());
+                continue;
+            }
+            if (layout == ExpertLayout::E5m2) {  // the prepared experts' layout: e5m2 bytes [N, K]
                 wts.push_back(be.alloc(DType::I8, {N, K}));
                 DS4R_CUDA_CHECK(kern::launch_fp4_to_e5m2(w_src.ptr<uint8_t>(), N * K / 2,
                                                          wts.back().ptr<uint8_t>(), be.stream()));
@@ -182,10 +197,10 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
                 wts.push_back(be.alloc(DType::I8, {N, K / 2}));
                 be.copy(wts.back(), 0, w_src, 0, w_src.nbytes());
             }
-            be.copy(scs.back(), 0, s_src, 0, s_src.nbytes());
             wp[z].push_back(wts.back().ptr<uint8_t>());
             sp[z].push_back(scs.back().ptr<uint8_t>());
         }
+        if (f16) wts.push_back(std::move(*f16));
         ys.push_back(be.alloc(DType::BF16, {P, N}));
     }
     kern::GroupedFp4Gemm g{};
@@ -203,7 +218,8 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
     g.n_proj = n_proj;
     g.N = N;
     g.K = K;
-    g.w_e5m2 = e5m2;
+    g.w_e5m2 = layout == ExpertLayout::E5m2;
+    g.w_f16 = layout == ExpertLayout::F16;
     for (int z = 0; z < n_proj; ++z) {
         g.w[z] = wp[z].data();
         g.s[z] = sp[z].data();
@@ -384,11 +400,12 @@ public:
         return bench_cublas_bf16_tflops(be_, M, N, K, iters);
     }
     double grouped_fp4_tflops(int experts, int64_t rows_per_expert, int64_t N, int64_t K, int n_proj,
-                              int iters, int tile_rows, bool routed, bool e5m2) override {
-        if ((tile_rows != 0 || e5m2) && !be_.gemm().hopper) return -1;
-        if (e5m2 && be_.gemm().fp8_partials) return -1;  // widened partials only
+                              int iters, int tile_rows, bool routed, ExpertLayout layout) override {
+        const bool prepared = layout != ExpertLayout::None;
+        if ((tile_rows != 0 || prepared) && !be_.gemm().hopper) return -1;
+        if (prepared && be_.gemm().fp8_partials) return -1;  // widened partials only
         return bench_grouped_fp4_tflops(be_, experts, rows_per_expert, N, K, n_proj, iters, tile_rows, routed,
-                                        e5m2);
+                                        layout);
     }
     double head_logits_tflops(int64_t M, int64_t V, int64_t D, int iters) override {
         return bench_head_logits_tflops(be_, M, V, D, iters);

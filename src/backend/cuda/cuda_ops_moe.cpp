@@ -34,11 +34,11 @@ struct MoeShapes {
     int k;
 };
 
-// Host tables of the routed experts' device pointers (kernel parameters of the grouped GEMMs); e5m2: the
-// weight pointers are the prepared experts' e5m2 copies (GroupedFp4Gemm::w_e5m2).
+// Host tables of the routed experts' device pointers (kernel parameters of the grouped GEMMs); layout: the
+// weight pointers are the prepared experts' copies (GroupedFp4Gemm::w_e5m2 / w_f16), else packed fp4.
 struct ExpertPointers {
     std::vector<const uint8_t*> w1, s1, w3, s3, w2, s2;
-    bool e5m2 = false;
+    ExpertLayout layout = ExpertLayout::None;
 };
 
 void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeParams& p, const MoeShapes& sh,
@@ -120,7 +120,8 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
         g.n_proj = 2;
         g.N = I;
         g.K = D;
-        g.w_e5m2 = ep.e5m2;
+        g.w_e5m2 = ep.layout == ExpertLayout::E5m2;
+        g.w_f16 = ep.layout == ExpertLayout::F16;
         g.w[0] = ep.w1.data();
         g.s[0] = ep.s1.data();
         g.w[1] = ep.w3.data();
@@ -243,7 +244,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, 
         ep.w1 = pe->w1;
         ep.w3 = pe->w3;
         ep.w2 = pe->w2;
-        ep.e5m2 = true;
+        ep.layout = pe->layout;
     }
 
     const bool want_idx = opcheck::given(route_idx), want_w = opcheck::given(route_w);
@@ -259,49 +260,71 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, 
     }
 }
 
-uint64_t CudaBackend::prepared_experts_bytes(int64_t experts, int64_t dim, int64_t hidden) const {
-    if (!reads_prepared_experts() || experts <= 0 || dim <= 0 || hidden <= 0) return 0;
-    return static_cast<uint64_t>(experts) * 3 * static_cast<uint64_t>(dim) * static_cast<uint64_t>(hidden);
+uint64_t CudaBackend::prepared_experts_bytes(int64_t experts, int64_t dim, int64_t hidden,
+                                             ExpertLayout layout) const {
+    if (!reads_prepared_experts() || layout == ExpertLayout::None || experts <= 0 || dim <= 0 || hidden <= 0)
+        return 0;
+    const uint64_t per_value = layout == ExpertLayout::F16 ? 2 : 1;
+    return per_value * static_cast<uint64_t>(experts) * 3 * static_cast<uint64_t>(dim) *
+           static_cast<uint64_t>(hidden);
 }
 
-void CudaBackend::set_prepared_experts(bool on) {
-    DS4R_CHECK(!on || reads_prepared_experts(),
-               "cuda: prepared experts need the Hopper kernels with widened partials (kernels: %s)",
-               gemm_.name());
-    if (!on) release_experts();
-    prepare_on_ = on;
+void CudaBackend::set_prepared_experts(ExpertLayout layout) {
+    DS4R_CHECK(layout == ExpertLayout::None || reads_prepared_experts(),
+               "cuda: prepared experts (%s) need the Hopper kernels with widened partials (kernels: %s)",
+               expert_layout_name(layout), gemm_.name());
+    if (layout != prepare_) release_experts();
+    prepare_ = layout;
 }
 
 void CudaBackend::prepare_experts(const MoeWeights& w) {
     // one buffer, w1 | w3 | w2 of expert 0, then expert 1, ...: each fp4 tensor [rows, cols / 2] becomes
-    // e5m2 [rows, cols] (2 bytes per packed byte, same order)
+    // e5m2 [rows, cols] (2 bytes per packed byte, same order) or fp16 [rows, cols] with the scales folded
+    // in (4 bytes per packed byte); every expert's tensors the shapes of expert 0's, so that each
+    // projection's experts lie at one stride (the fp16 kernels' tensor maps)
     release_experts();
-    if (!prepare_on_ || w.experts.empty()) return;
+    if (prepare_ == ExpertLayout::None || w.experts.empty()) return;
     const char* op = "prepare_experts";
+    const bool f16 = prepare_ == ExpertLayout::F16;
+    const uint64_t widen = f16 ? 4 : 2;  // bytes per packed byte
     uint64_t total = 0;
-    for (const ExpertWeights& ew : w.experts)
+    const ExpertWeights& e0 = w.experts[0];
+    for (size_t e = 0; e < w.experts.size(); ++e) {
+        const ExpertWeights& ew = w.experts[e];
         for (const Fp4Linear* l : {&ew.w1, &ew.w3, &ew.w2}) {
             check_fp4_weight(op, "expert weight", *l);
             check_aligned16(op, "expert weight", l->w);
             DS4R_CHECK(l->w.nbytes() % 16 == 0,
                        "cuda prepare_experts: expert weight of %zu bytes (not a multiple of 16)",
                        l->w.nbytes());
-            total += 2 * l->w.nbytes();
+            total += widen * l->w.nbytes();
         }
+        DS4R_CHECK(ew.w1.w.shape == e0.w1.w.shape && ew.w3.w.shape == e0.w3.w.shape &&
+                       ew.w2.w.shape == e0.w2.w.shape,
+                   "cuda prepare_experts: expert %zu has w1 %s, w3 %s, w2 %s; expert 0 has %s, %s, %s", e,
+                   shape_str(ew.w1.w.shape).c_str(), shape_str(ew.w3.w.shape).c_str(),
+                   shape_str(ew.w2.w.shape).c_str(), shape_str(e0.w1.w.shape).c_str(),
+                   shape_str(e0.w3.w.shape).c_str(), shape_str(e0.w2.w.shape).c_str());
+    }
     ProfileRange pr(*this, "moe/prepare_experts");
     PreparedExperts pe;
     pe.buffer = alloc(DType::I8, {static_cast<int64_t>(total)});
     uint8_t* dst = pe.buffer.ptr<uint8_t>();
     for (const ExpertWeights& ew : w.experts) {
         for (const Fp4Linear* l : {&ew.w1, &ew.w3, &ew.w2}) {
-            DS4R_CUDA_CHECK(kern::launch_fp4_to_e5m2(l->w.ptr<uint8_t>(), static_cast<int64_t>(l->w.nbytes()),
-                                                     dst, stream_));
+            const auto bytes = static_cast<int64_t>(l->w.nbytes());
+            if (f16)
+                DS4R_CUDA_CHECK(kern::launch_fp4_to_f16_folded(l->w.ptr<uint8_t>(), l->s.ptr<uint8_t>(), bytes,
+                                                               reinterpret_cast<uint16_t*>(dst), stream_));
+            else
+                DS4R_CUDA_CHECK(kern::launch_fp4_to_e5m2(l->w.ptr<uint8_t>(), bytes, dst, stream_));
             (l == &ew.w1 ? pe.w1 : l == &ew.w3 ? pe.w3 : pe.w2).push_back(dst);
-            dst += 2 * l->w.nbytes();
+            dst += widen * l->w.nbytes();
         }
     }
     pe.source = w.experts[0].w1.w.ptr<uint8_t>();
     pe.experts = w.experts.size();
+    pe.layout = prepare_;
     prepared_ = std::move(pe);
 }
 
