@@ -762,6 +762,14 @@ TEST(CudaGemmSm90, TileSplitOfTheRoutingPlan) {
     EXPECT_EQ(want.full_expert.size() + want.tail_expert.size(), static_cast<size_t>(tiles));
 }
 
+// Small problems (also the compute-sanitizer runs' grouped case): empty experts, partial tiles, N off the
+// tile, typical and extreme scales.
+TEST(CudaGemmSm90, GroupedExpertsSmallAgreeWithPortable) {
+    DS4R_REQUIRE_HOPPER();
+    check_grouped({0, 5, 0, 130, 64, 1}, 320, 128, 41, "grouped small: empty experts, partial tiles");
+    check_grouped({2, 0, 70, 129}, 160, 128, 42, "grouped small: extreme scales", 1);
+}
+
 TEST(CudaGemmSm90, GroupedExpertsAgreeWithPortable) {
     DS4R_REQUIRE_HOPPER();
     check_grouped({0, 5, 0, 300, 128, 1, 0}, 320, 256, 31, "grouped: empty experts, partial tiles");

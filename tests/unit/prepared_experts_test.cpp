@@ -97,7 +97,8 @@ TEST(PreparedExperts, PlannedWhereTheCopyTakesAtMostHalfTheArenaRoom) {
     const uint64_t wide = be.prepared_experts_bytes(cfg.n_routed_experts, cfg.dim, cfg.moe_inter_dim, L::F16);
     ASSERT_GT(bytes, 0u);
     ASSERT_EQ(wide, 2 * bytes);
-    // auto (F16 the widest allowed): fp16 where it takes at most half of the room, else e5m2, else none
+    // --prepared-experts fp16 (F16 the widest allowed): fp16 where it takes at most half of the room, else
+    // e5m2, else none
     EXPECT_EQ(plan_prepared_experts(be, cfg, 2 * wide, L::F16), wide);
     EXPECT_EQ(be.prepared_experts(), L::F16);
     EXPECT_EQ(plan_prepared_experts(be, cfg, 2 * wide - 1, L::F16), bytes);
