@@ -23,6 +23,9 @@ namespace ds4r::kern {
 
 // True when this build holds the sm_90a kernels and `device` is a compute capability 9.0 GPU.
 bool sm90_gemm_usable(int device);
+// Whether the driver gives the tensor-map encoder the TMA launches need (the prepared fp16 experts have
+// no cp.async fallback; the plain problems fall back by themselves).
+bool sm90_tensor_maps_usable();
 
 // As launch_gemm_bf16 (gemm.cuh), on bf16 wgmma. Same support condition (gemm_bf16_supported).
 cudaError_t launch_gemm_bf16_sm90(const uint16_t* x, int64_t lda, int64_t x_goff, const uint16_t* w,

@@ -142,18 +142,27 @@ __global__ void widen16_kernel(const uint4* __restrict__ w, int64_t n16, uint4* 
     if (i >= n16) return;
     Widen::widen(w[i], out[2 * i], out[2 * i + 1]);
 }
-// bytes: input bytes (a multiple of 16, both pointers 16-byte aligned, else cudaErrorInvalidValue).
-template <class Widen>
-cudaError_t launch_widen16(const uint8_t* w, int64_t bytes, void* out, cudaStream_t stream) {
+// The launch of a weight copy of `bytes` input bytes (a multiple of 16, both pointers 16-byte aligned,
+// else cudaErrorInvalidValue), one thread per `unit` input bytes: *n units, *blocks of kThreads threads
+// (0: nothing to copy).
+cudaError_t copy_grid(const void* w, const void* out, int64_t bytes, int64_t unit, int64_t* n, unsigned* blocks) {
     if (bytes < 0 || bytes % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0 ||
         reinterpret_cast<uintptr_t>(out) % 16 != 0)
         return cudaErrorInvalidValue;
-    const int64_t n16 = bytes / 16;
-    if (n16 == 0) return cudaSuccess;
-    const int64_t blocks = (n16 + kThreads - 1) / kThreads;
-    if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
-    widen16_kernel<Widen><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        reinterpret_cast<const uint4*>(w), n16, reinterpret_cast<uint4*>(out));
+    *n = bytes / unit;
+    const int64_t b = (*n + kThreads - 1) / kThreads;
+    if (b > 0x7fffffffLL) return cudaErrorInvalidValue;
+    *blocks = static_cast<unsigned>(b);
+    return cudaSuccess;
+}
+template <class Widen>
+cudaError_t launch_widen16(const uint8_t* w, int64_t bytes, void* out, cudaStream_t stream) {
+    int64_t n16 = 0;
+    unsigned blocks = 0;
+    const cudaError_t err = copy_grid(w, out, bytes, 16, &n16, &blocks);
+    if (err != cudaSuccess || blocks == 0) return err;
+    widen16_kernel<Widen><<<blocks, kThreads, 0, stream>>>(reinterpret_cast<const uint4*>(w), n16,
+                                                           reinterpret_cast<uint4*>(out));
     return cudaGetLastError();
 }
 
@@ -173,15 +182,12 @@ __global__ void fp4_to_f16_folded_kernel(const uint32_t* __restrict__ w, const u
 
 cudaError_t launch_fp4_to_f16_folded(const uint8_t* w, const uint8_t* s, int64_t bytes, uint16_t* out,
                                      cudaStream_t stream) {
-    if (bytes < 0 || bytes % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0 ||
-        reinterpret_cast<uintptr_t>(out) % 16 != 0)
-        return cudaErrorInvalidValue;
-    const int64_t n4 = bytes / 4;
-    if (n4 == 0) return cudaSuccess;
-    const int64_t blocks = (n4 + kThreads - 1) / kThreads;
-    if (blocks > 0x7fffffffLL) return cudaErrorInvalidValue;
-    fp4_to_f16_folded_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        reinterpret_cast<const uint32_t*>(w), s, n4, reinterpret_cast<uint4*>(out));
+    int64_t n4 = 0;
+    unsigned blocks = 0;
+    const cudaError_t err = copy_grid(w, out, bytes, 4, &n4, &blocks);
+    if (err != cudaSuccess || blocks == 0) return err;
+    fp4_to_f16_folded_kernel<<<blocks, kThreads, 0, stream>>>(reinterpret_cast<const uint32_t*>(w), s, n4,
+                                                              reinterpret_cast<uint4*>(out));
     return cudaGetLastError();
 }
 

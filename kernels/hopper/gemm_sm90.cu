@@ -295,6 +295,10 @@ bool sm90_gemm_usable(int device) {
     return major == 9 && minor == 0;
 }
 
+bool sm90_tensor_maps_usable() {
+    return encode_tiled() != nullptr;
+}
+
 cudaError_t launch_gemm_bf16_sm90_loads(Sm90Loads loads, const uint16_t* x, int64_t lda, int64_t x_goff,
                                         const uint16_t* w, int64_t ldw, int64_t w_goff, void* y, bool y_f32,
                                         int64_t ldc, int64_t y_goff, int64_t M, int64_t N, int64_t K,

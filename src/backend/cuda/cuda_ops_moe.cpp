@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_linear_checks.h"
 #include "gemm.cuh"
+#include "gemm_sm90.cuh"
 #include "moe.cuh"
 #include "quant.cuh"
 
@@ -264,6 +265,8 @@ uint64_t CudaBackend::prepared_experts_bytes(int64_t experts, int64_t dim, int64
                                              ExpertLayout layout) const {
     if (!reads_prepared_experts() || layout == ExpertLayout::None || experts <= 0 || dim <= 0 || hidden <= 0)
         return 0;
+    // the fp16 layout's kernel reads B by TMA only
+    if (layout == ExpertLayout::F16 && !kern::sm90_tensor_maps_usable()) return 0;
     const uint64_t per_value = layout == ExpertLayout::F16 ? 2 : 1;
     return per_value * static_cast<uint64_t>(experts) * 3 * static_cast<uint64_t>(dim) *
            static_cast<uint64_t>(hidden);
@@ -273,6 +276,8 @@ void CudaBackend::set_prepared_experts(ExpertLayout layout) {
     DS4R_CHECK(layout == ExpertLayout::None || reads_prepared_experts(),
                "cuda: prepared experts (%s) need the Hopper kernels with widened partials (kernels: %s)",
                expert_layout_name(layout), gemm_.name());
+    DS4R_CHECK(layout != ExpertLayout::F16 || kern::sm90_tensor_maps_usable(),
+               "cuda: prepared fp16 experts need the driver's tensor-map encoder (cuTensorMapEncodeTiled)");
     if (layout != prepare_) release_experts();
     prepare_ = layout;
 }
