@@ -107,6 +107,9 @@ cudaError_t launch_dequant_fp8_bf16(const uint8_t* w, const uint8_t* s, int64_t 
     return cudaGetLastError();
 }
 
+// The weight copies' kernels and launch shapes (file-local).
+namespace {
+
 // 16 packed bytes -> 32 e5m2 bytes per thread. e2m1 magnitude m (3 bits) -> e5m2 byte 0x00, 0x38, 0x3C,
 // 0x3E, 0x40, 0x42, 0x44, 0x46 (0, 0.5, 1, 1.5, 2, 3, 4, 6); the sign moves from bit 3 to bit 7.
 __device__ __forceinline__ uint32_t e2m1x4_to_e5m2x4(uint32_t nib16) {  // 4 codes in the low 16 bits
@@ -166,9 +169,13 @@ cudaError_t launch_widen16(const uint8_t* w, int64_t bytes, void* out, cudaStrea
     return cudaGetLastError();
 }
 
+}  // namespace
+
 cudaError_t launch_fp4_to_e5m2(const uint8_t* w, int64_t bytes, uint8_t* out, cudaStream_t stream) {
     return launch_widen16<Fp4ToE5m2>(w, bytes, out, stream);
 }
+
+namespace {
 
 // Chunks of 16 packed bytes (one 32-wide K block of one row: chunk c's scale is s[c]) -> 64 bytes of fp16.
 // Each word of 4 packed bytes gives one 16-byte output; a warp's 32 consecutive words per step (8 chunks),
@@ -179,6 +186,8 @@ __global__ void fp4_to_f16_folded_kernel(const uint32_t* __restrict__ w, const u
     if (i >= n4) return;
     out[i] = gemm::e2m1x8_to_f16x8(w[i], gemm::e2m1_f16_mult(s[i / 4]));
 }
+
+}  // namespace
 
 cudaError_t launch_fp4_to_f16_folded(const uint8_t* w, const uint8_t* s, int64_t bytes, uint16_t* out,
                                      cudaStream_t stream) {

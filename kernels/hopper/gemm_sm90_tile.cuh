@@ -824,7 +824,8 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
         // buffers alternate PA (even blocks of a run) / PB (odd ones). Runs of 4 took the fp16-weight
         // kernels (light promotions: the converters' products) from 355 to 373 TFLOP/s (wq_a) and
         // cost the converter-bound ones 1-2% (docs/PERFORMANCE.md, eighth session): pairs there. The
-        // prepared fp16 experts (no B converters, one scale per row in the promotion) take runs of 4.
+        // prepared fp16 experts (no B converters) take runs of 4; they measured the same as pairs
+        // (242.1 vs 241.9 TFLOP/s, ninth session): their limit is the producers' feed.
         constexpr int kRun = C::kProducts || C::kPreFolded ? 4 : 2;
         auto run = [&](int g, auto n_const) {
             constexpr int n = decltype(n_const)::value;
