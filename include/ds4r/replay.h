@@ -196,9 +196,7 @@ private:
     // Engram layer w's gathered rows, blocking until the gather has them (*waited: seconds blocked).
     const EngramRowSet& engram_rows(const LayerWeights& w, double* waited);
     // Chunk ch's lookups dequantized to bf16 into e_host (BF16 [rows, cols * ehd]).
-    void engram_dequant(const EngramRowSet& rows, const Chunk& ch, std::vector<uint16_t>& e_host) const;
-    // Engram on the chunk's residual stream X (BF16 [M, hc, D], on the backend), in place.
-    void engram_on_chunk(const LayerWeights& w, const std::vector<uint16_t>& e_host, const Tensor& X);
+    void engram_dequant(const EngramRowSet& rows, const Chunk& ch, uint16_t* e_host) const;
     // The chunk state ring (run_block, finish): chunk c's residual stream and pre-mix live in device
     // buffer c % ring while chunk c computes; chunk c + 1 is uploaded (up_q_) and chunk c - 1
     // downloaded (down_q_) meanwhile. Buffer b is refilled only after its previous chunk's download
@@ -208,6 +206,13 @@ private:
         std::vector<uint64_t> up, down;  // per chunk: fences of its upload / download (0: none)
         CopyQueue* up_q = nullptr;
         CopyQueue* down_q = nullptr;
+        // Engram layers in run_block (else empty): chunk c's dequantized rows in E[c % 2], BF16
+        // [max_rows, cols * ehd], uploaded by ring_upload from e_host[c % 2] (host, pinned, same shape);
+        // e_next dequantizes the next chunk (joined before e_host is freed: declared after it).
+        const EngramRowSet* engram = nullptr;
+        std::vector<Tensor> E;
+        std::shared_ptr<void> e_host[2];
+        std::future<void> e_next;
         StateRing() = default;
         StateRing(const StateRing&) = delete;
         StateRing& operator=(const StateRing&) = delete;
@@ -215,7 +220,7 @@ private:
         // complete before its buffers are freed.
         ~StateRing();
     };
-    void init_ring(StateRing& ring);
+    void init_ring(StateRing& ring, const EngramRowSet* engram = nullptr);
     void ring_upload(StateRing& ring, size_t c);    // issues chunk c's upload into its buffer
     void ring_download(StateRing& ring, size_t c);  // after chunk c's compute: its download
     void ring_drain(StateRing& ring);               // host waits for every download

@@ -19,14 +19,15 @@ namespace ds4r {
 namespace {
 
 // Backend bytes per chunk row, estimated: activations ~ (14 + hc) * D * 4 plus attention scores, plus the
-// state ring's 2 extra buffers of hc * (D * 2 + 4), plus (Engram models) the chunk's dequantized Engram
-// rows, which run_block holds beside the block's own buffers (cols * ehd bf16: 12 KB at full width).
+// state ring's 2 extra buffers of hc * (D * 2 + 4), plus (Engram models) two chunks' dequantized Engram
+// rows, which run_block's ring holds beside the block's own buffers (2 x cols * ehd bf16: 24 KB at full
+// width).
 // ~1.76x the measured marginal cost of a row at full width (404 KB; docs/PERFORMANCE.md).
 int64_t chunk_row_estimate_bytes(const ModelConfig& cfg) {
     const int64_t activations = (14 + cfg.hc_mult) * cfg.dim * 4 + cfg.n_heads * cfg.head_dim * 8;
     const int64_t ring = 2 * cfg.hc_mult * (cfg.dim * 2 + 4);
     const int64_t engram =
-        cfg.engram_layer_ids.empty() ? 0 : cfg.engram_hash_cols() * cfg.engram_head_dim * 2;
+        cfg.engram_layer_ids.empty() ? 0 : 2 * cfg.engram_hash_cols() * cfg.engram_head_dim * 2;
     return activations + ring + engram;
 }
 
@@ -317,7 +318,7 @@ PassRunner::StateRing::~StateRing() {
     }
 }
 
-void PassRunner::init_ring(StateRing& ring) {
+void PassRunner::init_ring(StateRing& ring, const EngramRowSet* engram) {
     // Synchronous queues (the CPU backend's) need two buffers. Asynchronous ones get three, so that
     // the upload of chunk c + 1 and the download of chunk c - 1 both overlap chunk c.
     const bool async = up_q_->asynchronous() || down_q_->asynchronous();
@@ -333,6 +334,14 @@ void PassRunner::init_ring(StateRing& ring) {
     }
     ring.up.assign(chunks_.size(), 0);
     ring.down.assign(chunks_.size(), 0);
+    if (engram) {
+        const int64_t width = cfg_.engram_hash_cols() * cfg_.engram_head_dim;
+        ring.engram = engram;
+        for (int i = 0; i < 2; ++i) {
+            ring.E.push_back(be_.alloc(DType::BF16, {max_rows, width}));
+            ring.e_host[i] = be_.alloc_host(static_cast<size_t>(max_rows * width) * 2);
+        }
+    }
     // The queues touch the buffers only once their (stream-ordered) allocation took effect.
     up_q_->wait_compute();
     down_q_->wait_compute();
@@ -350,7 +359,25 @@ void PassRunner::ring_upload(StateRing& ring, size_t c) {
                 static_cast<size_t>(M * hc * D) * 2);
     up_q_->copy(ring.P[b], 0, static_cast<float*>(premix_.get()) + ch.r0 * hc,
                 static_cast<size_t>(M * hc) * 4);
+    if (ring.engram) {
+        // chunk c's Engram rows: dequantized into e_host[c % 2] while chunk c - 2 computed (e_next; chunk 0 now)
+        uint16_t* e = static_cast<uint16_t*>(ring.e_host[c % 2].get());
+        if (ring.e_next.valid())
+            ring.e_next.get();  // rethrows the dequant's error
+        else
+            engram_dequant(*ring.engram, ch, e);
+        up_q_->wait_compute();  // E[c % 2] last held chunk c - 2, read by the compute issued so far
+        up_q_->copy(ring.E[c % 2], 0, e, static_cast<size_t>(M * ring.E[0].dim(1)) * 2);
+    }
     ring.up[c] = up_q_->fence();
+    if (ring.engram && c + 1 < chunks_.size()) {
+        // e_host[(c + 1) % 2] last held chunk c - 1: its upload (fence up[c - 1]) must have read it
+        if (c >= 1) up_q_->host_wait(ring.up[c - 1]);
+        uint16_t* e = static_cast<uint16_t*>(ring.e_host[(c + 1) % 2].get());
+        const EngramRowSet* rows = ring.engram;
+        const Chunk* next = &chunks_[c + 1];
+        ring.e_next = std::async(std::launch::async, [this, rows, next, e] { engram_dequant(*rows, *next, e); });
+    }
 }
 
 void PassRunner::ring_download(StateRing& ring, size_t c) {
@@ -387,22 +414,9 @@ const EngramRowSet& PassRunner::engram_rows(const LayerWeights& w, double* waite
     return *rows;
 }
 
-void PassRunner::engram_dequant(const EngramRowSet& rows, const Chunk& ch,
-                                std::vector<uint16_t>& e_host) const {
+void PassRunner::engram_dequant(const EngramRowSet& rows, const Chunk& ch, uint16_t* e_host) const {
     const int64_t cols = cfg_.engram_hash_cols(), M = ch.r1 - ch.r0;
-    e_host.resize(static_cast<size_t>(M * cols * cfg_.engram_head_dim));
-    rows.dequant_bf16(static_cast<size_t>(ch.r0 * cols), static_cast<size_t>(M * cols), e_host.data());
-}
-
-void PassRunner::engram_on_chunk(const LayerWeights& w, const std::vector<uint16_t>& e_host,
-                                 const Tensor& X) {
-    // The chunk's rows dequantized to bf16 (docs/MODEL.md 4.8 step 1): BF16 [M, cols * ehd].
-    const int64_t M = X.dim(0);
-    Tensor e = be_.alloc(DType::BF16, {M, cfg_.engram_hash_cols() * cfg_.engram_head_dim});
-    DS4R_CHECK(e.nbytes() == e_host.size() * 2, "Engram rows: %zu values for a %lld-row chunk", e_host.size(),
-               (long long)M);
-    be_.upload(e, 0, e_host.data(), e.nbytes());
-    engram_chunk(ctx_, w, X, e);
+    rows.dequant_bf16(static_cast<size_t>(ch.r0 * cols), static_cast<size_t>(M * cols), e_host);
 }
 
 double PassRunner::run_engram(const LayerWeights& w) {
@@ -410,14 +424,19 @@ double PassRunner::run_engram(const LayerWeights& w) {
     const int64_t hc = cfg_.hc_mult, D = cfg_.dim;
     double waited = 0;
     const EngramRowSet& rows = engram_rows(w, &waited);
+    const int64_t width = cfg_.engram_hash_cols() * cfg_.engram_head_dim;
     std::vector<uint16_t> e_host;
     for (Chunk& ch : chunks_) {
         const int64_t M = ch.r1 - ch.r0;
-        engram_dequant(rows, ch, e_host);
+        e_host.resize(static_cast<size_t>(M * width));
+        engram_dequant(rows, ch, e_host.data());
         Tensor X = be_.alloc(DType::BF16, {M, hc, D});
         Tensor P = be_.alloc(DType::F32, {M, hc});
         upload_chunk(ch, X, P);
-        engram_on_chunk(w, e_host, X);
+        // the chunk's rows dequantized to bf16 (docs/MODEL.md 4.8 step 1): BF16 [M, cols * ehd]
+        Tensor e = be_.alloc(DType::BF16, {M, width});
+        be_.upload(e, 0, e_host.data(), e.nbytes());
+        engram_chunk(ctx_, w, X, e);
         be_.download(static_cast<uint16_t*>(stream_.get()) + ch.r0 * hc * D, X, 0,
                      static_cast<size_t>(M * hc * D) * 2);
     }
@@ -449,14 +468,12 @@ void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps, const Eng
     // keys and candidate blocks of those groups. Rows of later positions in the arenas are never read
     // (masked / not indexed). So each chunk's KV part can run right before its attention part.
     // Engram in the sweep (engram: the layer's gathered rows): each chunk's rows are dequantized on the
-    // host while the chunk before computes (e_next), and the chunk's residual stream takes the Engram
-    // output on the device before its attention. Engram reads and writes each row alone, so this is
-    // run_engram's arithmetic without its round trip of the whole stream through host memory.
-    std::vector<uint16_t> e_host[2];
-    std::future<void> e_next;  // destroyed (joined) before e_host
-    if (engram && !chunks_.empty()) engram_dequant(*engram, chunks_[0], e_host[0]);
+    // host into pinned memory ahead of the chunk and uploaded with its state (ring_upload), and the
+    // chunk's residual stream takes the Engram output on the device before its attention. Engram reads
+    // and writes each row alone, so this is run_engram's arithmetic without its round trip of the whole
+    // stream through host memory.
     StateRing ring;
-    init_ring(ring);
+    init_ring(ring, engram);
     ring_upload(ring, 0);
     for (size_t c = 0; c < chunks_.size(); ++c) {
         Chunk& ch = chunks_[c];
@@ -469,14 +486,7 @@ void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps, const Eng
         const size_t b = c % ring.X.size();
         const Tensor X = ring.X[b].rows(0, M), P = ring.P[b].rows(0, M);
         up_q_->compute_wait(ring.up[c]);
-        if (engram) {
-            if (e_next.valid()) e_next.get();  // rethrows the dequant's error
-            engram_on_chunk(w, e_host[c % 2], X);
-            if (c + 1 < chunks_.size())
-                e_next = std::async(std::launch::async, [this, engram, c, &e_host] {
-                    engram_dequant(*engram, chunks_[c + 1], e_host[(c + 1) % 2]);
-                });
-        }
+        if (engram) engram_chunk(ctx_, w, X, ring.E[c % 2].rows(0, M));
         const Tensor x = attn_input(ctx_, w, X, P);  // read by both sweeps of the chunk
         kv_chunk(ctx_, w, ch.rows, x);
         LayerTaps taps;

@@ -154,11 +154,11 @@ TEST(ChunkRing, DefaultChunkRowsStayWithinBounds) {
     const ModelConfig& c = ck.config();
     EXPECT_EQ(default_chunk_rows(c, 0), 64);
     EXPECT_EQ(default_chunk_rows(c, size_t{1} << 50), 8192);
-    // Half the memory over the per-row footprint (activations + the ring's 2 extra buffers + the chunk's
-    // dequantized Engram rows, which run_block holds beside them).
+    // Half the memory over the per-row footprint (activations + the ring's 2 extra buffers + two chunks'
+    // dequantized Engram rows, which run_block's ring holds beside them).
     ASSERT_FALSE(c.engram_layer_ids.empty());
     const int64_t per_row = (14 + c.hc_mult) * c.dim * 4 + c.n_heads * c.head_dim * 8 +
-                            2 * c.hc_mult * (c.dim * 2 + 4) + c.engram_hash_cols() * c.engram_head_dim * 2;
+                            2 * c.hc_mult * (c.dim * 2 + 4) + 2 * c.engram_hash_cols() * c.engram_head_dim * 2;
     const size_t free_bytes = static_cast<size_t>(per_row) * 2 * 1000;
     EXPECT_EQ(default_chunk_rows(c, free_bytes), 1000);
     EXPECT_EQ(default_chunk_rows(c, free_bytes - 1), 999);
