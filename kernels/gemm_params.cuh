@@ -172,9 +172,11 @@ inline GroupedParams grouped_params(const GroupedFp4Gemm& g, int e0, int e1) {
 // schedule's tiles or (kBM = 64) is the empty second half of its plan tile (the whole block returns).
 // The routing plan lists 128-row tiles (moe.cuh); with kBM = 64 blocks 2 t and 2 t + 1 take plan tile
 // t's two row halves (blockIdx.y: twice the plan's tile bound).
-// expert (optional): the tile's expert (the z coordinate of the prepared experts' tensor maps).
+// expert, first (optional): the tile's expert and its first pair position (the coordinates of the
+// prepared experts' tensor maps: B's z, A's row).
 template <int kBM, int kBN>
-__device__ __forceinline__ bool grouped_tile_job(const GroupedParams& p, gemm::TileJob& j, int* expert = nullptr) {
+__device__ __forceinline__ bool grouped_tile_job(const GroupedParams& p, gemm::TileJob& j, int* expert = nullptr,
+                                                 int* first = nullptr) {
     static_assert(kBM == 128 || kBM == 64, "grouped tiles: 128 rows, or the halves of 128");
     constexpr int kParts = 128 / kBM;
     const int64_t t = static_cast<int64_t>(p.tile_begin[p.e_begin]) + blockIdx.y / kParts;
@@ -186,6 +188,7 @@ __device__ __forceinline__ bool grouped_tile_job(const GroupedParams& p, gemm::T
     const int z = blockIdx.z;
     const int n0 = blockIdx.x * kBN;
     if (expert) *expert = e;
+    if (first) *first = start;
     if (p.a_rows) {
         j.a = p.q;
         j.a_rows = p.a_rows + start;

@@ -326,7 +326,33 @@ bool aligned16(const void* p) {
     return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+// dst row i = src row rows[i] (row_bytes each; kVec: 16-byte words). One block per row.
+template <bool kVec>
+__global__ void __launch_bounds__(256)
+    gather_rows_kernel(const uint8_t* src, int64_t row_bytes, const int32_t* rows, uint8_t* dst) {
+    const int64_t i = blockIdx.x;
+    const uint8_t* from = src + static_cast<int64_t>(rows[i]) * row_bytes;
+    uint8_t* to = dst + i * row_bytes;
+    if constexpr (kVec) {
+        for (int64_t b = 16 * static_cast<int64_t>(threadIdx.x); b < row_bytes; b += 16 * blockDim.x)
+            *reinterpret_cast<uint4*>(to + b) = __ldg(reinterpret_cast<const uint4*>(from + b));
+    } else {
+        for (int64_t b = threadIdx.x; b < row_bytes; b += blockDim.x) to[b] = __ldg(from + b);
+    }
+}
+
 }  // namespace
+
+cudaError_t launch_gather_rows(const uint8_t* src, int64_t row_bytes, const int32_t* rows, int64_t n,
+                               uint8_t* dst, cudaStream_t stream) {
+    if (n < 0 || n > 0x7fffffffLL || row_bytes < 0) return cudaErrorInvalidValue;
+    if (n == 0 || row_bytes == 0) return cudaSuccess;
+    if (row_bytes % 16 == 0 && aligned16(src) && aligned16(dst))
+        gather_rows_kernel<true><<<static_cast<unsigned>(n), 256, 0, stream>>>(src, row_bytes, rows, dst);
+    else
+        gather_rows_kernel<false><<<static_cast<unsigned>(n), 256, 0, stream>>>(src, row_bytes, rows, dst);
+    return cudaGetLastError();
+}
 
 cudaError_t launch_moe_router(const float* logits, const float* bias, int64_t M, int E, int k, float inv_temp,
                               float route_scale, int32_t* idx, float* w, cudaStream_t stream) {

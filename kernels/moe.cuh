@@ -53,6 +53,12 @@ cudaError_t launch_swiglu_quant(const uint16_t* g, const uint16_t* u, const floa
                                 int64_t P, int64_t I, uint8_t* q, uint8_t* s, Fp8CodeOrder order,
                                 cudaStream_t stream);
 
+// dst [n, row_bytes] with row i = src row rows[i] (src [*, row_bytes]; rows i32 [n] in range): the
+// activation rows of the pairs in pair order (the Hopper grouped kernel on prepared fp16 experts then
+// reads them by TMA, gather_pair_rows in the backend).
+cudaError_t launch_gather_rows(const uint8_t* src, int64_t row_bytes, const int32_t* rows, int64_t n,
+                               uint8_t* dst, cudaStream_t stream);
+
 // Combine (docs/MODEL.md 4.7): y bf16 [M, D] with y[r] = bf16(((0 + e_a) + e_b) ... + shared[r]) in fp32,
 // the routed terms out_e bf16 [M * k, D] at pair positions slot_pos [M, k], added in ascending
 // expert id (idx i32 [M, k]); shared bf16 [M, D]. k <= 32.

@@ -13,6 +13,9 @@
 #   2. the same with --engram-next-pass off, 1 pass (the gather inside its own pass, for comparison);
 #   3. SMALL: b with $B_SEQ_SMALL sequences, 2 passes, next pass auto: a pass whose gather fits behind
 #      the pass before;
+#   3b. CACHED (only when RUNS names it): b, 2 passes, weights through the page cache (--io buffered, the
+#      cache not dropped, so the second pass is compute-bound) and the gather from the dense table with
+#      O_DIRECT as always: the Engram layer's wall against a plain layer's where reads do not set the pace;
 #   4. score of a few sequences in several passes with --engram-next-pass on, off and --engram-io mmap:
 #      the output bytes must be identical.
 # RUNS picks among 1-3 (default "next nonext small"); DS4R_PROFILE=1 adds the GPU time per region.
@@ -50,12 +53,12 @@ fi
 stamp "make-tiny: $(du -sh --apparent-size "$MODEL" | cut -f1) apparent, $(du -sh "$MODEL" | cut -f1) on disk, $(df -h --output=avail "$MODEL" | tail -1) free"
 "$BIN" inspect --model "$MODEL" --pass-tokens $(( B_SEQ * B_TOK )) > "$OUT/inspect.txt" 2>&1
 
-run_bench() {  # NAME B_SEQUENCES PASSES DISK_SECONDS EXTRA_FLAGS...
+run_bench() {  # NAME B_SEQUENCES PASSES DISK_SECONDS EXTRA_FLAGS... (IO=buffered: weights via the page cache, kept)
   local name=$1 seqs=$2 passes=$3 disk=$4
   shift 4
-  drop_caches
+  [ "${IO:-direct}" = direct ] && drop_caches
   timeout "$BENCH_TIMEOUT" "$BIN" bench --model "$MODEL" --workloads b --b-sequences "$seqs" --b-tokens "$B_TOK" \
-    --passes "$passes" --io direct --disk-seconds "$disk" --csv "$OUT/bench_$name.csv" "$@" \
+    --passes "$passes" --io "${IO:-direct}" --disk-seconds "$disk" --csv "$OUT/bench_$name.csv" "$@" \
     > "$OUT/bench_$name.txt" 2> "$OUT/bench_$name.err"
   local rc=$?
   stamp "bench $name ($seqs x $B_TOK, $passes passes, $*) rc=$rc"
@@ -66,6 +69,7 @@ for n in $RUNS; do
     next) run_bench next "$B_SEQ" "${NEXT_PASSES:-3}" 1 --engram-next-pass auto ;;
     nonext) run_bench nonext "$B_SEQ" 1 0 --engram-next-pass off ;;
     small) run_bench small "$B_SEQ_SMALL" 2 0 --engram-next-pass auto ;;
+    cached) IO=buffered run_bench cached "$B_SEQ" 2 0 --engram-next-pass auto ;;
   esac
 done
 

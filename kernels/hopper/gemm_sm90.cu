@@ -63,26 +63,30 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_kernel(const __grid_const
 }
 
 // The prepared fp16 experts' weights of each projection: [experts][N][K] fp16, one map per projection
-// (boxes of one stage: kKs elements x kBN rows, 128-byte swizzle; z = the expert).
+// (boxes of one stage: kKs elements x kBN rows, 128-byte swizzle; z = the expert); with C::kTma also the
+// activation codes in pair order, [pairs][K] bytes (boxes of kABytes x kBM rows, 64-byte swizzle: the
+// widened raw A rows).
 struct ExpertMaps {
     CUtensorMap b[2];
+    CUtensorMap a;
 };
 
-// The routed experts' grouped GEMM on prepared fp16 experts (Cfg::kTmaB): A rows gathered by the
-// loaders, B by TMA at (K, the tile's first column, the tile's expert).
+// The routed experts' grouped GEMM on prepared fp16 experts (Cfg::kTmaB): B by TMA at (K, the tile's
+// first column, the tile's expert); A by TMA at (K, the tile's first pair) where the rows lie in pair
+// order (C::kTma: GroupedParams::a_rows null), else gathered by the loaders.
 template <class C>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_tma_kernel(const __grid_constant__ GroupedParams p, const __grid_constant__ ExpertMaps maps) {
 #if defined(DS4R_SM90A_DEVICE)
     extern __shared__ __align__(1024) uint8_t smem[];
     Job j;
-    int expert = 0;
-    if (!grouped_tile_job<C::kBM, C::kBN>(p, j, &expert)) return;
+    int expert = 0, first = 0;
+    if (!grouped_tile_job<C::kBM, C::kBN>(p, j, &expert, &first)) return;
     j.c_pairs = p.c_pairs;
     j.scale_words = p.scale_words;
-    j.tma_a = nullptr;
+    j.tma_a = C::kTma ? &maps.a : nullptr;
     j.tma_b = &maps.b[blockIdx.z];
-    j.m0 = 0;
+    j.m0 = first;
     j.z = expert;
     tile<C, false>(j, smem);
 #endif
@@ -234,25 +238,40 @@ bool expert_maps(ExpertMaps* maps, const GroupedFp4Gemm& g) {
     return true;
 }
 
+// The prepared fp16 experts' A map for tile C (ExpertMaps::a): the activation codes in pair order,
+// [g.pairs][K] bytes; false where the rows are gathered (a_rows), their count is unknown or TMA cannot
+// describe them (the loaders then gather them).
+template <class C>
+bool pair_rows_map(CUtensorMap* map, const GroupedFp4Gemm& g) {
+    return g.a_rows == nullptr && g.pairs > 0 &&
+           operand_map(map, false, g.q, g.K, g.pairs, g.K, 0, 1, C::kABytes, C::kBM, CU_TENSOR_MAP_SWIZZLE_64B);
+}
+
 // kBM: 128 (the routing plan's tiles) or 64 (two blocks per plan tile: grid.y doubled). kOp: Fp4,
-// Fp4E5m2 (g.w_e5m2) or Fp4F16 (g.w_f16: B by TMA, cudaErrorNotSupported where expert_maps fails); the
-// last two widened partials only.
+// Fp4E5m2 (g.w_e5m2) or Fp4F16 (g.w_f16: B by TMA, cudaErrorNotSupported where expert_maps fails; A by
+// TMA too where its rows lie in pair order, pair_rows_map); the last two widened partials only.
 template <Op kOp, bool kWiden, int kBM>
 cudaError_t launch_grouped(const GroupedFp4Gemm& g, cudaStream_t stream) {
     using C = Cfg<kOp, kWiden, kBM == 64 ? 256 : 128, kBM>;
+    using CT = typename C::WithTma;
     ExpertMaps maps{};
+    bool tma_a = false;
     if constexpr (C::kPreFolded) {
         if (g.K % 32 != 0 || g.n_proj < 1 || g.n_proj > 2) return cudaErrorInvalidValue;
-        if (g.n_experts > 0 && g.max_tiles > 0 && g.N > 0 && !expert_maps<C>(&maps, g))
-            return cudaErrorNotSupported;
+        if (g.n_experts > 0 && g.max_tiles > 0 && g.N > 0) {
+            if (!expert_maps<C>(&maps, g)) return cudaErrorNotSupported;
+            tma_a = pair_rows_map<CT>(&maps.a, g);
+        }
     }
     return for_each_grouped_batch(g, 128, C::kBN, [&](int e0, int e1, dim3 grid) {
         grid.y *= 128 / kBM;
         if (grid.y > 65535u) return cudaErrorInvalidValue;
-        if constexpr (C::kPreFolded)
+        if constexpr (C::kPreFolded) {
+            if (tma_a) return launch<CT, grouped_tma_kernel<CT>>(grid, stream, grouped_params(g, e0, e1), maps);
             return launch<C, grouped_tma_kernel<C>>(grid, stream, grouped_params(g, e0, e1), maps);
-        else
+        } else {
             return launch<C, grouped_kernel<C>>(grid, stream, grouped_params(g, e0, e1));
+        }
     });
 }
 

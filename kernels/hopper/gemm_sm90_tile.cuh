@@ -86,8 +86,8 @@ constexpr int kSmemLimit = 227 * 1024;
 template <Op kOp_, bool kWiden_, int kBN_ = 128, int kBM_ = 128, bool kTma_ = false>
 struct Cfg {
     static constexpr Op kOp = kOp_;
-    // A and B tiles by TMA from one producer thread (the plain problems; the grouped experts' rows
-    // and every scale word still take the loaders)
+    // A and B tiles by TMA from one producer thread (the plain problems, and the prepared fp16 experts
+    // where their A rows lie in pair order; gathered rows and every scale word still take the loaders)
     static constexpr bool kTma = kTma_;
     using WithTma = Cfg<kOp_, kWiden_, kBN_, kBM_, true>;  // the same tile with TMA loads
     // output tile rows: 128 (consumer warpgroup g: rows 64 g .. 64 g + 63, all columns), or 64 with
@@ -182,7 +182,8 @@ struct Job : gemm::TileJob {
     bool c_pairs;      // pairs of adjacent outputs may be stored as one aligned access
     bool scale_words;  // scale rows are 4-byte aligned with K / 32 % 4 == 0: 4-byte async copies
     // TMA (Cfg::kTma): the tensor maps of A [groups][M][K] and B [groups][N][K] (generic addresses of
-    // the kernel's __grid_constant__ parameters), the tile's first row m0 and problem z
+    // the kernel's __grid_constant__ parameters), the tile's first row m0 and problem z (the prepared
+    // fp16 experts: A [1][pairs][K] at row m0, B [experts][N][K] at z = the tile's expert)
     const void* tma_a;
     const void* tma_b;
     int m0, z;
@@ -273,8 +274,10 @@ __device__ __forceinline__ void tma_stage(const Job& j, uint32_t st, Bars bars, 
     const int ka = i * (C::kOp == Op::Bf16 ? C::kKs : C::kABytes);
     const int kb = i * (C::kB16 ? C::kKs : C::kBBytes);
     mbar_arrive_expect_tx(bars.loaded(s), C::kTmaBytes);
+    // (the prepared fp16 experts' A: the pair-ordered rows of every expert, one plane: z = 0)
     if constexpr (C::kTma)
-        tma_load_3d(C::kWiden ? st + C::kRawAOff : st + C::kA, j.tma_a, ka, j.m0, j.z, bars.loaded(s));
+        tma_load_3d(C::kWiden ? st + C::kRawAOff : st + C::kA, j.tma_a, ka, j.m0, C::kPreFolded ? 0 : j.z,
+                    bars.loaded(s));
     tma_load_3d(C::kConvertB ? st + C::kRawBOff : st + C::kB, j.tma_b, kb, j.n0, j.z, bars.loaded(s));
 }
 

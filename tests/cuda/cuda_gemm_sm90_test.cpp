@@ -474,6 +474,25 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
                                                                          shapes[t], g16, be.stream()));
                 tiles_f16[t] = host(be, y);
             }
+            // the same experts with the activation rows first copied into pair order (gather_pair_rows, as
+            // the MoE passes w1 / w3 to them; w2's rows are in that order already): A by TMA where the pair
+            // count is known, else the loaders copy the contiguous rows; the bits of the gathered rows
+            for (int known = 0; known < 2; ++known) {
+                kern::GroupedFp4Gemm gp = g16;
+                gp.pairs = P;
+                const std::vector<Tensor> pair_rows = gather_pair_rows(be, gp, be.stream());
+                EXPECT_EQ(pair_rows.size(), 2u) << what;
+                EXPECT_EQ(gp.a_rows, nullptr) << what;
+                if (!known) gp.pairs = 0;
+                for (int t = 0; t < 3; ++t) {
+                    be.fill(y, 0x4D);
+                    DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4_sm90_tiles(kern::Sm90Partials::Fp16Widened,
+                                                                             shapes[t], gp, be.stream()));
+                    EXPECT_EQ(host(be, y), tiles_f16[t])
+                        << what << ": fp16 experts, rows in pair order, " << (known ? "A by TMA" : "the loaders")
+                        << ", tile shape " << t;
+                }
+            }
             EXPECT_EQ(
                 kern::launch_grouped_gemm_fp4_sm90_partials(kern::Sm90Partials::Fp8Wgmma, g16, be.stream()),
                 cudaErrorInvalidValue);

@@ -147,7 +147,8 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
     DS4R_CHECK(P > 0 && P < (int64_t{1} << 30), "bench: %lld grouped rows", (long long)P);
     const CudaBackend::GemmActs a = quant_acts(be, P, K, 17);
     // the routing plan (expert e owns the pair positions after expert e - 1's), 128-row tiles; activation
-    // rows gathered through an (identity) row list as for w1 / w3
+    // rows gathered through an (identity) row list as for w1 / w3 (two projections), or in pair order as
+    // w2 reads them (one)
     std::vector<int32_t> tile_expert, tile_start, tile_begin, expert_begin, expert_end,
         rows(static_cast<size_t>(P));
     int32_t pos = 0;
@@ -206,7 +207,7 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
     kern::GroupedFp4Gemm g{};
     g.q = a.q.ptr<uint8_t>();
     g.sa = a.s.ptr<uint8_t>();
-    g.a_rows = d_rows.ptr<int32_t>();
+    g.a_rows = n_proj == 2 ? d_rows.ptr<int32_t>() : nullptr;
     g.tile_expert = d_te.ptr<int32_t>();
     g.tile_start = d_ts.ptr<int32_t>();
     g.tile_begin = d_tb.ptr<int32_t>();
@@ -232,6 +233,13 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
         split = attach_grouped_tile_split(be, d_counts.ptr<int32_t>(), d_begin.ptr<int32_t>(), experts,
                                           g.max_tiles, g, be.stream());
     }
+    // one launch as the MoE makes it: with fp16 experts the gathered rows are first copied into pair order
+    // (gather_pair_rows, timed with the GEMM)
+    auto as_moe = [&](auto&& launch) {
+        kern::GroupedFp4Gemm h = g;
+        const std::vector<Tensor> pair_rows = gather_pair_rows(be, h, be.stream());
+        DS4R_CUDA_CHECK(launch(h));
+    };
     if (tile_rows != 0) {
         // the Hopper kernels with a forced tile shape (their partials as the backend's family)
         const auto partials = hopper_partials(be);
@@ -239,11 +247,14 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
                           : tile_rows == 1 ? kern::Sm90GroupedRows::Mixed
                                            : kern::Sm90GroupedRows::Rows128;
         return time_tflops(be, P, N * n_proj, K, iters, [&] {
-            DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4_sm90_tiles(partials, rows, g, be.stream()));
+            as_moe([&](const kern::GroupedFp4Gemm& h) {
+                return kern::launch_grouped_gemm_fp4_sm90_tiles(partials, rows, h, be.stream());
+            });
         });
     }
-    return time_tflops(be, P, N * n_proj, K, iters,
-                       [&] { DS4R_CUDA_CHECK(be.gemm().grouped_fp4(g, be.stream())); });
+    return time_tflops(be, P, N * n_proj, K, iters, [&] {
+        as_moe([&](const kern::GroupedFp4Gemm& h) { return be.gemm().grouped_fp4(h, be.stream()); });
+    });
 }
 
 double bench_head_logits_tflops(CudaBackend& be, int64_t M, int64_t V, int64_t D, int iters) {

@@ -44,4 +44,12 @@ std::vector<Tensor> attach_grouped_tile_split(Backend& be, const int32_t* counts
                                               int64_t E, int64_t max_tiles, kern::GroupedFp4Gemm& g,
                                               cudaStream_t stream);
 
+// The prepared fp16 experts (g.w_f16) with gathered activation rows (g.a_rows, w1 / w3): copies each pair's
+// activation codes and scales into pair order (q [pairs, K], sa [pairs, K / 32]; kern::launch_gather_rows)
+// and points g at them (a_rows null), so that the Hopper grouped kernel reads A by TMA. The same bytes in
+// the same rows: the outputs are unchanged. No-op (nothing returned) for other layouts, rows already in
+// pair order, or an unknown pair count. The returned tensors hold the copies: keep them alive until g's
+// launches have run.
+std::vector<Tensor> gather_pair_rows(Backend& be, kern::GroupedFp4Gemm& g, cudaStream_t stream);
+
 }  // namespace ds4r

@@ -130,6 +130,7 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
         g.y[0] = h1.ptr<uint16_t>();
         g.y[1] = h3.ptr<uint16_t>();
         ph("moe/experts_w1_w3");
+        const std::vector<Tensor> rows_in_pair_order = gather_pair_rows(be, g, st);  // fp16 experts: A by TMA
         DS4R_CUDA_CHECK(be.gemm().grouped_fp4(g, st));
         ph("moe/swiglu_quant");
         DS4R_CUDA_CHECK(kern::launch_swiglu_quant(h1.ptr<uint16_t>(), h3.ptr<uint16_t>(), pair_w.ptr<float>(),
@@ -357,6 +358,19 @@ std::vector<Tensor> attach_grouped_tile_split(Backend& be, const int32_t* counts
                                                 t[5].ptr<int32_t>(), stream));
     g.full = {t[1].ptr<int32_t>(), t[2].ptr<int32_t>(), t[0].ptr<int32_t>(), max_tiles};
     g.tail = {t[4].ptr<int32_t>(), t[5].ptr<int32_t>(), t[3].ptr<int32_t>(), E};
+    return t;
+}
+
+std::vector<Tensor> gather_pair_rows(Backend& be, kern::GroupedFp4Gemm& g, cudaStream_t stream) {
+    if (!g.w_f16 || g.a_rows == nullptr || g.pairs <= 0) return {};
+    std::vector<Tensor> t;
+    t.push_back(be.alloc(DType::F8_E4M3, {g.pairs, g.K}));       // codes [pairs, K]
+    t.push_back(be.alloc(DType::F8_E8M0, {g.pairs, g.K / 32}));  // scales [pairs, K / 32]
+    DS4R_CUDA_CHECK(kern::launch_gather_rows(g.q, g.K, g.a_rows, g.pairs, t[0].ptr<uint8_t>(), stream));
+    DS4R_CUDA_CHECK(kern::launch_gather_rows(g.sa, g.K / 32, g.a_rows, g.pairs, t[1].ptr<uint8_t>(), stream));
+    g.q = t[0].ptr<uint8_t>();
+    g.sa = t[1].ptr<uint8_t>();
+    g.a_rows = nullptr;
     return t;
 }
 
