@@ -107,6 +107,11 @@ TEST(PreparedExperts, PlannedWhereTheCopyTakesAtMostHalfTheArenaRoom) {
     EXPECT_EQ(be.prepared_experts(), L::E5m2);
     EXPECT_EQ(plan_prepared_experts(be, cfg, 2 * bytes - 1, L::F16), 0u);
     EXPECT_EQ(be.prepared_experts(), L::None);
+    // --prepared-experts auto: as fp16 (kAutoExpertLayout)
+    EXPECT_EQ(plan_prepared_experts(be, cfg, 2 * wide, kAutoExpertLayout), wide);
+    EXPECT_EQ(be.prepared_experts(), L::F16);
+    EXPECT_EQ(plan_prepared_experts(be, cfg, 2 * wide - 1, kAutoExpertLayout), bytes);
+    EXPECT_EQ(be.prepared_experts(), L::E5m2);
     // --prepared-experts e5m2: never the fp16 copy, however much room
     EXPECT_EQ(plan_prepared_experts(be, cfg, 100 * wide, L::E5m2), bytes);
     EXPECT_EQ(be.prepared_experts(), L::E5m2);
