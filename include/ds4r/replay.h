@@ -96,6 +96,9 @@ struct LayerTiming {
     double wait_s = 0;         // blocked on the weight source
     double engram_wait_s = 0;  // blocked on the Engram gather's rows (Engram layers; not in compute_s)
     double compute_s = 0;      // sweeps (backend synchronized)
+    // of compute_s: the chunk loop blocked on the host's dequantization of a chunk's Engram rows (Engram
+    // layers in the block's sweep; the first chunk's, then each one not done while the chunks before ran)
+    double engram_dequant_wait_s = 0;
     int64_t rows = 0;
     double stall_s() const { return wait_s + engram_wait_s; }  // blocked on I/O of either kind
     double wall_s() const { return stall_s() + compute_s; }
@@ -169,8 +172,9 @@ public:
     };
     // engram: layer w's gathered rows (engram_rows); then the block applies Engram to each chunk first,
     // instead of run_engram's own sweep (the same bytes; run_pass takes it unless the layer is captured).
+    // *dequant_wait_s (optional): LayerTiming::engram_dequant_wait_s of the block.
     void run_block(const LayerWeights& w, HostTaps* host_taps = nullptr,
-                   const EngramRowSet* engram = nullptr);
+                   const EngramRowSet* engram = nullptr, double* dequant_wait_s = nullptr);
     // Final collapse, norm, head statistics.
     std::vector<SequenceScores> finish(const GlobalWeights& g, HiddenSink* sink);
     // Captures layer L (< n_layers) from the host stream (call after run_engram, before run_block).
@@ -213,6 +217,7 @@ private:
         std::vector<Tensor> E;
         std::shared_ptr<void> e_host[2];
         std::future<void> e_next;
+        double dequant_wait_s = 0;  // the host blocked on the rows' dequant (LayerTiming)
         StateRing() = default;
         StateRing(const StateRing&) = delete;
         StateRing& operator=(const StateRing&) = delete;

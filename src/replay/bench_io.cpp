@@ -98,7 +98,7 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
     for (const LayerTiming& t : timings)
         if (t.layer >= 0 && roles[static_cast<size_t>(t.layer)].engram)
             eng_ratios.insert(roles[static_cast<size_t>(t.layer)].ratio);
-    double eng = 0, same = 0, other = 0;
+    double eng = 0, same = 0, other = 0, dequant = 0;
     int n_eng = 0, n_same = 0, n_other = 0;
     for (const LayerTiming& t : timings) {
         if (t.layer < 0) continue;
@@ -106,6 +106,7 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
         const double lw = t.wall_s();
         if (r.engram) {
             eng += lw, ++n_eng;
+            dequant += t.engram_dequant_wait_s;
         } else {
             other += lw, ++n_other;
             if (eng_ratios.count(r.ratio)) same += lw, ++n_same;
@@ -117,13 +118,15 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
         const double ratio = (eng / n_eng) / base;
         std::fprintf(out,
                      "  Engram layers: %.2f s wall each vs %.2f s for the %s (%.2fx; target <= 1.1x); the "
-                     "gather's stall %.2f s = %s of their wall\n",
+                     "gather's stall %.2f s = %s of their wall; their chunk loops waited %.2f s for the host's "
+                     "dequantization of the rows\n",
                      eng / n_eng, base,
                      like ? "non-Engram layers of the same compress ratio"
                           : "other layers (none of the same compress ratio here: the ratio includes the "
                             "ratios' own difference)",
-                     ratio, last_pass_stall_s, frac(last_pass_stall_s, eng).c_str());
+                     ratio, last_pass_stall_s, frac(last_pass_stall_s, eng).c_str(), dequant);
         csv("engram_layer_wall_ratio", ratio, "ratio");
+        csv("engram_dequant_wait_s", dequant, "s");
         csv("engram_stall_share", eng > 0 ? last_pass_stall_s / eng : 0, "fraction of the Engram layers' wall");
     }
 }

@@ -180,7 +180,7 @@ std::vector<SequenceScores> MultiDeviceRunner::run(const std::vector<std::vector
         std::mutex mu;  // everything below, and the calls of on_layer / on_chunk_
         struct LayerAgg {
             int count = 0;
-            double wait_s = 0, engram_wait_s = 0, compute_s = 0;
+            double wait_s = 0, engram_wait_s = 0, engram_dequant_wait_s = 0, compute_s = 0;
         };
         std::map<int, LayerAgg> agg;
         std::vector<int> at(n, 0);             // per worker: ordinal of the layer it is in
@@ -231,6 +231,7 @@ std::vector<SequenceScores> MultiDeviceRunner::run(const std::vector<std::vector
                     ++a.count;
                     a.wait_s = std::max(a.wait_s, t.wait_s);
                     a.engram_wait_s = std::max(a.engram_wait_s, t.engram_wait_s);
+                    a.engram_dequant_wait_s = std::max(a.engram_dequant_wait_s, t.engram_dequant_wait_s);
                     a.compute_s = std::max(a.compute_s, t.compute_s);
                     if (a.count == n_active && on_layer) {
                         LayerTiming all;
@@ -238,6 +239,7 @@ std::vector<SequenceScores> MultiDeviceRunner::run(const std::vector<std::vector
                         all.rows = total_rows;
                         all.wait_s = a.wait_s;
                         all.engram_wait_s = a.engram_wait_s;
+                        all.engram_dequant_wait_s = a.engram_dequant_wait_s;
                         all.compute_s = a.compute_s;
                         on_layer(all);  // may throw Interrupted: this worker stops the others
                     }

@@ -362,10 +362,12 @@ void PassRunner::ring_upload(StateRing& ring, size_t c) {
     if (ring.engram) {
         // chunk c's Engram rows: dequantized into e_host[c % 2] while chunk c - 2 computed (e_next; chunk 0 now)
         uint16_t* e = static_cast<uint16_t*>(ring.e_host[c % 2].get());
+        const double t0 = now_s();
         if (ring.e_next.valid())
             ring.e_next.get();  // rethrows the dequant's error
         else
             engram_dequant(*ring.engram, ch, e);
+        ring.dequant_wait_s += now_s() - t0;
         up_q_->wait_compute();  // E[c % 2] last held chunk c - 2, read by the compute issued so far
         up_q_->copy(ring.E[c % 2], 0, e, static_cast<size_t>(M * ring.E[0].dim(1)) * 2);
     }
@@ -445,7 +447,8 @@ double PassRunner::run_engram(const LayerWeights& w) {
     return waited;
 }
 
-void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps, const EngramRowSet* engram) {
+void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps, const EngramRowSet* engram,
+                           double* dequant_wait_s) {
     const int64_t D = cfg_.dim, k = cfg_.n_activated_experts;
     begin_layer(ctx_, w.role);
     // the layer's prepared experts (Backend::prepare_experts; no-op unless plan_prepared_experts turned
@@ -512,6 +515,7 @@ void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps, const Eng
     }
     ring_drain(ring);  // the host state is complete before anything reads it
     be_.synchronize();
+    if (dequant_wait_s) *dequant_wait_s = ring.dequant_wait_s;
 }
 
 void PassRunner::capture(int layer, HiddenSink* sink) {
@@ -702,7 +706,7 @@ std::vector<SequenceScores> PassRunner::run_pass(const std::vector<std::vector<i
         else
             tm.engram_wait_s = run_engram(w);
         if (captured(L)) capture(L, sink);
-        run_block(w, nullptr, engram);
+        run_block(w, nullptr, engram, &tm.engram_dequant_wait_s);
         if (engram) engram_gather_->release(cfg_.engram_index(L));
         next_layer_ = L + 1;  // the host state now holds layer L's output (a save point)
         tm.compute_s = now_s() - t0 - tm.engram_wait_s;

@@ -132,7 +132,8 @@ TEST(EngramIoCli, InspectPredictsThePassTraffic) {
 }
 
 // bench compares the Engram layers' wall with the non-Engram layers of the same compress ratio (window
-// layers and compressed ones differ by themselves) and prints the gather's stall as a share of it.
+// layers and compressed ones differ by themselves) and prints the gather's stall as a share of it, and
+// how long their chunk loops waited for the host's dequantization of the rows.
 TEST(EngramIoCli, BenchComparesEngramLayersWithTheirOwnRatio) {
     const std::string dir = temp_dir("engram-bench-ratio");
     const std::string model = dir + "/model";
@@ -147,7 +148,9 @@ TEST(EngramIoCli, BenchComparesEngramLayersWithTheirOwnRatio) {
     EXPECT_NE(log.find("Engram layers:"), std::string::npos) << log;
     EXPECT_NE(log.find("non-Engram layers of the same compress ratio"), std::string::npos) << log;
     EXPECT_NE(log.find("the gather's stall"), std::string::npos) << log;
+    EXPECT_NE(log.find("waited"), std::string::npos) << log;
     const std::string csv = slurp(dir + "/bench.csv");
     EXPECT_NE(csv.find("engram_layer_wall_ratio"), std::string::npos);
     EXPECT_NE(csv.find("engram_stall_share"), std::string::npos);
+    EXPECT_NE(csv.find("engram_dequant_wait_s"), std::string::npos);
 }

@@ -387,9 +387,23 @@ TEST(EngramInTheSweep, SameBytesAsEngramOnTheHostStream) {
         auto head = step.ws->acquire(kHeadLayer);
         const GlobalWeights g = bind_global_weights([&](const std::string& n) { return head->get(n); });
         const std::vector<SequenceScores> want = step.runner->finish(g, nullptr);
-        // run(): Engram inside the block's sweep
+        // run(): Engram inside the block's sweep; only there does a layer's chunk loop wait for the rows'
+        // dequant (LayerTiming::engram_dequant_wait_s, a part of its compute)
         CpuRunner fused(ck, EngramNextPassMode::Off, ro);
-        EXPECT_TRUE(same_scores(fused.runner->run(pass, nullptr), want)) << "chunks of " << chunk_rows;
+        std::vector<LayerTiming> timings;
+        EXPECT_TRUE(same_scores(fused.runner->run(pass, nullptr, [&](const LayerTiming& t) { timings.push_back(t); }),
+                                want))
+            << "chunks of " << chunk_rows;
+        ASSERT_EQ(timings.size(), static_cast<size_t>(cfg.n_layers) + 1);
+        for (const LayerTiming& t : timings) {
+            const bool eng = t.layer >= 0 && ck.roles()[static_cast<size_t>(t.layer)].engram;
+            if (eng) {
+                EXPECT_GE(t.engram_dequant_wait_s, 0.0) << "layer " << t.layer;
+                EXPECT_LE(t.engram_dequant_wait_s, t.compute_s) << "layer " << t.layer;
+            } else {
+                EXPECT_EQ(t.engram_dequant_wait_s, 0.0) << "layer " << t.layer;
+            }
+        }
         // run() with the Engram layer captured: its own sweep again, the same rows as the step API's
         ReplayOptions rc = ro;
         rc.capture_layers = {engram_layer};
