@@ -248,6 +248,9 @@ private:
     int next_layer_ = 0;  // first layer not yet applied to the host state
     ChunkCallback on_chunk_;
     std::unique_ptr<CopyQueue> up_q_, down_q_;  // the state ring's host -> backend / backend -> host copies
+    // the state ring's Engram row buffers (StateRing::e_host), kept from one Engram layer to the next
+    std::shared_ptr<void> engram_pinned_[2];
+    size_t engram_pinned_bytes_ = 0;
     // The pass's Engram gathers (io/): every table's rows, started by begin() (docs/MODEL.md 4.8 step 1).
     std::unique_ptr<EngramPassGather> engram_gather_;
     EngramGatherStats engram_stats_;  // of the passes before the current one

@@ -336,10 +336,19 @@ void PassRunner::init_ring(StateRing& ring, const EngramRowSet* engram) {
     ring.down.assign(chunks_.size(), 0);
     if (engram) {
         const int64_t width = cfg_.engram_hash_cols() * cfg_.engram_head_dim;
+        const size_t bytes = static_cast<size_t>(max_rows * width) * 2;
+        // pinned once for the runner (page-locking 2 x ~100 MB took a visible part of an Engram layer's
+        // time when done per layer); the ring before this one has finished with them (its destructor
+        // waited for its uploads)
+        if (engram_pinned_bytes_ < bytes) {
+            for (auto& b : engram_pinned_) b.reset();
+            for (auto& b : engram_pinned_) b = be_.alloc_host(bytes);
+            engram_pinned_bytes_ = bytes;
+        }
         ring.engram = engram;
         for (int i = 0; i < 2; ++i) {
             ring.E.push_back(be_.alloc(DType::BF16, {max_rows, width}));
-            ring.e_host[i] = be_.alloc_host(static_cast<size_t>(max_rows * width) * 2);
+            ring.e_host[i] = engram_pinned_[i];
         }
     }
     // The queues touch the buffers only once their (stream-ordered) allocation took effect.
