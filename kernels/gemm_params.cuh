@@ -175,8 +175,8 @@ inline GroupedParams grouped_params(const GroupedFp4Gemm& g, int e0, int e1) {
 // expert, first (optional): the tile's expert and its first pair position (the coordinates of the
 // prepared experts' tensor maps: B's z, A's row).
 template <int kBM, int kBN>
-__device__ __forceinline__ bool grouped_tile_job(const GroupedParams& p, gemm::TileJob& j, int* expert = nullptr,
-                                                 int* first = nullptr) {
+__device__ __forceinline__ bool grouped_tile_job(const GroupedParams& p, gemm::TileJob& j,
+                                                 int* expert = nullptr, int* first = nullptr) {
     static_assert(kBM == 128 || kBM == 64, "grouped tiles: 128 rows, or the halves of 128");
     constexpr int kParts = 128 / kBM;
     const int64_t t = static_cast<int64_t>(p.tile_begin[p.e_begin]) + blockIdx.y / kParts;

@@ -173,8 +173,8 @@ public:
     // engram: layer w's gathered rows (engram_rows); then the block applies Engram to each chunk first,
     // instead of run_engram's own sweep (the same bytes; run_pass takes it unless the layer is captured).
     // *dequant_wait_s (optional): LayerTiming::engram_dequant_wait_s of the block.
-    void run_block(const LayerWeights& w, HostTaps* host_taps = nullptr,
-                   const EngramRowSet* engram = nullptr, double* dequant_wait_s = nullptr);
+    void run_block(const LayerWeights& w, HostTaps* host_taps = nullptr, const EngramRowSet* engram = nullptr,
+                   double* dequant_wait_s = nullptr);
     // Final collapse, norm, head statistics.
     std::vector<SequenceScores> finish(const GlobalWeights& g, HiddenSink* sink);
     // Captures layer L (< n_layers) from the host stream (call after run_engram, before run_block).

@@ -244,7 +244,8 @@ bool expert_maps(ExpertMaps* maps, const GroupedFp4Gemm& g) {
 template <class C>
 bool pair_rows_map(CUtensorMap* map, const GroupedFp4Gemm& g) {
     return g.a_rows == nullptr && g.pairs > 0 &&
-           operand_map(map, false, g.q, g.K, g.pairs, g.K, 0, 1, C::kABytes, C::kBM, CU_TENSOR_MAP_SWIZZLE_64B);
+           operand_map(map, false, g.q, g.K, g.pairs, g.K, 0, 1, C::kABytes, C::kBM,
+                       CU_TENSOR_MAP_SWIZZLE_64B);
 }
 
 // kBM: 128 (the routing plan's tiles) or 64 (two blocks per plan tile: grid.y doubled). kOp: Fp4,
@@ -267,7 +268,8 @@ cudaError_t launch_grouped(const GroupedFp4Gemm& g, cudaStream_t stream) {
         grid.y *= 128 / kBM;
         if (grid.y > 65535u) return cudaErrorInvalidValue;
         if constexpr (C::kPreFolded) {
-            if (tma_a) return launch<CT, grouped_tma_kernel<CT>>(grid, stream, grouped_params(g, e0, e1), maps);
+            if (tma_a)
+                return launch<CT, grouped_tma_kernel<CT>>(grid, stream, grouped_params(g, e0, e1), maps);
             return launch<C, grouped_tma_kernel<C>>(grid, stream, grouped_params(g, e0, e1), maps);
         } else {
             return launch<C, grouped_kernel<C>>(grid, stream, grouped_params(g, e0, e1));

@@ -116,15 +116,16 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
         const bool like = n_same > 0;
         const double base = like ? same / n_same : other / n_other;
         const double ratio = (eng / n_eng) / base;
-        std::fprintf(out,
-                     "  Engram layers: %.2f s wall each vs %.2f s for the %s (%.2fx; target <= 1.1x); the "
-                     "gather's stall %.2f s = %s of their wall; their chunk loops waited %.2f s for the host's "
-                     "dequantization of the rows\n",
-                     eng / n_eng, base,
-                     like ? "non-Engram layers of the same compress ratio"
-                          : "other layers (none of the same compress ratio here: the ratio includes the "
-                            "ratios' own difference)",
-                     ratio, last_pass_stall_s, frac(last_pass_stall_s, eng).c_str(), dequant);
+        std::fprintf(
+            out,
+            "  Engram layers: %.2f s wall each vs %.2f s for the %s (%.2fx; target <= 1.1x); the "
+            "gather's stall %.2f s = %s of their wall; their chunk loops waited %.2f s for the host's "
+            "dequantization of the rows\n",
+            eng / n_eng, base,
+            like ? "non-Engram layers of the same compress ratio"
+                 : "other layers (none of the same compress ratio here: the ratio includes the "
+                   "ratios' own difference)",
+            ratio, last_pass_stall_s, frac(last_pass_stall_s, eng).c_str(), dequant);
         csv("engram_layer_wall_ratio", ratio, "ratio");
         csv("engram_dequant_wait_s", dequant, "s");
         csv("engram_stall_share", eng > 0 ? last_pass_stall_s / eng : 0, "fraction of the Engram layers' wall");

@@ -369,7 +369,7 @@ void PassRunner::ring_upload(StateRing& ring, size_t c) {
     up_q_->copy(ring.P[b], 0, static_cast<float*>(premix_.get()) + ch.r0 * hc,
                 static_cast<size_t>(M * hc) * 4);
     if (ring.engram) {
-        // chunk c's Engram rows: dequantized into e_host[c % 2] while chunk c - 2 computed (e_next; chunk 0 now)
+        // chunk c's rows, dequantized into e_host[c % 2] while chunk c - 2 computed (e_next); chunk 0's now
         uint16_t* e = static_cast<uint16_t*>(ring.e_host[c % 2].get());
         const double t0 = now_s();
         if (ring.e_next.valid())
@@ -387,7 +387,8 @@ void PassRunner::ring_upload(StateRing& ring, size_t c) {
         uint16_t* e = static_cast<uint16_t*>(ring.e_host[(c + 1) % 2].get());
         const EngramRowSet* rows = ring.engram;
         const Chunk* next = &chunks_[c + 1];
-        ring.e_next = std::async(std::launch::async, [this, rows, next, e] { engram_dequant(*rows, *next, e); });
+        ring.e_next =
+            std::async(std::launch::async, [this, rows, next, e] { engram_dequant(*rows, *next, e); });
     }
 }
 

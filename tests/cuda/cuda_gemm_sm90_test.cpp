@@ -489,8 +489,8 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
                     DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4_sm90_tiles(kern::Sm90Partials::Fp16Widened,
                                                                              shapes[t], gp, be.stream()));
                     EXPECT_EQ(host(be, y), tiles_f16[t])
-                        << what << ": fp16 experts, rows in pair order, " << (known ? "A by TMA" : "the loaders")
-                        << ", tile shape " << t;
+                        << what << ": fp16 experts, rows in pair order, "
+                        << (known ? "A by TMA" : "the loaders") << ", tile shape " << t;
                 }
             }
             EXPECT_EQ(

@@ -391,8 +391,8 @@ TEST(EngramInTheSweep, SameBytesAsEngramOnTheHostStream) {
         // dequant (LayerTiming::engram_dequant_wait_s, a part of its compute)
         CpuRunner fused(ck, EngramNextPassMode::Off, ro);
         std::vector<LayerTiming> timings;
-        EXPECT_TRUE(same_scores(fused.runner->run(pass, nullptr, [&](const LayerTiming& t) { timings.push_back(t); }),
-                                want))
+        EXPECT_TRUE(same_scores(
+            fused.runner->run(pass, nullptr, [&](const LayerTiming& t) { timings.push_back(t); }), want))
             << "chunks of " << chunk_rows;
         ASSERT_EQ(timings.size(), static_cast<size_t>(cfg.n_layers) + 1);
         for (const LayerTiming& t : timings) {

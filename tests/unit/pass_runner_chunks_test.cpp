@@ -158,7 +158,8 @@ TEST(ChunkRing, DefaultChunkRowsStayWithinBounds) {
     // dequantized Engram rows, which run_block's ring holds beside them).
     ASSERT_FALSE(c.engram_layer_ids.empty());
     const int64_t per_row = (14 + c.hc_mult) * c.dim * 4 + c.n_heads * c.head_dim * 8 +
-                            2 * c.hc_mult * (c.dim * 2 + 4) + 2 * c.engram_hash_cols() * c.engram_head_dim * 2;
+                            2 * c.hc_mult * (c.dim * 2 + 4) +
+                            2 * c.engram_hash_cols() * c.engram_head_dim * 2;
     const size_t free_bytes = static_cast<size_t>(per_row) * 2 * 1000;
     EXPECT_EQ(default_chunk_rows(c, free_bytes), 1000);
     EXPECT_EQ(default_chunk_rows(c, free_bytes - 1), 999);
