@@ -177,6 +177,9 @@ public:
     // Blocks until table ei's rows are in (the wait counts as stall); rethrows the gather's error.
     // Valid until release(ei) or destruction.
     const EngramRowSet& wait(int ei);
+    // Table ei's rows when its gather has ended without error and they are not released yet, else
+    // nullptr; never blocks (nor counts as stall). Valid as wait()'s.
+    const EngramRowSet* ready(int ei) const;
     void release(int ei);  // frees table ei's rows
     EngramGatherStats stats() const;
     int tables_done() const;  // tables whose gather has ended (rows in, or failed)
@@ -200,6 +203,7 @@ private:
     std::condition_variable cv_;
     std::vector<EngramRowSet> sets_;          // [tables], under mu_ once done_[ei]
     std::vector<char> done_;                  // [tables]
+    std::vector<char> released_;              // [tables]: release(ei) called
     std::vector<std::exception_ptr> errors_;  // [tables]
     EngramGatherStats stats_;                 // under mu_
     std::thread thread_;

@@ -99,6 +99,10 @@ struct LayerTiming {
     // of compute_s: the chunk loop blocked on the host's dequantization of a chunk's Engram rows (Engram
     // layers in the block's sweep; the first chunk's, then each one not done while the chunks before ran)
     double engram_dequant_wait_s = 0;
+    // Engram layers in the block's sweep: the first two chunks' rows were dequantized ahead of the chunk
+    // loop, during the layer before or the wait for the layer's weights (the gather had them by then;
+    // PassRunner::prefetch_engram_rows)
+    bool engram_rows_prefetched = false;
     int64_t rows = 0;
     double stall_s() const { return wait_s + engram_wait_s; }  // blocked on I/O of either kind
     double wall_s() const { return stall_s() + compute_s; }
@@ -172,9 +176,9 @@ public:
     };
     // engram: layer w's gathered rows (engram_rows); then the block applies Engram to each chunk first,
     // instead of run_engram's own sweep (the same bytes; run_pass takes it unless the layer is captured).
-    // *dequant_wait_s (optional): LayerTiming::engram_dequant_wait_s of the block.
+    // timing (optional): the block's LayerTiming::engram_dequant_wait_s and engram_rows_prefetched.
     void run_block(const LayerWeights& w, HostTaps* host_taps = nullptr, const EngramRowSet* engram = nullptr,
-                   double* dequant_wait_s = nullptr);
+                   LayerTiming* timing = nullptr);
     // Final collapse, norm, head statistics.
     std::vector<SequenceScores> finish(const GlobalWeights& g, HiddenSink* sink);
     // Captures layer L (< n_layers) from the host stream (call after run_engram, before run_block).
@@ -212,12 +216,15 @@ private:
         CopyQueue* down_q = nullptr;
         // Engram layers in run_block (else empty): chunk c's dequantized rows in E[c % 2], BF16
         // [max_rows, cols * ehd], uploaded by ring_upload from e_host[c % 2] (host, pinned, same shape);
-        // e_next dequantizes the next chunk (joined before e_host is freed: declared after it).
+        // e_pending[c % 2] dequantizes chunk c into it (started one chunk ahead; chunks 0 and 1 during
+        // the layer before where the rows were in by then, prefetch_engram_rows); joined before e_host is
+        // freed: declared after it.
         const EngramRowSet* engram = nullptr;
         std::vector<Tensor> E;
         std::shared_ptr<void> e_host[2];
-        std::future<void> e_next;
+        std::future<void> e_pending[2];
         double dequant_wait_s = 0;  // the host blocked on the rows' dequant (LayerTiming)
+        bool prefetched = false;    // e_pending[0 / 1] came from engram_prefetch_ (LayerTiming)
         StateRing() = default;
         StateRing(const StateRing&) = delete;
         StateRing& operator=(const StateRing&) = delete;
@@ -226,6 +233,8 @@ private:
         ~StateRing();
     };
     void init_ring(StateRing& ring, const EngramRowSet* engram = nullptr);
+    // ring_upload: chunk c's Engram rows into ring.e_host[c % 2], on a helper thread (ring.e_pending)
+    void start_dequant(StateRing& ring, size_t c);
     void ring_upload(StateRing& ring, size_t c);    // issues chunk c's upload into its buffer
     void ring_download(StateRing& ring, size_t c);  // after chunk c's compute: its download
     void ring_drain(StateRing& ring);               // host waits for every download
@@ -261,6 +270,21 @@ private:
     std::vector<std::vector<int32_t>> next_gather_seqs_;       // the sequences next_gather_ gathers for
     std::unique_ptr<EngramPassGather> next_gather_;            // the next pass's gather, started by run_pass
     bool next_pass_memory_note_ = false;                       // auto refused once (logged once)
+
+    // The first two chunks' Engram rows of the next Engram layer, dequantized into engram_pinned_ when
+    // the gather already has them: during the layer before it (unless that one is an Engram layer, whose
+    // ring holds the buffers), else while its weights are awaited; the block's chunk loop then starts
+    // without waiting for them (docs/PERFORMANCE.md, eleventh session). init_ring hands the futures to
+    // the layer's ring. Declared last: joined before the rows and buffers they use are freed.
+    struct EngramPrefetch {
+        int layer = -1;                       // the Engram layer (-1: none pending)
+        const EngramRowSet* rows = nullptr;   // engram_gather_'s rows of that layer
+        std::future<void> chunk[2];           // chunk i's rows into engram_pinned_[i]
+    };
+    EngramPrefetch engram_prefetch_;
+    void ensure_engram_pinned();              // engram_pinned_ sized for chunks_ (max rows x cols x ehd)
+    void prefetch_engram_rows(int layer);     // starts engram_prefetch_ for `layer` if its rows are in
+    void drop_engram_prefetch();              // joins and forgets a pending prefetch (errors dropped)
 };
 
 }  // namespace ds4r

@@ -113,6 +113,7 @@ EngramPassGather::EngramPassGather(const EngramResources& res, std::vector<int64
                (long long)rows_, n, (long long)cols_);
     sets_.resize(n);
     done_.assign(n, 0);
+    released_.assign(n, 0);
     errors_.resize(n);
     thread_ = std::thread([this] { run(); });
 }
@@ -131,6 +132,7 @@ EngramPassGather::EngramPassGather(const EngramResources& res,
     const size_t n = res_.tables.size();
     sets_.resize(n);
     done_.assign(n, 0);
+    released_.assign(n, 0);
     errors_.resize(n);
     thread_ = std::thread([this] { run(); });
 }
@@ -222,10 +224,18 @@ const EngramRowSet& EngramPassGather::wait(int ei) {
     return sets_[i];
 }
 
+const EngramRowSet* EngramPassGather::ready(int ei) const {
+    const auto i = static_cast<size_t>(ei);
+    if (i >= sets_.size() || ei < first_table_) return nullptr;
+    std::lock_guard<std::mutex> lk(mu_);
+    return done_[i] != 0 && !errors_[i] && !released_[i] ? &sets_[i] : nullptr;
+}
+
 void EngramPassGather::release(int ei) {
     {
         std::lock_guard<std::mutex> lk(mu_);
         sets_.at(static_cast<size_t>(ei)) = EngramRowSet{};
+        released_.at(static_cast<size_t>(ei)) = 1;
     }
     gate_->release(static_cast<size_t>(ei));
 }

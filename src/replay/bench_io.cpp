@@ -99,7 +99,7 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
         if (t.layer >= 0 && roles[static_cast<size_t>(t.layer)].engram)
             eng_ratios.insert(roles[static_cast<size_t>(t.layer)].ratio);
     double eng = 0, same = 0, other = 0, dequant = 0;
-    int n_eng = 0, n_same = 0, n_other = 0;
+    int n_eng = 0, n_same = 0, n_other = 0, n_prefetched = 0;
     for (const LayerTiming& t : timings) {
         if (t.layer < 0) continue;
         const LayerRole& r = roles[static_cast<size_t>(t.layer)];
@@ -107,6 +107,7 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
         if (r.engram) {
             eng += lw, ++n_eng;
             dequant += t.engram_dequant_wait_s;
+            n_prefetched += t.engram_rows_prefetched ? 1 : 0;
         } else {
             other += lw, ++n_other;
             if (eng_ratios.count(r.ratio)) same += lw, ++n_same;
@@ -120,14 +121,16 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
             out,
             "  Engram layers: %.2f s wall each vs %.2f s for the %s (%.2fx; target <= 1.1x); the "
             "gather's stall %.2f s = %s of their wall; their chunk loops waited %.2f s for the host's "
-            "dequantization of the rows\n",
+            "dequantization of the rows (first chunks' rows dequantized during the layer before: %d of "
+            "%d)\n",
             eng / n_eng, base,
             like ? "non-Engram layers of the same compress ratio"
                  : "other layers (none of the same compress ratio here: the ratio includes the "
                    "ratios' own difference)",
-            ratio, last_pass_stall_s, frac(last_pass_stall_s, eng).c_str(), dequant);
+            ratio, last_pass_stall_s, frac(last_pass_stall_s, eng).c_str(), dequant, n_prefetched, n_eng);
         csv("engram_layer_wall_ratio", ratio, "ratio");
         csv("engram_dequant_wait_s", dequant, "s");
+        csv("engram_rows_prefetched_layers", n_prefetched, "layers");
         csv("engram_stall_share", eng > 0 ? last_pass_stall_s / eng : 0, "fraction of the Engram layers' wall");
     }
 }

@@ -181,6 +181,7 @@ std::vector<SequenceScores> MultiDeviceRunner::run(const std::vector<std::vector
         struct LayerAgg {
             int count = 0;
             double wait_s = 0, engram_wait_s = 0, engram_dequant_wait_s = 0, compute_s = 0;
+            bool engram_rows_prefetched = true;  // on every device
         };
         std::map<int, LayerAgg> agg;
         std::vector<int> at(n, 0);             // per worker: ordinal of the layer it is in
@@ -233,6 +234,7 @@ std::vector<SequenceScores> MultiDeviceRunner::run(const std::vector<std::vector
                     a.engram_wait_s = std::max(a.engram_wait_s, t.engram_wait_s);
                     a.engram_dequant_wait_s = std::max(a.engram_dequant_wait_s, t.engram_dequant_wait_s);
                     a.compute_s = std::max(a.compute_s, t.compute_s);
+                    a.engram_rows_prefetched = a.engram_rows_prefetched && t.engram_rows_prefetched;
                     if (a.count == n_active && on_layer) {
                         LayerTiming all;
                         all.layer = t.layer;
@@ -241,6 +243,7 @@ std::vector<SequenceScores> MultiDeviceRunner::run(const std::vector<std::vector
                         all.engram_wait_s = a.engram_wait_s;
                         all.engram_dequant_wait_s = a.engram_dequant_wait_s;
                         all.compute_s = a.compute_s;
+                        all.engram_rows_prefetched = a.engram_rows_prefetched;
                         on_layer(all);  // may throw Interrupted: this worker stops the others
                     }
                 });

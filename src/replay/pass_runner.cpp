@@ -189,6 +189,9 @@ int64_t PassRunner::seq_len(int seq) const {
 }
 
 void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs, int first_layer) {
+    // A prefetch of the previous pass (or of this pass before an out-of-memory retry) reads rows and
+    // chunks that go now.
+    drop_engram_prefetch();
     // The previous pass's gather (finished, or stopped at its next request) goes with its rows.
     if (engram_gather_) engram_stats_.add(engram_gather_->stats());
     engram_gather_.reset();
@@ -267,6 +270,7 @@ void PassRunner::begin(const std::vector<std::vector<int32_t>>& seqs, int first_
 void PassRunner::plan_chunks() {
     // Chunks are contiguous pass rows; a boundary inside a sequence always falls on an even
     // position so that ratio-2 compressor pairs never straddle two chunks.
+    drop_engram_prefetch();  // it dequantizes the old chunks' rows
     chunks_.clear();
     const int64_t cap = opt_.chunk_rows;
     int64_t r = 0;
@@ -336,19 +340,20 @@ void PassRunner::init_ring(StateRing& ring, const EngramRowSet* engram) {
     ring.down.assign(chunks_.size(), 0);
     if (engram) {
         const int64_t width = cfg_.engram_hash_cols() * cfg_.engram_head_dim;
-        const size_t bytes = static_cast<size_t>(max_rows * width) * 2;
-        // pinned once for the runner (page-locking 2 x ~100 MB took a visible part of an Engram layer's
-        // time when done per layer); the ring before this one has finished with them (its destructor
-        // waited for its uploads)
-        if (engram_pinned_bytes_ < bytes) {
-            for (auto& b : engram_pinned_) b.reset();
-            for (auto& b : engram_pinned_) b = be_.alloc_host(bytes);
-            engram_pinned_bytes_ = bytes;
-        }
+        // the first chunks' rows dequantized during the layer before (prefetch_engram_rows) go on here;
+        // any other prefetch is joined before its buffers are written again
+        const bool prefetched = engram_prefetch_.layer >= 0 && engram_prefetch_.rows == engram;
+        if (!prefetched) drop_engram_prefetch();
+        ensure_engram_pinned();
         ring.engram = engram;
         for (int i = 0; i < 2; ++i) {
             ring.E.push_back(be_.alloc(DType::BF16, {max_rows, width}));
             ring.e_host[i] = engram_pinned_[i];
+        }
+        if (prefetched) {
+            for (int i = 0; i < 2; ++i) ring.e_pending[i] = std::move(engram_prefetch_.chunk[i]);
+            ring.prefetched = true;
+            engram_prefetch_ = EngramPrefetch{};
         }
     }
     // The queues touch the buffers only once their (stream-ordered) allocation took effect.
@@ -369,27 +374,70 @@ void PassRunner::ring_upload(StateRing& ring, size_t c) {
     up_q_->copy(ring.P[b], 0, static_cast<float*>(premix_.get()) + ch.r0 * hc,
                 static_cast<size_t>(M * hc) * 4);
     if (ring.engram) {
-        // chunk c's rows, dequantized into e_host[c % 2] while chunk c - 2 computed (e_next); chunk 0's now
-        uint16_t* e = static_cast<uint16_t*>(ring.e_host[c % 2].get());
+        // chunk c's rows, dequantized into e_host[c % 2] while chunk c - 1 computed (e_pending); chunks 0
+        // and 1 during the layer before (prefetched), else side by side now
+        if (!ring.e_pending[c % 2].valid()) start_dequant(ring, c);
+        if (c == 0 && chunks_.size() > 1 && !ring.e_pending[1].valid()) start_dequant(ring, 1);
         const double t0 = now_s();
-        if (ring.e_next.valid())
-            ring.e_next.get();  // rethrows the dequant's error
-        else
-            engram_dequant(*ring.engram, ch, e);
+        ring.e_pending[c % 2].get();  // rethrows the dequant's error
         ring.dequant_wait_s += now_s() - t0;
         up_q_->wait_compute();  // E[c % 2] last held chunk c - 2, read by the compute issued so far
-        up_q_->copy(ring.E[c % 2], 0, e, static_cast<size_t>(M * ring.E[0].dim(1)) * 2);
+        up_q_->copy(ring.E[c % 2], 0, ring.e_host[c % 2].get(), static_cast<size_t>(M * ring.E[0].dim(1)) * 2);
     }
     ring.up[c] = up_q_->fence();
-    if (ring.engram && c + 1 < chunks_.size()) {
+    if (ring.engram && c + 1 < chunks_.size() && !ring.e_pending[(c + 1) % 2].valid()) {
         // e_host[(c + 1) % 2] last held chunk c - 1: its upload (fence up[c - 1]) must have read it
         if (c >= 1) up_q_->host_wait(ring.up[c - 1]);
-        uint16_t* e = static_cast<uint16_t*>(ring.e_host[(c + 1) % 2].get());
-        const EngramRowSet* rows = ring.engram;
-        const Chunk* next = &chunks_[c + 1];
-        ring.e_next =
-            std::async(std::launch::async, [this, rows, next, e] { engram_dequant(*rows, *next, e); });
+        start_dequant(ring, c + 1);
     }
+}
+
+void PassRunner::start_dequant(StateRing& ring, size_t c) {
+    uint16_t* e = static_cast<uint16_t*>(ring.e_host[c % 2].get());
+    const EngramRowSet* rows = ring.engram;
+    const Chunk* ch = &chunks_[c];
+    ring.e_pending[c % 2] =
+        std::async(std::launch::async, [this, rows, ch, e] { engram_dequant(*rows, *ch, e); });
+}
+
+void PassRunner::ensure_engram_pinned() {
+    int64_t max_rows = 0;
+    for (const Chunk& ch : chunks_) max_rows = std::max(max_rows, ch.r1 - ch.r0);
+    const size_t bytes =
+        static_cast<size_t>(max_rows * cfg_.engram_hash_cols() * cfg_.engram_head_dim) * 2;
+    // pinned once for the runner (page-locking 2 x ~100 MB took a visible part of an Engram layer's time
+    // when done per layer); the ring before has finished with them (its destructor waited for its
+    // uploads), a pending prefetch is joined first
+    if (engram_pinned_bytes_ < bytes) {
+        drop_engram_prefetch();
+        for (auto& b : engram_pinned_) b.reset();
+        for (auto& b : engram_pinned_) b = be_.alloc_host(bytes);
+        engram_pinned_bytes_ = bytes;
+    }
+}
+
+void PassRunner::prefetch_engram_rows(int layer) {
+    if (!engram_gather_ || chunks_.empty()) return;
+    if (engram_prefetch_.layer == layer) return;
+    // still being gathered (or failed: the layer's own wait reports it): the ring dequantizes them itself
+    const EngramRowSet* rows = engram_gather_->ready(cfg_.engram_index(layer));
+    if (!rows) return;
+    drop_engram_prefetch();
+    ensure_engram_pinned();
+    engram_prefetch_.layer = layer;
+    engram_prefetch_.rows = rows;
+    for (size_t i = 0; i < std::min<size_t>(2, chunks_.size()); ++i) {
+        uint16_t* e = static_cast<uint16_t*>(engram_pinned_[i].get());
+        const Chunk* ch = &chunks_[i];
+        engram_prefetch_.chunk[i] =
+            std::async(std::launch::async, [this, rows, ch, e] { engram_dequant(*rows, *ch, e); });
+    }
+}
+
+void PassRunner::drop_engram_prefetch() {
+    for (auto& f : engram_prefetch_.chunk)
+        if (f.valid()) f.wait();  // an error there is the layer's to report, if it ever runs
+    engram_prefetch_ = EngramPrefetch{};
 }
 
 void PassRunner::ring_download(StateRing& ring, size_t c) {
@@ -458,7 +506,7 @@ double PassRunner::run_engram(const LayerWeights& w) {
 }
 
 void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps, const EngramRowSet* engram,
-                           double* dequant_wait_s) {
+                           LayerTiming* timing) {
     const int64_t D = cfg_.dim, k = cfg_.n_activated_experts;
     begin_layer(ctx_, w.role);
     // the layer's prepared experts (Backend::prepare_experts; no-op unless plan_prepared_experts turned
@@ -525,7 +573,10 @@ void PassRunner::run_block(const LayerWeights& w, HostTaps* host_taps, const Eng
     }
     ring_drain(ring);  // the host state is complete before anything reads it
     be_.synchronize();
-    if (dequant_wait_s) *dequant_wait_s = ring.dequant_wait_s;
+    if (timing) {
+        timing->engram_dequant_wait_s = ring.dequant_wait_s;
+        timing->engram_rows_prefetched = ring.prefetched;
+    }
 }
 
 void PassRunner::capture(int layer, HiddenSink* sink) {
@@ -702,6 +753,9 @@ std::vector<SequenceScores> PassRunner::run_pass(const std::vector<std::vector<i
         LayerTiming tm;
         tm.layer = L;
         tm.rows = total_rows_;
+        // an Engram layer's first chunks' rows: dequantized while its weights are awaited, unless the
+        // layer before started them already
+        if (roles_[static_cast<size_t>(L)].engram && !captured(L)) prefetch_engram_rows(L);
         double t0 = now_s();
         auto res = weights_.acquire(L);
         tm.wait_s = now_s() - t0;
@@ -716,7 +770,11 @@ std::vector<SequenceScores> PassRunner::run_pass(const std::vector<std::vector<i
         else
             tm.engram_wait_s = run_engram(w);
         if (captured(L)) capture(L, sink);
-        run_block(w, nullptr, engram, &tm.engram_dequant_wait_s);
+        // the next layer's first Engram rows dequantized while this one computes (not while an Engram
+        // layer's own ring holds the buffers)
+        if (!engram && L + 1 < cfg_.n_layers && roles_[static_cast<size_t>(L + 1)].engram && !captured(L + 1))
+            prefetch_engram_rows(L + 1);
+        run_block(w, nullptr, engram, &tm);
         if (engram) engram_gather_->release(cfg_.engram_index(L));
         next_layer_ = L + 1;  // the host state now holds layer L's output (a save point)
         tm.compute_s = now_s() - t0 - tm.engram_wait_s;

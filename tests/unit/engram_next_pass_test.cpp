@@ -125,6 +125,27 @@ ModeRun run_passes(const Checkpoint& ck, EngramNextPassMode mode, const std::vec
     return out;
 }
 
+// The step API: each Engram layer as a sweep of its own through the host stream (run_engram), then the
+// block without Engram rows (no dequant in the chunk loop, nothing prefetched). capture_layer's rows (after
+// its Engram) go to *sink when given.
+std::vector<SequenceScores> step_api_scores(const Checkpoint& ck, const Pass& pass, const ReplayOptions& ro,
+                                            int capture_layer = -1, HiddenSink* sink = nullptr) {
+    const ModelConfig& cfg = ck.config();
+    CpuRunner step(ck, EngramNextPassMode::Off, ro);
+    step.runner->begin(pass);
+    for (int L = 0; L < cfg.n_layers; ++L) {
+        auto res = step.ws->acquire(L);
+        const LayerWeights w = bind_layer_weights(cfg, ck.roles()[static_cast<size_t>(L)],
+                                                  [&](const std::string& n) { return res->get(n); });
+        step.runner->run_engram(w);
+        if (L == capture_layer && sink) step.runner->capture(L, sink);
+        step.runner->run_block(w);
+    }
+    auto head = step.ws->acquire(kHeadLayer);
+    const GlobalWeights g = bind_global_weights([&](const std::string& n) { return head->get(n); });
+    return step.runner->finish(g, nullptr);
+}
+
 }  // namespace
 
 TEST(EngramNextPass, ByteIdenticalOffAutoOnAndGatheredDuringThePassBefore) {
@@ -372,21 +393,8 @@ TEST(EngramInTheSweep, SameBytesAsEngramOnTheHostStream) {
     for (const int64_t chunk_rows : {int64_t{4}, int64_t{16}, int64_t{1} << 20}) {
         ReplayOptions ro;
         ro.chunk_rows = chunk_rows;
-        // the step API: Engram's own sweep through the host stream, then the block
-        CpuRunner step(ck, EngramNextPassMode::Off, ro);
-        step.runner->begin(pass);
         Rows step_rows;
-        for (int L = 0; L < cfg.n_layers; ++L) {
-            auto res = step.ws->acquire(L);
-            const LayerWeights w = bind_layer_weights(cfg, ck.roles()[static_cast<size_t>(L)],
-                                                      [&](const std::string& n) { return res->get(n); });
-            step.runner->run_engram(w);
-            if (L == engram_layer) step.runner->capture(L, &step_rows);
-            step.runner->run_block(w);
-        }
-        auto head = step.ws->acquire(kHeadLayer);
-        const GlobalWeights g = bind_global_weights([&](const std::string& n) { return head->get(n); });
-        const std::vector<SequenceScores> want = step.runner->finish(g, nullptr);
+        const std::vector<SequenceScores> want = step_api_scores(ck, pass, ro, engram_layer, &step_rows);
         // run(): Engram inside the block's sweep; only there does a layer's chunk loop wait for the rows'
         // dequant (LayerTiming::engram_dequant_wait_s, a part of its compute)
         CpuRunner fused(ck, EngramNextPassMode::Off, ro);
@@ -412,5 +420,50 @@ TEST(EngramInTheSweep, SameBytesAsEngramOnTheHostStream) {
         EXPECT_TRUE(same_scores(captured.runner->run(pass, &run_rows), want)) << "chunks of " << chunk_rows;
         EXPECT_FALSE(step_rows.rows.empty());
         EXPECT_EQ(run_rows.rows, step_rows.rows) << "chunks of " << chunk_rows;
+    }
+}
+
+// An Engram layer whose rows are in before its chunk loop starts has its first two chunks' rows
+// dequantized ahead (PassRunner::prefetch_engram_rows: during the layer before, or while its weights are
+// awaited where the layer before is an Engram layer too or there is none, as in the tiny model's layers
+// 0 and 1), and its chunk loop takes them from there: the same scores as the step API's, at one chunk,
+// two chunks and many; LayerTiming says so for every Engram layer (the rows were gathered during the pass
+// before, so they are in from the start), and for no other layer.
+TEST(EngramInTheSweep, FirstChunksDequantizedDuringTheLayerBefore) {
+    Checkpoint ck = Checkpoint::open(dense_model());
+    const ModelConfig& cfg = ck.config();
+    const int tables = static_cast<int>(cfg.engram_layer_ids.size());
+    ASSERT_GE(tables, 1);
+    const std::vector<bool> engram_layer = [&] {
+        std::vector<bool> e(static_cast<size_t>(cfg.n_layers), false);
+        for (int L : cfg.engram_layer_ids) e[static_cast<size_t>(L)] = true;
+        return e;
+    }();
+    const std::vector<Pass> passes = random_passes(2, cfg.vocab_size, 13);
+    const int64_t rows = [&] {
+        int64_t n = 0;
+        for (const auto& s : passes[1]) n += static_cast<int64_t>(s.size());
+        return n;
+    }();
+    for (const int64_t chunk_rows : {rows, (rows + 3) / 2 + 1, int64_t{4}}) {
+        ReplayOptions ro;
+        ro.chunk_rows = chunk_rows;
+        const std::vector<SequenceScores> want = step_api_scores(ck, passes[1], ro);
+        CpuRunner cpu(ck, EngramNextPassMode::On, ro);
+        cpu.runner->set_next_pass(passes[1]);
+        const auto first = cpu.runner->run(passes[0], nullptr);
+        ASSERT_EQ(first.size(), passes[0].size());
+        ASSERT_TRUE(wait_next_pass_done(*cpu.runner, tables));
+        std::vector<LayerTiming> timings;
+        EXPECT_TRUE(same_scores(
+            cpu.runner->run(passes[1], nullptr, [&](const LayerTiming& t) { timings.push_back(t); }), want))
+            << "chunks of " << chunk_rows;
+        int prefetched = 0;
+        for (const LayerTiming& t : timings) {
+            const bool eng = t.layer >= 0 && engram_layer[static_cast<size_t>(t.layer)];
+            EXPECT_EQ(t.engram_rows_prefetched, eng) << "layer " << t.layer << ", chunks of " << chunk_rows;
+            prefetched += t.engram_rows_prefetched ? 1 : 0;
+        }
+        EXPECT_EQ(prefetched, tables) << "chunks of " << chunk_rows;
     }
 }
