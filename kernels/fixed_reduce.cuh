@@ -98,13 +98,15 @@ constexpr int kF64ScratchDoubles = (kFixedReduceWarps + 1) * NV;
 // The cross-warp step of the double reductions: thread i < NV adds value i of the 8 warps in order
 // (warp 0 first) and publishes it; every thread then reads the totals. One thread per value, not
 // every thread, does these additions: fp64 runs at 1/64 of the fp32 rate on sm_86.
+// tid: the thread's index in its group of 256 (threadIdx.x, or threadIdx.x % 256 where a block of several
+// such groups reduces each on its own, with its own scratch: hc_mixes' split variants).
 template <int NV>
-__device__ __forceinline__ void cross_warp_f64(double (&out)[NV], double* scratch) {
+__device__ __forceinline__ void cross_warp_f64(double (&out)[NV], double* scratch, int tid) {
     static_assert(NV <= kFixedReduceThreads, "one thread per value");
     __syncthreads();
     double* totals = scratch + kFixedReduceWarps * NV;
-    if (threadIdx.x < NV) {
-        const int i = threadIdx.x;
+    if (tid < NV) {
+        const int i = tid;
         double s = scratch[i];
         for (int w = 1; w < kFixedReduceWarps; ++w) s = __dadd_rn(s, scratch[w * NV + i]);
         totals[i] = s;
@@ -125,7 +127,7 @@ __device__ __forceinline__ void block_sum_fixed_f64(double (&v)[NV], double* scr
 #pragma unroll
         for (int i = 0; i < NV; ++i) scratch[warp * NV + i] = v[i];
     }
-    cross_warp_f64<NV>(v, scratch);
+    cross_warp_f64<NV>(v, scratch, threadIdx.x);
 }
 
 // Compensated block sum: the warp butterfly adds the pairs with TwoSum (hi + hi' exactly split into
@@ -133,9 +135,12 @@ __device__ __forceinline__ void block_sum_fixed_f64(double (&v)[NV], double* scr
 // lanes of a pair, so every lane ends with the same bits), then lane 0 of each warp converts its
 // pair to double and the 8 warp totals add in double, warp 0 first. Every thread receives the
 // totals in `out`. `scratch`: shared memory of kF64ScratchDoubles<NV> doubles.
+// tid: as cross_warp_f64's (every group of the block calls this at the same time).
 template <int NV>
-__device__ __forceinline__ void block_sum_comp(CompSum (&v)[NV], double (&out)[NV], double* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+__device__ __forceinline__ void block_sum_comp(CompSum (&v)[NV], double (&out)[NV], double* scratch,
+                                               int tid = -1) {
+    if (tid < 0) tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
 #pragma unroll
@@ -156,7 +161,7 @@ __device__ __forceinline__ void block_sum_comp(CompSum (&v)[NV], double (&out)[N
 #pragma unroll
         for (int i = 0; i < NV; ++i) scratch[warp * NV + i] = comp_value(v[i]);
     }
-    cross_warp_f64<NV>(out, scratch);
+    cross_warp_f64<NV>(out, scratch, tid);
 }
 
 }  // namespace ds4r::kern

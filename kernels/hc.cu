@@ -231,6 +231,101 @@ __global__ void __launch_bounds__(kFixedReduceThreads)
     }
 }
 
+// The compensated sums of hc_mixes_kernel<Compensated> with the mixes split over G groups of 256 threads:
+// group g (threadIdx.x / 256) accumulates mixes g * 24 / G .. (g + 1) * 24 / G - 1 of the block's two
+// tokens, group 0 also their sums of squares. Every sum is accumulated by the 256 threads of one group
+// exactly as hc_mixes_kernel's 256 threads do (thread t: columns t, t + 256, ... in order, comp_fma /
+// comp_add) and combined by the same fixed reduction (block_sum_comp over the group's 8 warps), so the
+// totals are the same bits; only the warps per SM change (G x 8, at ~1 / G of the accumulators each).
+template <int G>
+__global__ void __launch_bounds__(G * kFixedReduceThreads, 1)
+    hc_mixes_groups_kernel(const uint16_t* __restrict__ X, const float* __restrict__ fn,
+                           const float* __restrict__ scale, const float* __restrict__ base, int64_t M,
+                           int64_t K, float inv_n, float norm_eps, float hc_eps, int iters,
+                           float* __restrict__ pre, float* __restrict__ post, float* __restrict__ comb,
+                           float* __restrict__ dots) {
+    static_assert(kHcMix % G == 0, "the mixes split evenly");
+    constexpr int kTok = mix_tokens<HcMixAccum::Compensated>();
+    constexpr int kGm = kHcMix / G;          // mixes per group
+    constexpr int kNV = kTok * (kGm + 1);    // [tok][kGm] dots, then [tok] sums of squares (group 0's)
+    __shared__ double scratch[G][kF64ScratchDoubles<kNV>];
+    __shared__ float totals[mix_vals<HcMixAccum::Compensated>()];  // hc_mixes_kernel's layout
+    const int grp = static_cast<int>(threadIdx.x) / kFixedReduceThreads;
+    const int tid = static_cast<int>(threadIdx.x) % kFixedReduceThreads;
+    const int m0 = grp * kGm;
+    const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTok;
+    const int ntok = static_cast<int>(M - r0 < kTok ? M - r0 : kTok);
+    const float* __restrict__ fg = fn + m0 * K;  // the group's mixes' rows
+    CompSum cs[kNV];
+#pragma unroll
+    for (int i = 0; i < kNV; ++i) comp_zero(cs[i]);
+    // column k of the group's fn rows and of the tokens (zeros past K or past the tokens); column
+    // k + 256 loads while column k adds (as ColumnLoads)
+    auto load = [&](float (&f)[kGm], uint16_t (&x)[kTok], int64_t k) {
+        const bool in = k < K;
+#pragma unroll
+        for (int m = 0; m < kGm; ++m) f[m] = in ? fg[m * K + k] : 0.0f;
+#pragma unroll
+        for (int t = 0; t < kTok; ++t) x[t] = in && t < ntok ? X[(r0 + t) * K + k] : uint16_t{0};
+    };
+    float f[kGm];
+    uint16_t x[kTok];
+    load(f, x, tid);
+    for (int64_t k = tid; k < K; k += kFixedReduceThreads) {
+        float fnext[kGm];
+        uint16_t xnext[kTok];
+        load(fnext, xnext, k + kFixedReduceThreads);
+#pragma unroll
+        for (int t = 0; t < kTok; ++t) {
+            if (t < ntok) {
+                const float z = bf16_bits_to_f32(x[t]);
+#pragma unroll
+                for (int m = 0; m < kGm; ++m) comp_fma(cs[t * kGm + m], z, f[m]);
+                if (grp == 0) comp_add(cs[kTok * kGm + t], __fmul_rn(z, z));  // z^2 exact
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < kGm; ++m) f[m] = fnext[m];
+#pragma unroll
+        for (int t = 0; t < kTok; ++t) x[t] = xnext[t];
+    }
+    double acc[kNV];
+    block_sum_comp<kNV>(cs, acc, scratch[grp], tid);
+    if (tid == 0) {
+#pragma unroll
+        for (int t = 0; t < kTok; ++t) {
+#pragma unroll
+            for (int m = 0; m < kGm; ++m) totals[t * kHcMix + m0 + m] = __double2float_rn(acc[t * kGm + m]);
+            if (grp == 0) totals[kTok * kHcMix + t] = __double2float_rn(acc[kTok * kGm + t]);
+        }
+    }
+    __syncthreads();
+    const int t = threadIdx.x;
+    if (t < ntok) {
+        float tot[kHcMix + 1];
+#pragma unroll
+        for (int m = 0; m < kHcMix; ++m) tot[m] = totals[t * kHcMix + m];
+        tot[kHcMix] = totals[kTok * kHcMix + t];
+        const int64_t row = r0 + t;
+        if (dots) {
+#pragma unroll
+            for (int m = 0; m <= kHcMix; ++m) dots[row * (kHcMix + 1) + m] = tot[m];
+            return;
+        }
+        mixes_finish(tot, scale, base, inv_n, norm_eps, hc_eps, iters, pre + row * kHcMult,
+                     post + row * kHcMult, comb + row * kHcMult * kHcMult);
+    }
+}
+
+template <int G>
+void launch_mixes_groups(const uint16_t* X, const float* fn, const float* scale, const float* base,
+                         int64_t M, int64_t D, float inv_n, float norm_eps, float hc_eps, int iters,
+                         float* pre, float* post, float* comb, float* dots, cudaStream_t stream) {
+    const int64_t blocks = cdiv(M, mix_tokens<HcMixAccum::Compensated>());
+    hc_mixes_groups_kernel<G><<<static_cast<unsigned>(blocks), G * kFixedReduceThreads, 0, stream>>>(
+        X, fn, scale, base, M, kHcMult * D, inv_n, norm_eps, hc_eps, iters, pre, post, comb, dots);
+}
+
 template <HcMixAccum A>
 void launch_mixes(const uint16_t* X, const float* fn, const float* scale, const float* base, int64_t M,
                   int64_t D, float inv_n, float norm_eps, float hc_eps, int iters, float* pre, float* post,
@@ -257,6 +352,14 @@ cudaError_t launch_mixes_any(HcMixAccum accum, const uint16_t* X, const float* f
         case HcMixAccum::Compensated:
             launch_mixes<HcMixAccum::Compensated>(X, fn, scale, base, M, D, inv_n, norm_eps, hc_eps, iters,
                                                   pre, post, comb, dots, stream);
+            break;
+        case HcMixAccum::CompensatedG2:
+            launch_mixes_groups<2>(X, fn, scale, base, M, D, inv_n, norm_eps, hc_eps, iters, pre, post, comb,
+                                   dots, stream);
+            break;
+        case HcMixAccum::CompensatedG4:
+            launch_mixes_groups<4>(X, fn, scale, base, M, D, inv_n, norm_eps, hc_eps, iters, pre, post, comb,
+                                   dots, stream);
             break;
     }
     return cudaGetLastError();

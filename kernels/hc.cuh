@@ -16,11 +16,16 @@ constexpr int kHcMix = (2 + kHcMult) * kHcMult;
 //   Fp32        per-thread fp32 FFMA over 256 strided partials, fp32 block combine (the old
 //               kernel: a few ulps off, issue 10; kept for the bench only);
 //   Fp64        per-thread fp64 (bf16 x fp32 products exact), fp64 block combine;
-//   Compensated per-thread fp32 pair (TwoSum + FMA product error, Dot2), fp64 block combine.
-// All three have a fixed order per token (batch invariant, no atomics).
-enum class HcMixAccum { Fp32, Fp64, Compensated };
-// The variant the backend runs. One-line switch (scripts/gpu_hc_check.sh measures all three).
-constexpr HcMixAccum kHcMixAccumDefault = HcMixAccum::Compensated;
+//   Compensated per-thread fp32 pair (TwoSum + FMA product error, Dot2), fp64 block combine;
+//   CompensatedG2 / G4  the same sums, bit for bit (each sum's per-thread order and block combine
+//               unchanged), with the 24 mixes split over 2 / 4 groups of 256 threads in one block:
+//               2 / 4 times the warps per SM at the accumulators per thread of Compensated, so the
+//               sums' dependent chains hide behind more warps (docs/PERFORMANCE.md, eleventh session).
+// All have a fixed order per token (batch invariant, no atomics).
+enum class HcMixAccum { Fp32, Fp64, Compensated, CompensatedG2, CompensatedG4 };
+// The variant the backend runs. One-line switch (scripts/gpu_hc_check.sh and `bench --kernel-filter
+// hc_mixes` measure all of them).
+constexpr HcMixAccum kHcMixAccumDefault = HcMixAccum::CompensatedG4;
 
 // Per token r: z = fp32(X[r]) (hc * D values), ssq = sum z^2, dot_m = sum_c z_c * fn[m, c]
 // (accumulated as `accum` says, fixed order, rounded once to fp32), r = rsqrtf(ssq * inv_n + norm_eps),

@@ -164,4 +164,41 @@ TEST(CudaHcAccum, VariantsMatchCpuFp64Sums) {
     }
 }
 
+// The compensated sums with the mixes split over thread groups (compensated-g2 / -g4) are the compensated
+// variant's own bits, not just as accurate: every token, mix and sum of squares, at V4.1's width and at
+// widths whose columns do not fill the last 256-column step, for 1, 2 (one block) and odd token counts
+// (a block with one token), with one row of large values.
+TEST(CudaHcAccum, GroupVariantsGiveTheCompensatedBits) {
+    DS4R_REQUIRE_CUDA();
+    int base = -1;
+    for (int v = 0; v < kHcMixVariants; ++v)
+        if (std::string(kHcMixVariantNames[v]) == "compensated") base = v;
+    ASSERT_GE(base, 0);
+    std::mt19937_64 g(91);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (const int64_t Dr : {int64_t{5120}, int64_t{100}, int64_t{72}})
+        for (const int64_t M : {int64_t{1}, int64_t{2}, sanitizer_run() ? int64_t{5} : int64_t{37}}) {
+            const int64_t K = kHc * Dr;
+            std::vector<uint16_t> xh(static_cast<size_t>(M * K));
+            for (size_t i = 0; i < xh.size(); ++i)
+                xh[i] = f32_to_bf16(nd(g) * (static_cast<int64_t>(i) / K == M / 2 ? 300.0f : 1.0f));
+            std::vector<float> fh(static_cast<size_t>(kMix * K));
+            for (auto& f : fh) f = nd(g) / std::sqrt(static_cast<float>(K));
+            const Tensor xg = on_gpu(DType::BF16, {M, kHc, Dr}, xh.data()),
+                         fg = on_gpu(DType::F32, {kMix, K}, fh.data());
+            const auto want = hc_mix_dots(cuda_be(), base, xg, fg);
+            ASSERT_EQ(want.size(), static_cast<size_t>(M * (kMix + 1)));
+            for (int v = 0; v < kHcMixVariants; ++v) {
+                const std::string name = kHcMixVariantNames[v];
+                if (name.rfind("compensated-", 0) != 0) continue;
+                const auto got = hc_mix_dots(cuda_be(), v, xg, fg);
+                ASSERT_EQ(got.size(), want.size());
+                for (size_t i = 0; i < want.size(); ++i)
+                    ASSERT_EQ(f32_bits(got[i]), f32_bits(want[i]))
+                        << name << " D=" << Dr << " M=" << M << " token " << i / (kMix + 1) << " sum "
+                        << i % (kMix + 1) << ": " << got[i] << " vs " << want[i];
+            }
+        }
+}
+
 #endif  // DS4R_HAVE_CUDA
