@@ -236,8 +236,14 @@ __global__ void __launch_bounds__(kFixedReduceThreads)
 // tokens, group 0 also their sums of squares. Every sum is accumulated by the 256 threads of one group
 // exactly as hc_mixes_kernel's 256 threads do (thread t: columns t, t + 256, ... in order, comp_fma /
 // comp_add) and combined by the same fixed reduction (block_sum_comp over the group's 8 warps), so the
-// totals are the same bits; only the warps per SM change (G x 8, at ~1 / G of the accumulators each).
-template <int G>
+// totals are the same bits. What differs is the instruction stream around the sums (Nsight Compute,
+// eleventh session: hc_mixes_kernel issues 814 instructions per column per warp for ~510 of arithmetic,
+// 109 of them register copies of the next column's loads and ~100 address computations, and its 2
+// warps per scheduler stall on the sums' dependent chains): G x 8 warps per SM; two column buffers in
+// turn instead of a copy; with KC (the columns K known at compile time: V4.1's 4 x 5120) every load of a
+// column is one instruction at a fixed offset from one address; columns past K are never added, so the
+// loads ahead clamp their column instead of zeroing the values.
+template <int G, int KC>
 __global__ void __launch_bounds__(G * kFixedReduceThreads, 1)
     hc_mixes_groups_kernel(const uint16_t* __restrict__ X, const float* __restrict__ fn,
                            const float* __restrict__ scale, const float* __restrict__ base, int64_t M,
@@ -248,33 +254,31 @@ __global__ void __launch_bounds__(G * kFixedReduceThreads, 1)
     constexpr int kTok = mix_tokens<HcMixAccum::Compensated>();
     constexpr int kGm = kHcMix / G;          // mixes per group
     constexpr int kNV = kTok * (kGm + 1);    // [tok][kGm] dots, then [tok] sums of squares (group 0's)
+    constexpr int kStep = kFixedReduceThreads;
     __shared__ double scratch[G][kF64ScratchDoubles<kNV>];
     __shared__ float totals[mix_vals<HcMixAccum::Compensated>()];  // hc_mixes_kernel's layout
-    const int grp = static_cast<int>(threadIdx.x) / kFixedReduceThreads;
-    const int tid = static_cast<int>(threadIdx.x) % kFixedReduceThreads;
+    const int Kn = KC > 0 ? KC : static_cast<int>(K);                // K < 2^31 (the launcher checks)
+    const int grp = static_cast<int>(threadIdx.x) / kStep;
+    const int tid = static_cast<int>(threadIdx.x) % kStep;
     const int m0 = grp * kGm;
     const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTok;
     const int ntok = static_cast<int>(M - r0 < kTok ? M - r0 : kTok);
-    const float* __restrict__ fg = fn + m0 * K;  // the group's mixes' rows
+    const float* __restrict__ fg = fn + static_cast<int64_t>(m0) * Kn;  // the group's mixes' rows
+    const uint16_t* xrow[kTok];  // the tokens' rows (a token past M reads the last one: never added)
+#pragma unroll
+    for (int t = 0; t < kTok; ++t) xrow[t] = X + (r0 + (t < ntok ? t : ntok - 1)) * Kn;
     CompSum cs[kNV];
 #pragma unroll
     for (int i = 0; i < kNV; ++i) comp_zero(cs[i]);
-    // column k of the group's fn rows and of the tokens (zeros past K or past the tokens); column
-    // k + 256 loads while column k adds (as ColumnLoads)
-    auto load = [&](float (&f)[kGm], uint16_t (&x)[kTok], int64_t k) {
-        const bool in = k < K;
+    auto load = [&](float (&f)[kGm], uint16_t (&x)[kTok], int k) {
+        const int kk = k < Kn ? k : Kn - 1;  // past K: loaded ahead, never added
+        const float* fp = fg + kk;
 #pragma unroll
-        for (int m = 0; m < kGm; ++m) f[m] = in ? fg[m * K + k] : 0.0f;
+        for (int m = 0; m < kGm; ++m) f[m] = fp[m * Kn];
 #pragma unroll
-        for (int t = 0; t < kTok; ++t) x[t] = in && t < ntok ? X[(r0 + t) * K + k] : uint16_t{0};
+        for (int t = 0; t < kTok; ++t) x[t] = xrow[t][kk];
     };
-    float f[kGm];
-    uint16_t x[kTok];
-    load(f, x, tid);
-    for (int64_t k = tid; k < K; k += kFixedReduceThreads) {
-        float fnext[kGm];
-        uint16_t xnext[kTok];
-        load(fnext, xnext, k + kFixedReduceThreads);
+    auto add = [&](const float (&f)[kGm], const uint16_t (&x)[kTok]) {
 #pragma unroll
         for (int t = 0; t < kTok; ++t) {
             if (t < ntok) {
@@ -284,10 +288,18 @@ __global__ void __launch_bounds__(G * kFixedReduceThreads, 1)
                 if (grp == 0) comp_add(cs[kTok * kGm + t], __fmul_rn(z, z));  // z^2 exact
             }
         }
-#pragma unroll
-        for (int m = 0; m < kGm; ++m) f[m] = fnext[m];
-#pragma unroll
-        for (int t = 0; t < kTok; ++t) x[t] = xnext[t];
+    };
+    // columns k, k + 256 per iteration, each loaded one column ahead into the other buffer
+    float fa[kGm], fb[kGm];
+    uint16_t xa[kTok], xb[kTok];
+    load(fa, xa, tid);
+    for (int k = tid; k < Kn; k += 2 * kStep) {
+        load(fb, xb, k + kStep);
+        add(fa, xa);
+        if (k + kStep < Kn) {
+            load(fa, xa, k + 2 * kStep);
+            add(fb, xb);
+        }
     }
     double acc[kNV];
     block_sum_comp<kNV>(cs, acc, scratch[grp], tid);
@@ -317,13 +329,22 @@ __global__ void __launch_bounds__(G * kFixedReduceThreads, 1)
     }
 }
 
+// V4.1's columns per token (hc 4 x D 5120): the groups kernel's loads at fixed offsets.
+constexpr int kHcMixReleaseK = kHcMult * 5120;
+
 template <int G>
 void launch_mixes_groups(const uint16_t* X, const float* fn, const float* scale, const float* base,
                          int64_t M, int64_t D, float inv_n, float norm_eps, float hc_eps, int iters,
                          float* pre, float* post, float* comb, float* dots, cudaStream_t stream) {
     const int64_t blocks = cdiv(M, mix_tokens<HcMixAccum::Compensated>());
-    hc_mixes_groups_kernel<G><<<static_cast<unsigned>(blocks), G * kFixedReduceThreads, 0, stream>>>(
-        X, fn, scale, base, M, kHcMult * D, inv_n, norm_eps, hc_eps, iters, pre, post, comb, dots);
+    const int64_t K = kHcMult * D;
+    if (K == kHcMixReleaseK)
+        hc_mixes_groups_kernel<G, kHcMixReleaseK>
+            <<<static_cast<unsigned>(blocks), G * kFixedReduceThreads, 0, stream>>>(
+                X, fn, scale, base, M, K, inv_n, norm_eps, hc_eps, iters, pre, post, comb, dots);
+    else
+        hc_mixes_groups_kernel<G, 0><<<static_cast<unsigned>(blocks), G * kFixedReduceThreads, 0, stream>>>(
+            X, fn, scale, base, M, K, inv_n, norm_eps, hc_eps, iters, pre, post, comb, dots);
 }
 
 template <HcMixAccum A>
@@ -340,6 +361,7 @@ cudaError_t launch_mixes_any(HcMixAccum accum, const uint16_t* X, const float* f
                              float hc_eps, int iters, float* pre, float* post, float* comb, float* dots,
                              cudaStream_t stream) {
     if (M <= 0) return cudaSuccess;
+    if (kHcMult * D > INT32_MAX) return cudaErrorInvalidValue;  // the groups kernels' 32-bit columns
     switch (accum) {
         case HcMixAccum::Fp32:
             launch_mixes<HcMixAccum::Fp32>(X, fn, scale, base, M, D, inv_n, norm_eps, hc_eps, iters, pre,

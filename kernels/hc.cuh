@@ -25,7 +25,7 @@ constexpr int kHcMix = (2 + kHcMult) * kHcMult;
 enum class HcMixAccum { Fp32, Fp64, Compensated, CompensatedG2, CompensatedG4 };
 // The variant the backend runs. One-line switch (scripts/gpu_hc_check.sh and `bench --kernel-filter
 // hc_mixes` measure all of them).
-constexpr HcMixAccum kHcMixAccumDefault = HcMixAccum::CompensatedG4;
+constexpr HcMixAccum kHcMixAccumDefault = HcMixAccum::CompensatedG2;
 
 // Per token r: z = fp32(X[r]) (hc * D values), ssq = sum z^2, dot_m = sum_c z_c * fn[m, c]
 // (accumulated as `accum` says, fixed order, rounded once to fp32), r = rsqrtf(ssq * inv_n + norm_eps),
