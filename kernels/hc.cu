@@ -242,7 +242,9 @@ __global__ void __launch_bounds__(kFixedReduceThreads)
 // warps per scheduler stall on the sums' dependent chains): G x 8 warps per SM; two column buffers in
 // turn instead of a copy; with KC (the columns K known at compile time: V4.1's 4 x 5120) every load of a
 // column is one instruction at a fixed offset from one address; columns past K are never added, so the
-// loads ahead clamp their column instead of zeroing the values.
+// loads ahead clamp their column instead of zeroing the values. G = 2 (3.20 ms per 8,192 tokens against
+// hc_mixes_kernel's 3.99 on the H200); G = 4 measured 3.41 ms (more instructions per sum, now
+// issue-bound) and was dropped.
 template <int G, int KC>
 __global__ void __launch_bounds__(G * kFixedReduceThreads, 1)
     hc_mixes_groups_kernel(const uint16_t* __restrict__ X, const float* __restrict__ fn,
@@ -377,10 +379,6 @@ cudaError_t launch_mixes_any(HcMixAccum accum, const uint16_t* X, const float* f
             break;
         case HcMixAccum::CompensatedG2:
             launch_mixes_groups<2>(X, fn, scale, base, M, D, inv_n, norm_eps, hc_eps, iters, pre, post, comb,
-                                   dots, stream);
-            break;
-        case HcMixAccum::CompensatedG4:
-            launch_mixes_groups<4>(X, fn, scale, base, M, D, inv_n, norm_eps, hc_eps, iters, pre, post, comb,
                                    dots, stream);
             break;
     }

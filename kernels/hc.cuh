@@ -17,12 +17,12 @@ constexpr int kHcMix = (2 + kHcMult) * kHcMult;
 //               kernel: a few ulps off, issue 10; kept for the bench only);
 //   Fp64        per-thread fp64 (bf16 x fp32 products exact), fp64 block combine;
 //   Compensated per-thread fp32 pair (TwoSum + FMA product error, Dot2), fp64 block combine;
-//   CompensatedG2 / G4  the same sums, bit for bit (each sum's per-thread order and block combine
-//               unchanged), with the 24 mixes split over 2 / 4 groups of 256 threads in one block:
-//               2 / 4 times the warps per SM at the accumulators per thread of Compensated, so the
-//               sums' dependent chains hide behind more warps (docs/PERFORMANCE.md, eleventh session).
+//   CompensatedG2  the same sums, bit for bit (each sum's per-thread order and block combine
+//               unchanged), with the 24 mixes split over 2 groups of 256 threads in one block (twice
+//               the warps per SM at half the accumulators per thread) and a leaner loop around the
+//               sums: 1.25x Compensated's speed on the H200 (docs/PERFORMANCE.md, eleventh session).
 // All have a fixed order per token (batch invariant, no atomics).
-enum class HcMixAccum { Fp32, Fp64, Compensated, CompensatedG2, CompensatedG4 };
+enum class HcMixAccum { Fp32, Fp64, Compensated, CompensatedG2 };
 // The variant the backend runs. One-line switch (scripts/gpu_hc_check.sh and `bench --kernel-filter
 // hc_mixes` measure all of them).
 constexpr HcMixAccum kHcMixAccumDefault = HcMixAccum::CompensatedG2;

@@ -164,7 +164,7 @@ TEST(CudaHcAccum, VariantsMatchCpuFp64Sums) {
     }
 }
 
-// The compensated sums with the mixes split over thread groups (compensated-g2 / -g4) are the compensated
+// The compensated sums with the mixes split over thread groups (compensated-g2) are the compensated
 // variant's own bits, not just as accurate: every token, mix and sum of squares, at V4.1's width and at
 // widths whose columns do not fill the last 256-column step, for 1, 2 (one block) and odd token counts
 // (a block with one token), with one row of large values.
