@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(kFixedReduceThreads)
 // hc_mixes_kernel's 3.99 on the H200); G = 4 measured 3.41 ms (more instructions per sum, now
 // issue-bound) and was dropped.
 template <int G, int KC>
-__global__ void __launch_bounds__(G * kFixedReduceThreads, 1)
+__global__ void __launch_bounds__(G* kFixedReduceThreads, 1)
     hc_mixes_groups_kernel(const uint16_t* __restrict__ X, const float* __restrict__ fn,
                            const float* __restrict__ scale, const float* __restrict__ base, int64_t M,
                            int64_t K, float inv_n, float norm_eps, float hc_eps, int iters,
@@ -254,12 +254,12 @@ __global__ void __launch_bounds__(G * kFixedReduceThreads, 1)
                            float* __restrict__ dots) {
     static_assert(kHcMix % G == 0, "the mixes split evenly");
     constexpr int kTok = mix_tokens<HcMixAccum::Compensated>();
-    constexpr int kGm = kHcMix / G;          // mixes per group
-    constexpr int kNV = kTok * (kGm + 1);    // [tok][kGm] dots, then [tok] sums of squares (group 0's)
+    constexpr int kGm = kHcMix / G;        // mixes per group
+    constexpr int kNV = kTok * (kGm + 1);  // [tok][kGm] dots, then [tok] sums of squares (group 0's)
     constexpr int kStep = kFixedReduceThreads;
     __shared__ double scratch[G][kF64ScratchDoubles<kNV>];
     __shared__ float totals[mix_vals<HcMixAccum::Compensated>()];  // hc_mixes_kernel's layout
-    const int Kn = KC > 0 ? KC : static_cast<int>(K);                // K < 2^31 (the launcher checks)
+    const int Kn = KC > 0 ? KC : static_cast<int>(K);              // K < 2^31 (the launcher checks)
     const int grp = static_cast<int>(threadIdx.x) / kStep;
     const int tid = static_cast<int>(threadIdx.x) % kStep;
     const int m0 = grp * kGm;
@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(G * kFixedReduceThreads, 1)
     CompSum cs[kNV];
 #pragma unroll
     for (int i = 0; i < kNV; ++i) comp_zero(cs[i]);
-    auto load = [&](float (&f)[kGm], uint16_t (&x)[kTok], int k) {
+    auto load = [&](float(&f)[kGm], uint16_t(&x)[kTok], int k) {
         const int kk = k < Kn ? k : Kn - 1;  // past K: loaded ahead, never added
         const float* fp = fg + kk;
 #pragma unroll
@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(G * kFixedReduceThreads, 1)
 #pragma unroll
         for (int t = 0; t < kTok; ++t) x[t] = xrow[t][kk];
     };
-    auto add = [&](const float (&f)[kGm], const uint16_t (&x)[kTok]) {
+    auto add = [&](const float(&f)[kGm], const uint16_t(&x)[kTok]) {
 #pragma unroll
         for (int t = 0; t < kTok; ++t) {
             if (t < ntok) {
@@ -335,9 +335,9 @@ __global__ void __launch_bounds__(G * kFixedReduceThreads, 1)
 constexpr int kHcMixReleaseK = kHcMult * 5120;
 
 template <int G>
-void launch_mixes_groups(const uint16_t* X, const float* fn, const float* scale, const float* base,
-                         int64_t M, int64_t D, float inv_n, float norm_eps, float hc_eps, int iters,
-                         float* pre, float* post, float* comb, float* dots, cudaStream_t stream) {
+void launch_mixes_groups(const uint16_t* X, const float* fn, const float* scale, const float* base, int64_t M,
+                         int64_t D, float inv_n, float norm_eps, float hc_eps, int iters, float* pre,
+                         float* post, float* comb, float* dots, cudaStream_t stream) {
     const int64_t blocks = cdiv(M, mix_tokens<HcMixAccum::Compensated>());
     const int64_t K = kHcMult * D;
     if (K == kHcMixReleaseK)

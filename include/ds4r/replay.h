@@ -277,14 +277,14 @@ private:
     // without waiting for them (docs/PERFORMANCE.md, eleventh session). init_ring hands the futures to
     // the layer's ring. Declared last: joined before the rows and buffers they use are freed.
     struct EngramPrefetch {
-        int layer = -1;                       // the Engram layer (-1: none pending)
-        const EngramRowSet* rows = nullptr;   // engram_gather_'s rows of that layer
-        std::future<void> chunk[2];           // chunk i's rows into engram_pinned_[i]
+        int layer = -1;                      // the Engram layer (-1: none pending)
+        const EngramRowSet* rows = nullptr;  // engram_gather_'s rows of that layer
+        std::future<void> chunk[2];          // chunk i's rows into engram_pinned_[i]
     };
     EngramPrefetch engram_prefetch_;
-    void ensure_engram_pinned();              // engram_pinned_ sized for chunks_ (max rows x cols x ehd)
-    void prefetch_engram_rows(int layer);     // starts engram_prefetch_ for `layer` if its rows are in
-    void drop_engram_prefetch();              // joins and forgets a pending prefetch (errors dropped)
+    void ensure_engram_pinned();           // engram_pinned_ sized for chunks_ (max rows x cols x ehd)
+    void prefetch_engram_rows(int layer);  // starts engram_prefetch_ for `layer` if its rows are in
+    void drop_engram_prefetch();           // joins and forgets a pending prefetch (errors dropped)
 };
 
 }  // namespace ds4r

@@ -382,7 +382,8 @@ void PassRunner::ring_upload(StateRing& ring, size_t c) {
         ring.e_pending[c % 2].get();  // rethrows the dequant's error
         ring.dequant_wait_s += now_s() - t0;
         up_q_->wait_compute();  // E[c % 2] last held chunk c - 2, read by the compute issued so far
-        up_q_->copy(ring.E[c % 2], 0, ring.e_host[c % 2].get(), static_cast<size_t>(M * ring.E[0].dim(1)) * 2);
+        up_q_->copy(ring.E[c % 2], 0, ring.e_host[c % 2].get(),
+                    static_cast<size_t>(M * ring.E[0].dim(1)) * 2);
     }
     ring.up[c] = up_q_->fence();
     if (ring.engram && c + 1 < chunks_.size() && !ring.e_pending[(c + 1) % 2].valid()) {
@@ -403,8 +404,7 @@ void PassRunner::start_dequant(StateRing& ring, size_t c) {
 void PassRunner::ensure_engram_pinned() {
     int64_t max_rows = 0;
     for (const Chunk& ch : chunks_) max_rows = std::max(max_rows, ch.r1 - ch.r0);
-    const size_t bytes =
-        static_cast<size_t>(max_rows * cfg_.engram_hash_cols() * cfg_.engram_head_dim) * 2;
+    const size_t bytes = static_cast<size_t>(max_rows * cfg_.engram_hash_cols() * cfg_.engram_head_dim) * 2;
     // pinned once for the runner (page-locking 2 x ~100 MB took a visible part of an Engram layer's time
     // when done per layer); the ring before has finished with them (its destructor waited for its
     // uploads), a pending prefetch is joined first
