@@ -96,6 +96,32 @@ __device__ void mixes_finish(const float* tot, const float* __restrict__ scale,
     sinkhorn_split_one(mixes, scale, base, hc_eps, iters, pre, post, comb);
 }
 
+// After the block's sums: thread t < ntok finishes token r0 + t from `totals` (shared, [kTok][mix] dots
+// then [kTok] sums of squares): its rounded sums into dots (F32 [M, mix + 1]) when given, else the mixes
+// and the Sinkhorn split into pre / post / comb.
+template <int kTok>
+__device__ __forceinline__ void mixes_from_totals(const float* totals, int64_t r0, int ntok,
+                                                  const float* __restrict__ scale,
+                                                  const float* __restrict__ base, float inv_n, float norm_eps,
+                                                  float hc_eps, int iters, float* __restrict__ pre,
+                                                  float* __restrict__ post, float* __restrict__ comb,
+                                                  float* __restrict__ dots) {
+    const int t = threadIdx.x;
+    if (t >= ntok) return;
+    float tot[kHcMix + 1];
+#pragma unroll
+    for (int m = 0; m < kHcMix; ++m) tot[m] = totals[t * kHcMix + m];
+    tot[kHcMix] = totals[kTok * kHcMix + t];
+    const int64_t row = r0 + t;
+    if (dots) {
+#pragma unroll
+        for (int m = 0; m <= kHcMix; ++m) dots[row * (kHcMix + 1) + m] = tot[m];
+        return;
+    }
+    mixes_finish(tot, scale, base, inv_n, norm_eps, hc_eps, iters, pre + row * kHcMult, post + row * kHcMult,
+                 comb + row * kHcMult * kHcMult);
+}
+
 // One column k of the mixes' sums: fn[m][k] for every mix and X[r0 + t][k] for the block's tokens (zeros
 // past K or past its tokens). The loops load column k + 256 while they add column k: the loads' L2
 // latency overlaps the arithmetic (the sums' operations and order are unchanged).
@@ -214,21 +240,8 @@ __global__ void __launch_bounds__(kFixedReduceThreads)
         }
     }
     __syncthreads();
-    const int t = threadIdx.x;
-    if (t < ntok) {
-        float tot[kHcMix + 1];
-#pragma unroll
-        for (int m = 0; m < kHcMix; ++m) tot[m] = totals[t * kHcMix + m];
-        tot[kHcMix] = totals[kTok * kHcMix + t];
-        const int64_t row = r0 + t;
-        if (dots) {
-#pragma unroll
-            for (int m = 0; m <= kHcMix; ++m) dots[row * (kHcMix + 1) + m] = tot[m];
-            return;
-        }
-        mixes_finish(tot, scale, base, inv_n, norm_eps, hc_eps, iters, pre + row * kHcMult,
-                     post + row * kHcMult, comb + row * kHcMult * kHcMult);
-    }
+    mixes_from_totals<kTok>(totals, r0, ntok, scale, base, inv_n, norm_eps, hc_eps, iters, pre, post, comb,
+                            dots);
 }
 
 // The compensated sums of hc_mixes_kernel<Compensated> with the mixes split over G groups of 256 threads:
@@ -314,21 +327,8 @@ __global__ void __launch_bounds__(G* kFixedReduceThreads, 1)
         }
     }
     __syncthreads();
-    const int t = threadIdx.x;
-    if (t < ntok) {
-        float tot[kHcMix + 1];
-#pragma unroll
-        for (int m = 0; m < kHcMix; ++m) tot[m] = totals[t * kHcMix + m];
-        tot[kHcMix] = totals[kTok * kHcMix + t];
-        const int64_t row = r0 + t;
-        if (dots) {
-#pragma unroll
-            for (int m = 0; m <= kHcMix; ++m) dots[row * (kHcMix + 1) + m] = tot[m];
-            return;
-        }
-        mixes_finish(tot, scale, base, inv_n, norm_eps, hc_eps, iters, pre + row * kHcMult,
-                     post + row * kHcMult, comb + row * kHcMult * kHcMult);
-    }
+    mixes_from_totals<kTok>(totals, r0, ntok, scale, base, inv_n, norm_eps, hc_eps, iters, pre, post, comb,
+                            dots);
 }
 
 // V4.1's columns per token (hc 4 x D 5120): the groups kernel's loads at fixed offsets.
