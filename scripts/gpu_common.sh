@@ -20,3 +20,15 @@ ensure_fullwidth_model() {
       { echo "make-tiny failed"; tail -5 "$3"; exit 1; }
   fi
 }
+
+# The GPU machine hands back at most 8 files of $OUT: pack_logs puts every file of $OUT into one archive
+# whose name sorts first (0-logs.tgz). The scripts call it on exit.
+pack_logs() { tar czf "$OUT/0-logs.tgz" -C "$OUT" --exclude=0-logs.tgz . 2>/dev/null || true; }
+
+# SM clock, memory clock and power once a second (nvidia-smi dmon) while a benchmark runs: tells a kernel
+# that slows down under sustained load (power or thermal limit) from a slower kernel.
+start_clock_log() { nvidia-smi dmon -s pc -d 1 -o T > "$1" 2>&1 & CLOCK_LOG_PID=$!; }
+stop_clock_log() {
+  if [ -n "${CLOCK_LOG_PID:-}" ]; then kill "$CLOCK_LOG_PID" 2>/dev/null; wait "$CLOCK_LOG_PID" 2>/dev/null; fi
+  CLOCK_LOG_PID=
+}

@@ -19,7 +19,8 @@
 #   4. score of a few sequences in several passes with --engram-next-pass on, off and --engram-io mmap:
 #      the output bytes must be identical.
 # RUNS picks among 1-3 (default "next nonext small"); DS4R_PROFILE=1 adds the GPU time per region.
-# Logs in $OUT; a short table last. Meant to finish in one ~9-minute device call (each bench run is
+# Logs in $OUT (all of them also in $OUT/0-logs.tgz; clocks_<run>.txt: nvidia-smi dmon during each bench
+# run); a short table last. Meant to finish in one ~9-minute device call (each bench run is
 # capped by BENCH_TIMEOUT).
 #   OUT=/tmp/out scripts/gpu_engram_io.sh
 set -uo pipefail
@@ -35,6 +36,8 @@ B_SEQ_SMALL="${B_SEQ_SMALL:-16}"
 BENCH_TIMEOUT="${BENCH_TIMEOUT:-200}"
 export PATH=/usr/local/cuda/bin:$PATH
 T0=$(date +%s)
+source scripts/gpu_common.sh
+trap pack_logs EXIT
 stamp() { echo "== $1 ($(( $(date +%s) - T0 ))s)"; }
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "   (cannot drop the page cache: not root)"; }
 
@@ -57,10 +60,12 @@ run_bench() {  # NAME B_SEQUENCES PASSES DISK_SECONDS EXTRA_FLAGS... (IO=buffere
   local name=$1 seqs=$2 passes=$3 disk=$4
   shift 4
   [ "${IO:-direct}" = direct ] && drop_caches
+  start_clock_log "$OUT/clocks_$name.txt"
   timeout "$BENCH_TIMEOUT" "$BIN" bench --model "$MODEL" --workloads b --b-sequences "$seqs" --b-tokens "$B_TOK" \
     --passes "$passes" --io "${IO:-direct}" --disk-seconds "$disk" --csv "$OUT/bench_$name.csv" "$@" \
     > "$OUT/bench_$name.txt" 2> "$OUT/bench_$name.err"
   local rc=$?
+  stop_clock_log
   stamp "bench $name ($seqs x $B_TOK, $passes passes, $*) rc=$rc"
 }
 RUNS="${RUNS:-next nonext small}"  # which of the three bench runs (e.g. RUNS=next)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA test suite on a GPU machine, in one call: build (sm_90 unless DS4R_ARCHS is set), CUDA op tests,
 # golden tests on the GPU, selftest, and compute-sanitizer memcheck/racecheck on the kernel tests.
-# Logs go to $OUT (or ./gpu-out). Usage: scripts/gpu_suite.sh [quick|full|gpu]
+# Logs go to $OUT (or ./gpu-out), and all of them into $OUT/0-logs.tgz on exit. Usage: scripts/gpu_suite.sh [quick|full|gpu]
 # On compute capability 9.0 the CUDA tests run twice: Hopper kernels (auto) and DS4R_TEST_KERNELS=portable.
 # DS4R_SANITIZER_FILTER narrows the compute-sanitizer runs (gtest filter; default every Cuda* test but golden),
 # DS4R_PORTABLE_FILTER the portable rerun (default all).
@@ -12,6 +12,8 @@ OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 MODE="${1:-full}"
 ARCHS="${DS4R_ARCHS:-90}"
+source scripts/gpu_common.sh
+trap pack_logs EXIT
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 t0=$(date +%s)
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv; nvcc --version | tail -2; ldd --version | head -1; } > "$OUT/machine.txt" 2>&1
