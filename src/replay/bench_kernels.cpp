@@ -163,10 +163,17 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
               M, c.vocab_size, c.dim, [](double ref) { return strfmt("cublas=%.3f", ref); });
     // one launch as head_stats makes them in a pass (its chunk of rows)
     const int64_t R = kb.head_launch_rows();
-    if (R < M)
+    if (R < M) {
+        // and as many of them in a row as a 144k-token pass (workload b) makes: against the short burst,
+        // what sustained tensor load (the clock under the power limit) costs the head (docs/PERFORMANCE.md,
+        // eleventh session)
+        const int pass_launches = static_cast<int>((int64_t{144000} + R - 1) / R);
         emit_case({{"head logits, one head_stats launch",
-                    [&] { return kb.head_logits_tflops(R, c.vocab_size, c.dim, it); }}},
+                    [&] { return kb.head_logits_tflops(R, c.vocab_size, c.dim, it); }},
+                   {"head logits, one head_stats launch, a 144k-token pass's worth in a row",
+                    [&] { return kb.head_logits_tflops(R, c.vocab_size, c.dim, pass_launches); }}},
                   R, c.vocab_size, c.dim, [](double) { return std::string(); });
+    }
     // The mHC mixes kernel's accumulation variants (issue 10): time per call at M rows and the model's
     // dim, hc = 4 (the kernel's only hc). "*" marks the variant the backend runs.
     if (c.hc_mult == 4 && wanted("hc_mixes")) {
