@@ -127,8 +127,9 @@ TEST(BenchKernels, NoFilterTimesEveryRow) {
           "experts w1+w3 fp4 (grouped)", "experts w2 fp4 (grouped), routed rows, e5m2 weights",
           "experts w1+w3 fp4 (grouped), fp16 experts", "experts w2 fp4 (grouped), routed rows, fp16 experts",
           "experts w1+w3 fp4 (grouped), 64-row tiles", "head logits bf16->f32",
-          "head logits, one head_stats launch", "head logits, one head_stats launch, a 144k-token pass's worth in a row",
-          "hc_mixes compensated", "hc_mixes compensated-g2"})
+          "head logits, one head_stats launch",
+          "head logits, one head_stats launch, a 144k-token pass's worth in a row", "hc_mixes compensated",
+          "hc_mixes compensated-g2"})
         EXPECT_TRUE(has(all.rows, name)) << name;
     // the portable kernels: no Hopper-only rows, the rest unchanged
     const Table portable = run_table("", false);
