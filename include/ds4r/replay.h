@@ -233,8 +233,11 @@ private:
         ~StateRing();
     };
     void init_ring(StateRing& ring, const EngramRowSet* engram = nullptr);
-    // ring_upload: chunk c's Engram rows into ring.e_host[c % 2], on a helper thread (ring.e_pending)
+    // Chunk c's Engram rows dequantized into e_host (BF16 [rows, cols * ehd]) on a helper thread.
+    std::future<void> dequant_async(const EngramRowSet* rows, size_t c, void* e_host) const;
+    // ring_upload: chunk c's Engram rows into ring.e_host[c % 2] (ring.e_pending[c % 2])
     void start_dequant(StateRing& ring, size_t c);
+    int64_t max_chunk_rows() const;  // rows of the largest chunk (the ring's buffers)
     void ring_upload(StateRing& ring, size_t c);    // issues chunk c's upload into its buffer
     void ring_download(StateRing& ring, size_t c);  // after chunk c's compute: its download
     void ring_drain(StateRing& ring);               // host waits for every download

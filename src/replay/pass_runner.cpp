@@ -328,8 +328,7 @@ void PassRunner::init_ring(StateRing& ring, const EngramRowSet* engram) {
     const bool async = up_q_->asynchronous() || down_q_->asynchronous();
     const size_t n = std::min<size_t>(async ? 3 : 2, chunks_.size());
     const int64_t hc = cfg_.hc_mult, D = cfg_.dim;
-    int64_t max_rows = 0;
-    for (const Chunk& ch : chunks_) max_rows = std::max(max_rows, ch.r1 - ch.r0);
+    const int64_t max_rows = max_chunk_rows();
     ring.up_q = up_q_.get();
     ring.down_q = down_q_.get();
     for (size_t b = 0; b < n; ++b) {
@@ -342,7 +341,7 @@ void PassRunner::init_ring(StateRing& ring, const EngramRowSet* engram) {
         const int64_t width = cfg_.engram_hash_cols() * cfg_.engram_head_dim;
         // the first chunks' rows dequantized during the layer before (prefetch_engram_rows) go on here;
         // any other prefetch is joined before its buffers are written again
-        const bool prefetched = engram_prefetch_.layer >= 0 && engram_prefetch_.rows == engram;
+        const bool prefetched = engram_prefetch_.rows == engram;
         if (!prefetched) drop_engram_prefetch();
         ensure_engram_pinned();
         ring.engram = engram;
@@ -393,18 +392,25 @@ void PassRunner::ring_upload(StateRing& ring, size_t c) {
     }
 }
 
-void PassRunner::start_dequant(StateRing& ring, size_t c) {
-    uint16_t* e = static_cast<uint16_t*>(ring.e_host[c % 2].get());
-    const EngramRowSet* rows = ring.engram;
+std::future<void> PassRunner::dequant_async(const EngramRowSet* rows, size_t c, void* e_host) const {
+    uint16_t* e = static_cast<uint16_t*>(e_host);
     const Chunk* ch = &chunks_[c];
-    ring.e_pending[c % 2] =
-        std::async(std::launch::async, [this, rows, ch, e] { engram_dequant(*rows, *ch, e); });
+    return std::async(std::launch::async, [this, rows, ch, e] { engram_dequant(*rows, *ch, e); });
+}
+
+void PassRunner::start_dequant(StateRing& ring, size_t c) {
+    ring.e_pending[c % 2] = dequant_async(ring.engram, c, ring.e_host[c % 2].get());
+}
+
+int64_t PassRunner::max_chunk_rows() const {
+    int64_t max_rows = 0;
+    for (const Chunk& ch : chunks_) max_rows = std::max(max_rows, ch.r1 - ch.r0);
+    return max_rows;
 }
 
 void PassRunner::ensure_engram_pinned() {
-    int64_t max_rows = 0;
-    for (const Chunk& ch : chunks_) max_rows = std::max(max_rows, ch.r1 - ch.r0);
-    const size_t bytes = static_cast<size_t>(max_rows * cfg_.engram_hash_cols() * cfg_.engram_head_dim) * 2;
+    const size_t bytes =
+        static_cast<size_t>(max_chunk_rows() * cfg_.engram_hash_cols() * cfg_.engram_head_dim) * 2;
     // pinned once for the runner (page-locking 2 x ~100 MB took a visible part of an Engram layer's time
     // when done per layer); the ring before has finished with them (its destructor waited for its
     // uploads), a pending prefetch is joined first
@@ -426,12 +432,8 @@ void PassRunner::prefetch_engram_rows(int layer) {
     ensure_engram_pinned();
     engram_prefetch_.layer = layer;
     engram_prefetch_.rows = rows;
-    for (size_t i = 0; i < std::min<size_t>(2, chunks_.size()); ++i) {
-        uint16_t* e = static_cast<uint16_t*>(engram_pinned_[i].get());
-        const Chunk* ch = &chunks_[i];
-        engram_prefetch_.chunk[i] =
-            std::async(std::launch::async, [this, rows, ch, e] { engram_dequant(*rows, *ch, e); });
-    }
+    for (size_t i = 0; i < std::min<size_t>(2, chunks_.size()); ++i)
+        engram_prefetch_.chunk[i] = dequant_async(rows, i, engram_pinned_[i].get());
 }
 
 void PassRunner::drop_engram_prefetch() {
