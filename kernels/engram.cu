@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kFixedReduceThreads)
         comp_add(cs[2], __fmul_rn(__fmul_rn(hv, wt), kv_));
     }
     double sums[3];
-    block_sum_comp<3>(cs, sums, scratch);
+    block_sum_comp<3>(cs, sums, scratch, threadIdx.x);
     const float acc[3] = {__double2float_rn(sums[0]), __double2float_rn(sums[1]), __double2float_rn(sums[2])};
     // Separate per-copy statistics (4.8 step 4), mean = sum * fp32(1/D) as CUDA torch.mean.
     const float rstd = __fmul_rn(ref_rsqrt(__fadd_rn(__fmul_rn(acc[0], inv_d), eps)),

@@ -135,11 +135,10 @@ __device__ __forceinline__ void block_sum_fixed_f64(double (&v)[NV], double* scr
 // lanes of a pair, so every lane ends with the same bits), then lane 0 of each warp converts its
 // pair to double and the 8 warp totals add in double, warp 0 first. Every thread receives the
 // totals in `out`. `scratch`: shared memory of kF64ScratchDoubles<NV> doubles.
-// tid: as cross_warp_f64's (every group of the block calls this at the same time).
+// tid: as cross_warp_f64's, the thread's index in its group (threadIdx.x where the block is one group;
+// every group of the block calls this at the same time).
 template <int NV>
-__device__ __forceinline__ void block_sum_comp(CompSum (&v)[NV], double (&out)[NV], double* scratch,
-                                               int tid = -1) {
-    if (tid < 0) tid = threadIdx.x;
+__device__ __forceinline__ void block_sum_comp(CompSum (&v)[NV], double (&out)[NV], double* scratch, int tid) {
     const int lane = tid & 31, warp = tid >> 5;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {

@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(kFixedReduceThreads)
                 }
                 cur = next;
             }
-            block_sum_comp<kVals>(cs, acc, scratch);
+            block_sum_comp<kVals>(cs, acc, scratch, threadIdx.x);
         }
         if constexpr (A == HcMixAccum::Fp64) block_sum_fixed_f64<kVals>(acc, scratch);
         if (threadIdx.x == 0) {
