@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kFixedReduceThreads)
     }
     CompSum parts[1] = {cs};
     double acc[1];
-    block_sum_comp<1>(parts, acc, scratch);
+    block_sum_comp<1>(parts, acc, scratch, threadIdx.x);
     const float ssq = __double2float_rn(acc[0]);
     // var = mean(x^2) as CUDA torch.mean: sum * fp32(1/n); x * rsqrt(var + eps), then w * that.
     const float r = ref_rsqrt(__fadd_rn(__fmul_rn(ssq, inv_n), eps));
