@@ -35,9 +35,11 @@ cudaError_t launch_gemm_bf16_sm90(const uint16_t* x, int64_t lda, int64_t x_goff
 
 // How the bf16 and block-scaled kernels fill their shared-memory stages: Auto: TMA copies (one thread, tensor
 // maps built per launch) where the operands allow a tensor map (16-byte aligned base and pitches), else the
-// cp.async loaders; CpAsync: always the loaders; Tma: TMA or cudaErrorNotSupported. Outputs are the same
-// bits.
-enum class Sm90Loads : int { Auto = 0, CpAsync = 1, Tma = 2 };
+// cp.async loaders; CpAsync: always the loaders; Tma: TMA or cudaErrorNotSupported; TmaWideK: the
+// fp16-weight GEMM (launch_gemm_fp8_sm90_f16w) by TMA in stages of 128 K elements instead of 64, or
+// cudaErrorNotSupported (Auto's choice there where TMA applies; every other kernel takes it as Tma).
+// Outputs are the same bits.
+enum class Sm90Loads : int { Auto = 0, CpAsync = 1, Tma = 2, TmaWideK = 3 };
 cudaError_t launch_gemm_bf16_sm90_loads(Sm90Loads loads, const uint16_t* x, int64_t lda, int64_t x_goff,
                                         const uint16_t* w, int64_t ldw, int64_t w_goff, void* y, bool y_f32,
                                         int64_t ldc, int64_t y_goff, int64_t M, int64_t N, int64_t K,

@@ -53,8 +53,9 @@ public:
     // A Hopper GEMM kernel alone with its stages filled by TMA (tma) or by the cp.async loaders (the
     // baseline; the backend takes TMA where it can): kind 0 fp8 block-scaled, 1 fp4 block-scaled
     // (activations quantized beforehand, the default partials), 2 bf16 -> bf16, 3 bf16 -> f32, 4 fp8
-    // block-scaled on the weights widened to fp16 beforehand (--fp16-weights); x [M, K], w [N, K]. -1 on
-    // the portable kernels (4: also on the fp8 partials).
+    // block-scaled on the weights widened to fp16 beforehand (--fp16-weights), 5 the same kernel in
+    // stages of 128 K elements (TMA only); x [M, K], w [N, K]. -1 on the portable kernels (4, 5: also on
+    // the fp8 partials).
     virtual double hopper_gemm_tflops(int kind, int64_t M, int64_t N, int64_t K, bool tma, int iters) = 0;
     // The GEMM kernel family the backend runs (--kernels), e.g. "hopper wgmma".
     virtual std::string gemm_family() const = 0;

@@ -149,6 +149,12 @@ bool operand_map(CUtensorMap* map, bool elem16, const uint8_t* base, int64_t k, 
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// The swizzle of the widened raw A rows (raw_a_swizzle: 64-byte rows, or 128-byte rows with kWideK).
+template <class C>
+constexpr CUtensorMapSwizzle raw_a_map_swizzle() {
+    return C::kRawA == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+}
+
 // The A and B maps of a Cfg::kTma kernel C for problem p (M x N, K elements, `groups` along z), with the
 // layouts its stages hold (Cfg: swizzled MMA tiles, widened raw A rows, converters' raw B rows).
 template <class C>
@@ -156,9 +162,10 @@ bool operand_maps(TmaMaps* maps, const GemmParams& p, int64_t M, int64_t N, int6
     constexpr bool kBf16 = C::kOp == Op::Bf16;
     // dimension 0: K elements (bf16, fp16 weights) or bytes (codes; fp4 weights: two per byte)
     const int64_t a_k = K, b_k = C::kOp == Op::Fp4 ? K / 2 : K;
-    const CUtensorMapSwizzle sa = C::kWiden ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
+    const CUtensorMapSwizzle sa = C::kWiden ? raw_a_map_swizzle<C>() : CU_TENSOR_MAP_SWIZZLE_128B;
     const CUtensorMapSwizzle sb = C::kConvertB ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B;
-    const int box_a = kBf16 ? C::kKs : C::kABytes, box_b = C::kB16 ? C::kKs : C::kBBytes;
+    // 16-bit B: boxes of one 128-byte half (tma_stage loads kBHalves of them per stage)
+    const int box_a = kBf16 ? C::kKs : C::kABytes, box_b = C::kB16 ? C::kKs / C::kBHalves : C::kBBytes;
     return operand_map(&maps->a, kBf16, p.a, a_k, M, p.a_pitch, p.a_zstride, groups, box_a, C::kBM, sa) &&
            operand_map(&maps->b, C::kB16, p.b, b_k, N, p.b_pitch, p.b_zstride, groups, box_b, C::kBN, sb);
 }
@@ -190,6 +197,7 @@ cudaError_t launch_plain(Sm90Loads loads, const GemmParams& p, int64_t M, int64_
                          int64_t groups, cudaStream_t stream) {
     using CT = typename C::WithTma;
     if (M == 0 || N == 0 || groups == 0) return cudaSuccess;
+    if (loads == Sm90Loads::TmaWideK) loads = Sm90Loads::Tma;  // (the fp16-weight GEMMs' choice alone)
     if (loads != Sm90Loads::CpAsync) {
         TmaMaps maps{};
         if (operand_maps<CT>(&maps, p, M, N, K, groups))
@@ -217,6 +225,15 @@ cudaError_t launch_scaled_f16w(Sm90Loads loads, const uint8_t* q, const uint8_t*
     if (K % 32 != 0 || K > 0x7fffffffLL || !aligned16(q) || !aligned16(w16)) return cudaErrorInvalidValue;
     GemmParams p = scaled_params(q, sa, reinterpret_cast<const uint8_t*>(w16), sw, false, y, ldc, M, N, K);
     p.b_pitch = 2 * K;  // fp16 rows
+    // Auto: 128-wide K stages by TMA where the operands allow tensor maps (the faster stages:
+    // docs/PERFORMANCE.md, twelfth session), else the 64-wide stages (TMA, then the loaders)
+    using Wide = Cfg<Op::Fp8F16, true, 128, 128, true, true>;
+    if (loads == Sm90Loads::Auto || loads == Sm90Loads::TmaWideK) {
+        TmaMaps maps{};
+        if (M > 0 && N > 0 && operand_maps<Wide>(&maps, p, M, N, K, 1))
+            return launch_dense<Wide, false>(p, M, N, 1, stream, maps);
+        if (loads == Sm90Loads::TmaWideK && M > 0 && N > 0) return cudaErrorNotSupported;
+    }
     return launch_plain<Cfg<Op::Fp8F16, true>, false>(loads, p, M, N, K, 1, stream);
 }
 
@@ -231,8 +248,8 @@ bool expert_maps(ExpertMaps* maps, const GroupedFp4Gemm& g) {
         if (stride < 2 * g.N * g.K) return false;  // overlapping experts
         for (int e = 2; e < g.n_experts; ++e)
             if (w[e] - w[0] != e * stride) return false;
-        if (!operand_map(&maps->b[z], true, w[0], g.K, g.N, 2 * g.K, stride, g.n_experts, C::kKs, C::kBN,
-                         CU_TENSOR_MAP_SWIZZLE_128B))
+        if (!operand_map(&maps->b[z], true, w[0], g.K, g.N, 2 * g.K, stride, g.n_experts, C::kKs / C::kBHalves,
+                         C::kBN, CU_TENSOR_MAP_SWIZZLE_128B))
             return false;
     }
     return true;
@@ -244,8 +261,7 @@ bool expert_maps(ExpertMaps* maps, const GroupedFp4Gemm& g) {
 template <class C>
 bool pair_rows_map(CUtensorMap* map, const GroupedFp4Gemm& g) {
     return g.a_rows == nullptr && g.pairs > 0 &&
-           operand_map(map, false, g.q, g.K, g.pairs, g.K, 0, 1, C::kABytes, C::kBM,
-                       CU_TENSOR_MAP_SWIZZLE_64B);
+           operand_map(map, false, g.q, g.K, g.pairs, g.K, 0, 1, C::kABytes, C::kBM, raw_a_map_swizzle<C>());
 }
 
 // kBM: 128 (the routing plan's tiles) or 64 (two blocks per plan tile: grid.y doubled). kOp: Fp4,

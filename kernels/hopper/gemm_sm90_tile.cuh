@@ -83,13 +83,19 @@ constexpr int kSmemLimit = 227 * 1024;
 //   sa [kBM] u32 | sw [kSwRows] u32           e8m0 scale words (4 bytes of a row's K/32 scales)
 //   (fp4) saf [kKb][kBM] f32 | swf [kKb][kBN] f32 | flags [2] u32   the converter's scales and flags
 //   (fp16 weights) prod [kKb][kBM][4] f32 | flags [2] u32   the converter's sa * sw per column block
-template <Op kOp_, bool kWiden_, int kBN_ = 128, int kBM_ = 128, bool kTma_ = false>
+template <Op kOp_, bool kWiden_, int kBN_ = 128, int kBM_ = 128, bool kTma_ = false, bool kWideK_ = false>
 struct Cfg {
     static constexpr Op kOp = kOp_;
     // A and B tiles by TMA from one producer thread (the plain problems, and the prepared fp16 experts
     // where their A rows lie in pair order; gathered rows and every scale word still take the loaders)
     static constexpr bool kTma = kTma_;
-    using WithTma = Cfg<kOp_, kWiden_, kBN_, kBM_, true>;  // the same tile with TMA loads
+    using WithTma = Cfg<kOp_, kWiden_, kBN_, kBM_, true, kWideK_>;  // the same tile with TMA loads
+    // Stages of 128 K elements (4 blocks) for the fp16-weight kernels instead of 64: 128-byte raw A rows
+    // (one TMA request per row and stage instead of two 64-byte ones, 128-byte swizzle) and each B row in
+    // two 128-byte halves (two TMA boxes per stage); half as many stage hand-offs (barriers, scale words,
+    // products) per K. The same wgmma sequence per output (bit-identical).
+    static constexpr bool kWideK = kWideK_;
+    static_assert(!kWideK || kOp_ == Op::Fp8F16 || kOp_ == Op::Fp4F16, "128-wide K stages: fp16 weights");
     // output tile rows: 128 (consumer warpgroup g: rows 64 g .. 64 g + 63, all columns), or 64 with
     // 256 columns (both warpgroups the same 64 rows, warpgroup g columns 128 g .. 128 g + 127: the
     // grouped experts' tiles when experts hold few rows; each output's instruction sequence is the same)
@@ -140,20 +146,24 @@ struct Cfg {
     static constexpr int kSaPerLoader = (kBM + kLoaders - 1) / kLoaders;
     static constexpr int kSwPerLoader = (kSwRows + kLoaders - 1) / kLoaders;
     static_assert(kSaPerLoader > 0 && kSwPerLoader > 0, "scale rows per loader");
-    static constexpr int kKs = (kOp == Op::Bf16 || kWiden) ? 64 : 128;  // K elements per stage
+    static constexpr int kKs = (kOp == Op::Bf16 || (kWiden && !kWideK)) ? 64 : 128;  // K elements per stage
     static constexpr int kKb = kKs / 32;                                // 32-wide K blocks per stage
     static_assert(kKb >= 2, "K blocks per stage");
     static constexpr int kABytes = kOp == Op::Bf16 ? 2 * kKs : kKs;  // bytes of a stage's A row as read
     static constexpr int kBBytes = kB16 ? 2 * kKs : (kOp == Op::Fp4 ? kKs / 2 : kKs);
     static constexpr int kRawA = kWiden ? kABytes : 0;
     static constexpr int kRawB = kConvertB ? kBBytes : 0;
+    // 16-bit B: a stage's B rows in 128-byte halves (the 128-byte swizzle's span), each half a [kBN][128 B]
+    // MMA tile of its own (kWideK: 2)
+    static constexpr int kBHalves = kB16 ? kBBytes / kRowBytes : 1;
+    static_assert(kBHalves == 1 || kBHalves == 2, "B halves");
     // TMA: a stage's A box (kBM rows x kABytes; kTma) and B box (kBN rows x kBBytes; kTmaB), bytes
     static constexpr uint32_t kTmaBytes =
         static_cast<uint32_t>((kTma ? kBM * kABytes : 0) + (kTmaB ? kBN * kBBytes : 0));
     static_assert(kTmaBytes > 0 || !kTmaB, "stage bytes");
     // widened: no A tile (the consumers widen A in registers from the raw rows)
     static constexpr int kA = 0, kB = kWiden ? 0 : kBM * kRowBytes;
-    static constexpr int kRawAOff = kB + kBN * kRowBytes;
+    static constexpr int kRawAOff = kB + kBN * kRowBytes * kBHalves;
     static constexpr int kRawBOff = kRawAOff + kBM * kRawA;
     static constexpr int kSa = kRawBOff + kBN * kRawB;
     static constexpr int kSw = kSa + (kQuant ? 4 * kBM : 0);
@@ -175,6 +185,14 @@ struct Cfg {
     static_assert(kStages >= 3, "pipeline depth");
     static_assert(kBytes <= kSmemLimit, "Hopper allows 227 KB of shared memory per block");
 };
+
+// The 16-byte chunk of widened raw A row r that holds logical chunk c is c ^ raw_a_swizzle<C>(r): TMA's
+// 64-byte swizzle for 64-byte rows, its 128-byte swizzle for 128-byte rows (kWideK); either way the
+// consumers' ldmatrix of 8 consecutive rows' same chunk hits 8 different bank groups.
+template <class C>
+__host__ __device__ constexpr int raw_a_swizzle(int r) {
+    return C::kRawA == 128 ? (r & 7) : ((r >> 1) & 3);
+}
 
 // One output tile's operands: gemm_tile.cuh's TileJob (sb: the weight scales' base; fp8 [ceil(N / 32),
 // K / 32], fp4 [N, K / 32], the tile's rows from n0) and two layout facts of the launch.
@@ -273,12 +291,16 @@ __device__ __forceinline__ void tma_stage(const Job& j, uint32_t st, Bars bars, 
     // coordinates of dimension 0: elements (bf16) or bytes (codes)
     const int ka = i * (C::kOp == Op::Bf16 ? C::kKs : C::kABytes);
     const int kb = i * (C::kB16 ? C::kKs : C::kBBytes);
-    mbar_arrive_expect_tx(bars.loaded(s), C::kTmaBytes);
+    // kBHalves == 2: B's second half (K elements kb + 64 ..) only where K reaches it (the consumers never
+    // read it otherwise: a stage past K holds no block)
+    const bool second = C::kBHalves == 2 && kb + 64 < j.k;
+    mbar_arrive_expect_tx(bars.loaded(s), C::kTmaBytes - (C::kBHalves == 2 && !second ? C::kBN * kRowBytes : 0));
     // (the prepared fp16 experts' A: the pair-ordered rows of every expert, one plane: z = 0)
     if constexpr (C::kTma)
         tma_load_3d(C::kWiden ? st + C::kRawAOff : st + C::kA, j.tma_a, ka, j.m0, C::kPreFolded ? 0 : j.z,
                     bars.loaded(s));
     tma_load_3d(C::kConvertB ? st + C::kRawBOff : st + C::kB, j.tma_b, kb, j.n0, j.z, bars.loaded(s));
+    if (second) tma_load_3d(st + C::kB + C::kBN * kRowBytes, j.tma_b, kb + 64, j.n0, j.z, bars.loaded(s));
 }
 
 // The bf16 TMA producer (no scale words): one thread.
@@ -355,7 +377,7 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
                 // widened: raw rows of 64 bytes, 16-byte chunk ca at ca ^ ((r / 2) % 4) (conflict-free
                 // ldmatrix of 8 consecutive rows' same chunk, see consume)
                 const uint32_t dst = C::kWiden
-                                         ? st + C::kRawAOff + r * C::kRawA + ((ca ^ ((r >> 1) & 3)) << 4)
+                                         ? st + C::kRawAOff + r * C::kRawA + ((ca ^ raw_a_swizzle<C>(r)) << 4)
                                          : st + C::kA + swz128(r, ca);
                 cp_async16(dst, n ? j.a + ao + off : j.a, n);
             }
@@ -421,7 +443,7 @@ using gemm::sw_foldable;
 // fma(P * sw, sa, acc) is the fused form's fma(P, sa * sw, acc) bit for bit.
 template <class C>
 __device__ __forceinline__ bool stage_scales(uint32_t st, int i, int p) {
-    const int q0 = C::kWiden ? (2 * i) & 3 : 0;
+    const int q0 = (C::kKb * i) & 3;  // the stage's first byte in its scale words
     bool ok = true, fold = C::kWiden;
 #pragma unroll
     for (int r = p; r < C::kBM; r += C::kConverters) {
@@ -566,23 +588,36 @@ __device__ __forceinline__ void convert_stage(uint32_t st, int i, bool fold, int
 // they can only send a stage to the slower path, whose results are the same.
 template <class C>
 __device__ __forceinline__ void stage_products(uint32_t st, int i, int p) {
-    const int q0 = (2 * i) & 3;  // the stage's first byte in its scale words
+    const int q0 = (C::kKb * i) & 3;  // the stage's first byte in its scale words
     const uint4 sw4 = lds128(st + C::kSw);
     const uint32_t sww[4] = {sw4.x, sw4.y, sw4.z, sw4.w};
     bool ok = true;
+    if constexpr (C::kKb == 4) {
+        // 4-block stages use every byte of the words: the window tests a word at a time (byte-wise
+        // subtract and compare; bit-wise tests of 20 bytes per row outgrow the producers' 40 registers)
+        uint32_t out = 0;
+#pragma unroll
+        for (int cb = 0; cb < 4; ++cb)
+            out |= __vcmpgtu4(__vsub4(sww[cb], gemm::kSwLo * 0x01010101u), gemm::kSwSpan * 0x01010101u);
+#pragma unroll
+        for (int r = p; r < C::kBM; r += C::kConverters)
+            out |= __vcmpgtu4(__vsub4(lds32(st + C::kSa + 4 * r), gemm::kSaLo * 0x01010101u),
+                              gemm::kSaSpan * 0x01010101u);
+        ok = out == 0;
+    }
 #pragma unroll
     for (int r = p; r < C::kBM; r += C::kConverters) {
         const uint32_t wa = lds32(st + C::kSa + 4 * r);
 #pragma unroll
         for (int q = 0; q < C::kKb; ++q) {
             const uint32_t ba = (wa >> (8 * (q0 + q))) & 0xFFu;
-            ok = ok && sa_in_window(ba);
+            if constexpr (C::kKb != 4) ok = ok && sa_in_window(ba);
             const float sa = __uint_as_float(ba << 23);
             float v[4];
 #pragma unroll
             for (int cb = 0; cb < 4; ++cb) {
                 const uint32_t bw = (sww[cb] >> (8 * (q0 + q))) & 0xFFu;
-                ok = ok && sw_in_window(bw);
+                if constexpr (C::kKb != 4) ok = ok && sw_in_window(bw);
                 v[cb] = __fmul_rn(sa, __uint_as_float(bw << 23));
             }
             sts128(st + C::kProd + 16 * (q * C::kBM + r),
@@ -758,7 +793,7 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
     // stage, chunks swizzled by the loaders): matrix lane / 8 = (rows +8: bit 0, k16 half: bit 1)
     const int a_row = (C::kSplitN ? 0 : 64 * wg) + 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
     const uint32_t a_lane = static_cast<uint32_t>(a_row * C::kRawA);
-    const int a_half = lane >> 4, a_swz = (a_row >> 1) & 3;
+    const int a_half = lane >> 4, a_swz = raw_a_swizzle<C>(a_row);
     float acc[kAcc];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
@@ -796,8 +831,10 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
                 fence_regs_u32(a0);
                 fence_regs_u32(a1);
                 wgmma_fence();
-                wgmma_m64n128k16_f16_rs(P, a0, desc_k128(b_k + q * 64), 0u);
-                wgmma_m64n128k16_f16_rs(P, a1, desc_k128(b_k + q * 64 + 32), 1u);
+                // block q's 32 K elements: 64 bytes into its B half (q / 2 with kWideK)
+                const uint32_t b_q = b_k + (q >> 1) * (C::kBN * kRowBytes) + (q & 1) * 64;
+                wgmma_m64n128k16_f16_rs(P, a0, desc_k128(b_q), 0u);
+                wgmma_m64n128k16_f16_rs(P, a1, desc_k128(b_q + 32), 1u);
             } else {
                 fence_regs(P);
                 wgmma_fence();
@@ -806,7 +843,7 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
             wgmma_commit();
         };
         // block g's stage's first byte in its scale words, and g's scales
-        auto q0_of = [&](int g) { return C::kWiden ? (2 * (g / C::kKb)) & 3 : 0; };
+        auto q0_of = [&](int g) { return (C::kKb * (g / C::kKb)) & 3; };
         auto scales_of = [&](int g) {
             return block_scales<C>(stage_of(g), q0_of(g) + g % C::kKb, q0_of(g), r0);
         };

@@ -673,8 +673,8 @@ TEST(CudaGemmSm90, E4m3ToF16KeepsEveryValue) {
               cudaErrorInvalidValue);
 }
 
-// The fp8 linears on their weights widened to fp16 beforehand (Op::Fp8F16: B by TMA or the loaders
-// straight into the MMA tile, no converters) against the fp8 weights (the converters widen them): the
+// The fp8 linears on their weights widened to fp16 beforehand (Op::Fp8F16: B by TMA, in 64- or 128-wide K
+// stages, or the loaders straight into the MMA tile, no converters) against the fp8 weights (the converters widen them): the
 // same bits, with M / N / K tails, scales outside the fused window and NaN weight codes; and the
 // backend's linear_fp8 with the fp16 weights on for every M against off.
 TEST(CudaGemmSm90, Fp16WeightsEqualFp8Weights) {
@@ -683,8 +683,10 @@ TEST(CudaGemmSm90, Fp16WeightsEqualFp8Weights) {
         int64_t M, N, K;
         bool extreme;
     };
-    const Case cases[] = {{1, 200, 96, false},     {7, 1024, 32, false},  {129, 300, 5120, false},
-                          {257, 384, 1280, false}, {130, 300, 256, true}, {8193, 256, 512, false}};
+    // (K = 96, 160, 224: the 128-wide stages' last stage partial, with and without its second B half)
+    const Case cases[] = {{1, 200, 96, false},    {7, 1024, 32, false},   {129, 300, 5120, false},
+                          {257, 384, 1280, false}, {130, 300, 256, true},  {8193, 256, 512, false},
+                          {65, 136, 224, false},   {3, 64, 160, true}};
     CudaBackend& be = hop();
     std::mt19937_64 rng(81);
     for (const Case& c : cases) {
@@ -710,7 +712,8 @@ TEST(CudaGemmSm90, Fp16WeightsEqualFp8Weights) {
             kern::Sm90Partials::Fp16Widened, a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.w.ptr<uint8_t>(),
             w.s.ptr<uint8_t>(), y.ptr<uint16_t>(), c.N, c.M, c.N, c.K, be.stream(), kern::Sm90Loads::Auto));
         const auto ref = host(be, y);
-        for (const auto loads : {kern::Sm90Loads::Tma, kern::Sm90Loads::CpAsync, kern::Sm90Loads::Auto}) {
+        for (const auto loads : {kern::Sm90Loads::Tma, kern::Sm90Loads::TmaWideK, kern::Sm90Loads::CpAsync,
+                                 kern::Sm90Loads::Auto}) {
             Tensor y16 = poisoned(be, DType::BF16, {c.M, c.N});
             DS4R_CUDA_CHECK(kern::launch_gemm_fp8_sm90_f16w(
                 a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w16.ptr<uint16_t>(), w.s.ptr<uint8_t>(),

@@ -268,7 +268,7 @@ double bench_head_logits_tflops(CudaBackend& be, int64_t M, int64_t V, int64_t D
 
 double bench_hopper_gemm_tflops(CudaBackend& be, int kind, int64_t M, int64_t N, int64_t K, bool tma,
                                 int iters) {
-    const auto loads = tma ? kern::Sm90Loads::Tma : kern::Sm90Loads::CpAsync;
+    const auto loads = kind == 5 ? kern::Sm90Loads::TmaWideK : tma ? kern::Sm90Loads::Tma : kern::Sm90Loads::CpAsync;
     Tensor x = random_bf16(be, M, K, 4.0f, 23);
     if (kind == 2 || kind == 3) {
         Tensor w = random_bf16(be, N, K, 0.05f, 24);
@@ -282,13 +282,14 @@ double bench_hopper_gemm_tflops(CudaBackend& be, int kind, int64_t M, int64_t N,
     }
     const bool fp4 = kind == 1;
     const auto partials = hopper_partials(be);
-    if (kind == 4 && partials != kern::Sm90Partials::Fp16Widened) return -1;  // fp16 weights: widened only
+    const bool f16w = kind == 4 || kind == 5;
+    if (f16w && partials != kern::Sm90Partials::Fp16Widened) return -1;  // fp16 weights: widened only
     const CudaBackend::GemmActs a = be.quantize_gemm_acts(x, M, K, kern::sm90_act_order(partials));
     Tensor w = fp4 ? random_bytes(be, DType::I8, {N, K / 2}, 25, fp4_byte)
                    : random_bytes(be, DType::F8_E4M3, {N, K}, 25, e4m3_code);
     Tensor s = random_bytes(be, DType::F8_E8M0, {fp4 ? N : (N + 31) / 32, K / 32}, 26, scale_byte);
     Tensor y = be.alloc(DType::BF16, {M, N});
-    if (kind == 4) {
+    if (f16w) {
         // the weights widened once, outside the timing (the GEMM alone)
         Tensor w16 = be.alloc(DType::BF16, {N, K});
         DS4R_CUDA_CHECK(kern::launch_e4m3_to_f16(w.ptr<uint8_t>(), N * K, w16.ptr<uint16_t>(), be.stream()));
