@@ -138,7 +138,8 @@ __device__ __forceinline__ void block_sum_fixed_f64(double (&v)[NV], double* scr
 // tid: as cross_warp_f64's, the thread's index in its group (threadIdx.x where the block is one group;
 // every group of the block calls this at the same time).
 template <int NV>
-__device__ __forceinline__ void block_sum_comp(CompSum (&v)[NV], double (&out)[NV], double* scratch, int tid) {
+__device__ __forceinline__ void block_sum_comp(CompSum (&v)[NV], double (&out)[NV], double* scratch,
+                                               int tid) {
     const int lane = tid & 31, warp = tid >> 5;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {

@@ -248,8 +248,8 @@ bool expert_maps(ExpertMaps* maps, const GroupedFp4Gemm& g) {
         if (stride < 2 * g.N * g.K) return false;  // overlapping experts
         for (int e = 2; e < g.n_experts; ++e)
             if (w[e] - w[0] != e * stride) return false;
-        if (!operand_map(&maps->b[z], true, w[0], g.K, g.N, 2 * g.K, stride, g.n_experts, C::kKs / C::kBHalves,
-                         C::kBN, CU_TENSOR_MAP_SWIZZLE_128B))
+        if (!operand_map(&maps->b[z], true, w[0], g.K, g.N, 2 * g.K, stride, g.n_experts,
+                         C::kKs / C::kBHalves, C::kBN, CU_TENSOR_MAP_SWIZZLE_128B))
             return false;
     }
     return true;

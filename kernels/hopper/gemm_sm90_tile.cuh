@@ -77,7 +77,8 @@ constexpr int kSmemLimit = 227 * 1024;
 // wgmma (k32) on the codes.
 //
 // One pipeline stage in shared memory (bytes; tiles 1024-aligned; kBM x kBN tiles):
-//   A tile [kBM][128] (not widened) | B tile [kBN][128]   swizzled MMA operands (codes, fp16 or bf16)
+//   A tile [kBM][128] (not widened) | B tile [kBHalves][kBN][128]   swizzled MMA operands (codes, fp16 or
+//                                             bf16; 16-bit B in 128-K-element stages: two halves)
 //   raw A [kBM][kRawA] | raw B [kBN][kRawB]   rows as read: widened A (16-byte chunks swizzled, for
 //                                             the consumers' ldmatrix), weights for the converters
 //   sa [kBM] u32 | sw [kSwRows] u32           e8m0 scale words (4 bytes of a row's K/32 scales)
@@ -294,7 +295,8 @@ __device__ __forceinline__ void tma_stage(const Job& j, uint32_t st, Bars bars, 
     // kBHalves == 2: B's second half (K elements kb + 64 ..) only where K reaches it (the consumers never
     // read it otherwise: a stage past K holds no block)
     const bool second = C::kBHalves == 2 && kb + 64 < j.k;
-    mbar_arrive_expect_tx(bars.loaded(s), C::kTmaBytes - (C::kBHalves == 2 && !second ? C::kBN * kRowBytes : 0));
+    mbar_arrive_expect_tx(bars.loaded(s),
+                          C::kTmaBytes - (C::kBHalves == 2 && !second ? C::kBN * kRowBytes : 0));
     // (the prepared fp16 experts' A: the pair-ordered rows of every expert, one plane: z = 0)
     if constexpr (C::kTma)
         tma_load_3d(C::kWiden ? st + C::kRawAOff : st + C::kA, j.tma_a, ka, j.m0, C::kPreFolded ? 0 : j.z,
@@ -374,7 +376,7 @@ __device__ __forceinline__ void load(const Job& j, uint32_t base, Bars bars, int
             for (int r = lw * kRpwA + ra; r < C::kBM; r += kWarps * kRpwA) {
                 const int64_t ao = static_cast<int64_t>(lds64(bars.row_offsets(C::kBM) + 8 * r));
                 const int n = ao >= 0 && off < a_bytes ? 16 : 0;
-                // widened: raw rows of 64 bytes, 16-byte chunk ca at ca ^ ((r / 2) % 4) (conflict-free
+                // widened: raw rows of kRawA bytes, 16-byte chunk ca at ca ^ raw_a_swizzle(r) (conflict-free
                 // ldmatrix of 8 consecutive rows' same chunk, see consume)
                 const uint32_t dst = C::kWiden
                                          ? st + C::kRawAOff + r * C::kRawA + ((ca ^ raw_a_swizzle<C>(r)) << 4)
@@ -789,7 +791,7 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
     const int n0 = C::kSplitN ? C::kWgN * wg : 0;
     const int KB = j.k / 32;
     constexpr int kAcc = C::kWgN / 2;  // accumulators per thread (m64nN: N / 2)
-    // widened: this lane's ldmatrix row of the raw A rows (fragment-ordered codes, 64 bytes per row per
+    // widened: this lane's ldmatrix row of the raw A rows (fragment-ordered codes, kRawA bytes per row per
     // stage, chunks swizzled by the loaders): matrix lane / 8 = (rows +8: bit 0, k16 half: bit 1)
     const int a_row = (C::kSplitN ? 0 : 64 * wg) + 16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1);
     const uint32_t a_lane = static_cast<uint32_t>(a_row * C::kRawA);

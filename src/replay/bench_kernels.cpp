@@ -57,7 +57,8 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
     for (const Shape& s : shapes) {
         const std::string tma_name = strfmt("%s, GEMM alone, TMA", s.name),
                           f16_name = strfmt("%s, GEMM alone, fp16 weights, TMA", s.name),
-                          f16_wide_name = strfmt("%s, GEMM alone, fp16 weights, TMA, 128-wide K stages", s.name),
+                          f16_wide_name =
+                              strfmt("%s, GEMM alone, fp16 weights, TMA, 128-wide K stages", s.name),
                           cp_name = s.kind == 2 ? strfmt("%s, cp.async loads", s.name)
                                                 : strfmt("%s, GEMM alone, cp.async", s.name);
         if (!wanted(s.name) && !wanted(tma_name) && !wanted(f16_name) && !wanted(f16_wide_name) &&
@@ -76,9 +77,10 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
             const double cp = wanted(cp_name) ? kb.hopper_gemm_tflops(2, s.m, s.n, s.k, false, it) : -1;
             if (cp >= 0) row(cp_name, s.m, s.n, s.k, cp, ref, "baseline");
         } else {
-            const double tma = wanted(tma_name) || wanted(f16_name) || wanted(f16_wide_name) || wanted(cp_name)
-                                   ? kb.hopper_gemm_tflops(s.kind, s.m, s.n, s.k, true, it)
-                                   : -1;
+            const double tma =
+                wanted(tma_name) || wanted(f16_name) || wanted(f16_wide_name) || wanted(cp_name)
+                    ? kb.hopper_gemm_tflops(s.kind, s.m, s.n, s.k, true, it)
+                    : -1;
             if (tma >= 0) {  // -1: not the Hopper kernels
                 if (wanted(tma_name)) row(tma_name, s.m, s.n, s.k, tma, ref, "gemm only");
                 if (s.kind == 0 && wanted(f16_name)) {

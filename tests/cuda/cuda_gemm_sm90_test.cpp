@@ -674,9 +674,9 @@ TEST(CudaGemmSm90, E4m3ToF16KeepsEveryValue) {
 }
 
 // The fp8 linears on their weights widened to fp16 beforehand (Op::Fp8F16: B by TMA, in 64- or 128-wide K
-// stages, or the loaders straight into the MMA tile, no converters) against the fp8 weights (the converters widen them): the
-// same bits, with M / N / K tails, scales outside the fused window and NaN weight codes; and the
-// backend's linear_fp8 with the fp16 weights on for every M against off.
+// stages, or the loaders straight into the MMA tile, no converters) against the fp8 weights (the converters
+// widen them): the same bits, with M / N / K tails, scales outside the fused window and NaN weight codes; and
+// the backend's linear_fp8 with the fp16 weights on for every M against off.
 TEST(CudaGemmSm90, Fp16WeightsEqualFp8Weights) {
     DS4R_REQUIRE_HOPPER();
     struct Case {
@@ -684,8 +684,8 @@ TEST(CudaGemmSm90, Fp16WeightsEqualFp8Weights) {
         bool extreme;
     };
     // (K = 96, 160, 224: the 128-wide stages' last stage partial, with and without its second B half)
-    const Case cases[] = {{1, 200, 96, false},    {7, 1024, 32, false},   {129, 300, 5120, false},
-                          {257, 384, 1280, false}, {130, 300, 256, true},  {8193, 256, 512, false},
+    const Case cases[] = {{1, 200, 96, false},     {7, 1024, 32, false},  {129, 300, 5120, false},
+                          {257, 384, 1280, false}, {130, 300, 256, true}, {8193, 256, 512, false},
                           {65, 136, 224, false},   {3, 64, 160, true}};
     CudaBackend& be = hop();
     std::mt19937_64 rng(81);

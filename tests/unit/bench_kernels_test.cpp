@@ -95,14 +95,15 @@ TEST(BenchKernels, FilterTimesOnlyTheRowsWhoseNameHoldsIt) {
     const std::string wq_a = " 8192 " + std::to_string(c.q_lora_rank) + " " + std::to_string(c.dim);
     const Table t = run_table("wq_a fp8, GEMM alone, fp16");
     // the references (always) and the one row asked for
-    EXPECT_EQ(t.rows, (std::vector<std::string>{"cublas_bf16_8192", "mma_sync_peak",
-                                                "attn.wq_a fp8, GEMM alone, fp16 weights, TMA",
-                                                "attn.wq_a fp8, GEMM alone, fp16 weights, TMA, 128-wide K stages"}));
+    EXPECT_EQ(t.rows, (std::vector<std::string>{
+                          "cublas_bf16_8192", "mma_sync_peak", "attn.wq_a fp8, GEMM alone, fp16 weights, TMA",
+                          "attn.wq_a fp8, GEMM alone, fp16 weights, TMA, 128-wide K stages"}));
     // timed: cuBLAS 8192^3, cuBLAS on wq_a's shape, the fp8-code TMA kernel (whether the Hopper kernels
     // run) and the fp16-weight kernel in both stage widths; not the whole op, the cp.async baseline or any
     // other shape
-    EXPECT_EQ(t.calls, (std::vector<std::string>{"cublas 8192 8192 8192", "cublas" + wq_a, "hopper0 tma" + wq_a,
-                                                 "hopper4 tma" + wq_a, "hopper5 tma" + wq_a}));
+    EXPECT_EQ(t.calls,
+              (std::vector<std::string>{"cublas 8192 8192 8192", "cublas" + wq_a, "hopper0 tma" + wq_a,
+                                        "hopper4 tma" + wq_a, "hopper5 tma" + wq_a}));
 }
 
 TEST(BenchKernels, FilterOnTheGroupedExpertsTimesNoDenseShape) {
@@ -125,12 +126,12 @@ TEST(BenchKernels, NoFilterTimesEveryRow) {
     // every family's rows, the head's three and the mHC variants
     for (const char* name :
          {"attn.wq_a fp8", "attn.wo_a bf16 (1 group)", "attn.wo_a bf16 (1 group), cp.async loads",
-          "shared w2 fp8, GEMM alone, fp16 weights, TMA", "shared w2 fp8, GEMM alone, fp16 weights, TMA, 128-wide K stages",
-          "expert w2 fp4 (dense M), GEMM alone, cp.async",
-          "experts w1+w3 fp4 (grouped)", "experts w2 fp4 (grouped), routed rows, e5m2 weights",
-          "experts w1+w3 fp4 (grouped), fp16 experts", "experts w2 fp4 (grouped), routed rows, fp16 experts",
-          "experts w1+w3 fp4 (grouped), 64-row tiles", "head logits bf16->f32",
-          "head logits, one head_stats launch",
+          "shared w2 fp8, GEMM alone, fp16 weights, TMA",
+          "shared w2 fp8, GEMM alone, fp16 weights, TMA, 128-wide K stages",
+          "expert w2 fp4 (dense M), GEMM alone, cp.async", "experts w1+w3 fp4 (grouped)",
+          "experts w2 fp4 (grouped), routed rows, e5m2 weights", "experts w1+w3 fp4 (grouped), fp16 experts",
+          "experts w2 fp4 (grouped), routed rows, fp16 experts", "experts w1+w3 fp4 (grouped), 64-row tiles",
+          "head logits bf16->f32", "head logits, one head_stats launch",
           "head logits, one head_stats launch, a 144k-token pass's worth in a row", "hc_mixes compensated",
           "hc_mixes compensated-g2"})
         EXPECT_TRUE(has(all.rows, name)) << name;

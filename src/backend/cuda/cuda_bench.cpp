@@ -268,7 +268,9 @@ double bench_head_logits_tflops(CudaBackend& be, int64_t M, int64_t V, int64_t D
 
 double bench_hopper_gemm_tflops(CudaBackend& be, int kind, int64_t M, int64_t N, int64_t K, bool tma,
                                 int iters) {
-    const auto loads = kind == 5 ? kern::Sm90Loads::TmaWideK : tma ? kern::Sm90Loads::Tma : kern::Sm90Loads::CpAsync;
+    const auto loads = kind == 5 ? kern::Sm90Loads::TmaWideK
+                       : tma     ? kern::Sm90Loads::Tma
+                                 : kern::Sm90Loads::CpAsync;
     Tensor x = random_bf16(be, M, K, 4.0f, 23);
     if (kind == 2 || kind == 3) {
         Tensor w = random_bf16(be, N, K, 0.05f, 24);
