@@ -184,6 +184,17 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
                     [&] { return kb.head_logits_tflops(R, c.vocab_size, c.dim, pass_launches); }}},
                   R, c.vocab_size, c.dim, [](double) { return std::string(); });
     }
+    // A whole head_stats call as a pass makes one per chunk (score's default 8 alternatives): the launches
+    // above with the targets' check and each launch's row statistics between them, once and as many in a
+    // row as a 144k-token pass makes (the pass's head/logits region ran at ~425 TFLOP/s against the
+    // launches' ~660 sustained: docs/PERFORMANCE.md, twelfth session)
+    const int64_t head_rows = std::max<int64_t>(1, pass_chunk_rows);
+    const int pass_calls = static_cast<int>((int64_t{144000} + head_rows - 1) / head_rows);
+    emit_case({{"head_stats, one call (logits + row statistics)",
+                [&] { return kb.head_stats_tflops(head_rows, c.vocab_size, c.dim, 8, it); }},
+               {"head_stats, one call, a 144k-token pass's worth in a row",
+                [&] { return kb.head_stats_tflops(head_rows, c.vocab_size, c.dim, 8, pass_calls); }}},
+              head_rows, c.vocab_size, c.dim, [](double) { return std::string(); });
     // The mHC mixes kernel's accumulation variants (issue 10): time per call at M rows and the model's
     // dim, hc = 4 (the kernel's only hc). "*" marks the variant the backend runs.
     if (c.hc_mult == 4 && wanted("hc_mixes")) {

@@ -42,6 +42,9 @@ struct FakeKernelBench : KernelBench {
     }
     double head_logits_tflops(int64_t M, int64_t V, int64_t D, int) override { return rec("head", M, V, D); }
     int64_t head_launch_rows() const override { return 1024; }
+    double head_stats_tflops(int64_t M, int64_t V, int64_t D, int k, int) override {
+        return rec("head_stats k" + std::to_string(k), M, V, D);
+    }
     double hopper_gemm_tflops(int kind, int64_t M, int64_t N, int64_t K, bool tma, int) override {
         if (!hopper) return -1;
         return rec("hopper" + std::to_string(kind) + (tma ? " tma" : " cp"), M, N, K);
@@ -132,9 +135,15 @@ TEST(BenchKernels, NoFilterTimesEveryRow) {
           "experts w2 fp4 (grouped), routed rows, e5m2 weights", "experts w1+w3 fp4 (grouped), fp16 experts",
           "experts w2 fp4 (grouped), routed rows, fp16 experts", "experts w1+w3 fp4 (grouped), 64-row tiles",
           "head logits bf16->f32", "head logits, one head_stats launch",
-          "head logits, one head_stats launch, a 144k-token pass's worth in a row", "hc_mixes compensated",
+          "head logits, one head_stats launch, a 144k-token pass's worth in a row",
+          "head_stats, one call (logits + row statistics)",
+          "head_stats, one call, a 144k-token pass's worth in a row", "hc_mixes compensated",
           "hc_mixes compensated-g2"})
         EXPECT_TRUE(has(all.rows, name)) << name;
+    // a head_stats call as the passes make them: a chunk's rows (8,192 here), score's 8 alternatives
+    const ModelConfig c = make_tiny_base_config(TinyPreset::FullWidth, 1);
+    EXPECT_TRUE(
+        has(all.calls, "head_stats k8 8192 " + std::to_string(c.vocab_size) + " " + std::to_string(c.dim)));
     // the portable kernels: no Hopper-only rows, the rest unchanged
     const Table portable = run_table("", false);
     for (const auto& r : portable.rows) {

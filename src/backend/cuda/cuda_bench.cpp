@@ -266,6 +266,18 @@ double bench_head_logits_tflops(CudaBackend& be, int64_t M, int64_t V, int64_t D
     });
 }
 
+double bench_head_stats_tflops(CudaBackend& be, int64_t M, int64_t V, int64_t D, int k, int iters) {
+    Tensor x = random_bf16(be, M, D, 4.0f, 27);
+    Tensor w = random_bf16(be, V, D, 0.05f, 28);
+    std::vector<int32_t> t(static_cast<size_t>(M));
+    for (int64_t i = 0; i < M; ++i) t[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % V);
+    const Tensor targets = upload_i32(be, t);
+    const HeadStatsOut out{be.alloc(DType::F64, {M}),    be.alloc(DType::F64, {M}),
+                           be.alloc(DType::F32, {M}),    be.alloc(DType::I32, {M}),
+                           be.alloc(DType::I32, {M, k}), be.alloc(DType::F32, {M, k})};
+    return time_tflops(be, M, V, D, iters, [&] { be.head_stats(x, w, targets, k, out); });
+}
+
 double bench_hopper_gemm_tflops(CudaBackend& be, int kind, int64_t M, int64_t N, int64_t K, bool tma,
                                 int iters) {
     const auto loads = kind == 5 ? kern::Sm90Loads::TmaWideK
@@ -426,6 +438,9 @@ public:
         return bench_head_logits_tflops(be_, M, V, D, iters);
     }
     int64_t head_launch_rows() const override { return kern::kHeadChunkRows; }
+    double head_stats_tflops(int64_t M, int64_t V, int64_t D, int k, int iters) override {
+        return bench_head_stats_tflops(be_, M, V, D, k, iters);
+    }
     std::string gemm_family() const override { return be_.gemm().name(); }
     double hopper_gemm_tflops(int kind, int64_t M, int64_t N, int64_t K, bool tma, int iters) override {
         if (!be_.gemm().hopper) return -1;
