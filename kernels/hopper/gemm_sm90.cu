@@ -1,6 +1,7 @@
 // Hopper (sm_90a) GEMMs on wgmma: the kernels and their launchers (tensor maps, tile configurations,
 // grid shapes) for the block-scaled fp8 / fp4 linears, the routed experts' grouped fp4 GEMM and the
-// bf16 GEMMs (declarations in kernels/gemm_sm90.cuh; structure and numerics: gemm_sm90_tile.cuh).
+// bf16 GEMMs (declarations in kernels/gemm_sm90.cuh; structure and numerics: gemm_sm90_stage.cuh;
+// the device roles: gemm_sm90_producers.cuh, gemm_sm90_tile.cuh).
 // Compiled for sm_90a only.
 #include <cuda.h>  // CUtensorMap (cuTensorMapEncodeTiled through the runtime's driver entry point)
 

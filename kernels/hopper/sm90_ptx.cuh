@@ -1,7 +1,7 @@
 // PTX wrappers of the Hopper (sm_90a) instructions the wgmma GEMMs use: mbarriers, cp.async into
 // 128-byte-swizzled tiles, the async-proxy fence, wgmma shared-memory descriptors and the wgmma
-// instructions themselves. Device code only; included by kernels/hopper/gemm_sm90_tile.cuh (and so gemm_sm90.cu), which is
-// compiled for sm_90a alone (CMakeLists.txt).
+// instructions themselves. Device code only; included by kernels/hopper/gemm_sm90_stage.cuh (and so
+// gemm_sm90.cu), which is compiled for sm_90a alone (CMakeLists.txt).
 #pragma once
 
 #include <stdint.h>

@@ -807,7 +807,7 @@ TEST(CudaGemmSm90, GroupedExpertsAgreeWithPortable) {
     // both sides of 64
     for (auto& c : counts) c = 96 + static_cast<int>(rng() % 96);
     check_grouped(counts, 256, 256, 38, "grouped: 384 experts of 96-191 rows");
-    // column scales taken into B (gemm_sm90_tile.cuh stage_scales), mixed with stages that cannot
+    // column scales taken into B (gemm_sm90_producers.cuh stage_scales), mixed with stages that cannot
     check_grouped(counts, 320, 512, 36, "grouped: 384 experts of 20-56 rows, foldable scales", 2);
     check_grouped({0, 0, 700, 0}, 256, 512, 37, "grouped: one expert holds every row, foldable scales", 2);
     // scales outside the fused windows and outside the foldable range (the prepared fp16 experts' stages
