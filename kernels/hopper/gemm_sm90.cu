@@ -190,13 +190,12 @@ cudaError_t launch_dense(GemmParams p, int64_t M, int64_t N, int64_t groups, cud
         return launch<C, dense_kernel<C, kOutF32>>(grid, stream, p);
 }
 
-// A plain problem on tile C: TMA loads (C::WithTma) where the operands allow tensor maps (Auto; Tma:
-// else cudaErrorNotSupported), else C's cp.async loaders. The same wgmma sequence either way
-// (bit-identical outputs).
-template <class C, bool kOutF32>
+// A plain problem on tile C: TMA loads (tile CT, C::WithTma unless given) where the operands allow tensor
+// maps (Auto; Tma: else cudaErrorNotSupported), else C's cp.async loaders. The same wgmma sequence either
+// way (bit-identical outputs).
+template <class C, bool kOutF32, class CT = typename C::WithTma>
 cudaError_t launch_plain(Sm90Loads loads, const GemmParams& p, int64_t M, int64_t N, int64_t K,
                          int64_t groups, cudaStream_t stream) {
-    using CT = typename C::WithTma;
     if (M == 0 || N == 0 || groups == 0) return cudaSuccess;
     if (loads == Sm90Loads::TmaWideK) loads = Sm90Loads::Tma;  // (the fp16-weight GEMMs' choice alone)
     if (loads != Sm90Loads::CpAsync) {
@@ -226,16 +225,14 @@ cudaError_t launch_scaled_f16w(Sm90Loads loads, const uint8_t* q, const uint8_t*
     if (K % 32 != 0 || K > 0x7fffffffLL || !aligned16(q) || !aligned16(w16)) return cudaErrorInvalidValue;
     GemmParams p = scaled_params(q, sa, reinterpret_cast<const uint8_t*>(w16), sw, false, y, ldc, M, N, K);
     p.b_pitch = 2 * K;  // fp16 rows
-    // Auto: 128-wide K stages by TMA where the operands allow tensor maps (the faster stages:
-    // docs/PERFORMANCE.md, twelfth session), else the 64-wide stages (TMA, then the loaders)
-    using Wide = Cfg<Op::Fp8F16, true, 128, 128, true, true>;
-    if (loads == Sm90Loads::Auto || loads == Sm90Loads::TmaWideK) {
-        TmaMaps maps{};
-        if (M > 0 && N > 0 && operand_maps<Wide>(&maps, p, M, N, K, 1))
-            return launch_dense<Wide, false>(p, M, N, 1, stream, maps);
-        if (loads == Sm90Loads::TmaWideK && M > 0 && N > 0) return cudaErrorNotSupported;
-    }
-    return launch_plain<Cfg<Op::Fp8F16, true>, false>(loads, p, M, N, K, 1, stream);
+    // TMA in 128-wide K stages (Auto, TmaWideK: the faster stages, docs/PERFORMANCE.md, twelfth
+    // session) or 64-wide ones (Tma); the loaders in 64-wide stages (CpAsync, and Auto where TMA cannot
+    // describe the operands: the two widths' tensor maps need the same alignments)
+    using Narrow = Cfg<Op::Fp8F16, true>;
+    if (loads == Sm90Loads::Tma || loads == Sm90Loads::CpAsync)
+        return launch_plain<Narrow, false>(loads, p, M, N, K, 1, stream);
+    return launch_plain<Narrow, false, Cfg<Op::Fp8F16, true, 128, 128, true, true>>(loads, p, M, N, K, 1,
+                                                                                    stream);
 }
 
 // The tensor maps of g's prepared fp16 experts for tile C (GroupedFp4Gemm::w_f16); false where the
