@@ -99,7 +99,9 @@ cudaError_t launch_gemm_fp8_sm90_f16w(const uint8_t* q, const uint8_t* sa, const
 // Mixed (g.full / g.tail set): the full list on 128-row tiles, each expert's short last tile (1 .. 64
 // pairs) on a 64-row one: less idle work at ~128 rows per expert and more (the MoE's chunks on the
 // 22 GB budget); Auto takes it whenever the split is given and the experts average > 64 rows.
-enum class Sm90GroupedRows : int { Auto = 0, Rows64 = 64, Rows128 = 128, Mixed = 1 };
+// Rows128Narrow: 128-row tiles in stages of 64 K elements (the prepared fp16 experts' 128-row tiles take
+// 128 elsewhere, Cfg::kWideK; the same bits): their baseline; other layouts as Rows128.
+enum class Sm90GroupedRows : int { Auto = 0, Rows64 = 64, Rows128 = 128, Mixed = 1, Rows128Narrow = 2 };
 cudaError_t launch_grouped_gemm_fp4_sm90_tiles(Sm90Partials partials, Sm90GroupedRows rows,
                                                const GroupedFp4Gemm& g, cudaStream_t stream);
 

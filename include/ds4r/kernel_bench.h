@@ -37,7 +37,8 @@ public:
     // `experts` experts with distinct weights [N, K / 2], `rows_per_expert` pairs each, `n_proj`
     // projections (2: w1 + w3, 1: w2). FLOPs: 2 * experts * rows_per_expert * N * K * n_proj.
     // tile_rows: 0 = the family's own choice; 64 / 128 force the Hopper kernels' tile shape, 1 their
-    // mixed tiles (each expert's short last tile on 64 rows) (-1 on the portable kernels, which have one).
+    // mixed tiles (each expert's short last tile on 64 rows), 2 the 128-row tiles in 64-wide K stages (the
+    // fp16 experts' take 128-wide ones otherwise) (-1 on the portable kernels, which have one).
     // routed: the experts' rows drawn around rows_per_expert as a router spreads them (Poisson, fixed
     // seed; FLOPs counted on the rows drawn) instead of exactly rows_per_expert each, with the MoE's split
     // of the plan (launch_moe_tile_split). layout: the weights prepared as e5m2 bytes or as fp16 with the

@@ -265,9 +265,10 @@ bool pair_rows_map(CUtensorMap* map, const GroupedFp4Gemm& g) {
 // kBM: 128 (the routing plan's tiles) or 64 (two blocks per plan tile: grid.y doubled). kOp: Fp4,
 // Fp4E5m2 (g.w_e5m2) or Fp4F16 (g.w_f16: B by TMA, cudaErrorNotSupported where expert_maps fails; A by
 // TMA too where its rows lie in pair order, pair_rows_map); the last two widened partials only.
-template <Op kOp, bool kWiden, int kBM>
+// kWideK: stages of 128 K elements (Fp4F16 on 128-row tiles; Cfg::kWideK).
+template <Op kOp, bool kWiden, int kBM, bool kWideK = false>
 cudaError_t launch_grouped(const GroupedFp4Gemm& g, cudaStream_t stream) {
-    using C = Cfg<kOp, kWiden, kBM == 64 ? 256 : 128, kBM>;
+    using C = Cfg<kOp, kWiden, kBM == 64 ? 256 : 128, kBM, false, kWideK>;
     using CT = typename C::WithTma;
     ExpertMaps maps{};
     bool tma_a = false;
@@ -303,6 +304,10 @@ GroupedFp4Gemm with_tiles(const GroupedFp4Gemm& g, const GroupedTileList& l) {
 
 template <Op kOp, bool kWiden>
 cudaError_t launch_grouped_rows(Sm90GroupedRows rows, const GroupedFp4Gemm& g, cudaStream_t stream) {
+    // the fp16 experts' 128-row tiles in 128-wide K stages (Rows128Narrow: the 64-wide ones, the baseline;
+    // every other layout has 64-wide stages only)
+    constexpr bool kWide128 = kOp == Op::Fp4F16;
+    if (rows == Sm90GroupedRows::Rows128Narrow) return launch_grouped<kOp, kWiden, 128>(g, stream);
     const bool split = g.full.tile_begin != nullptr && g.tail.tile_begin != nullptr;
     if (rows == Sm90GroupedRows::Auto)
         rows = g.pairs > 0 && g.n_experts > 0 && g.pairs <= 64 * static_cast<int64_t>(g.n_experts)
@@ -310,14 +315,14 @@ cudaError_t launch_grouped_rows(Sm90GroupedRows rows, const GroupedFp4Gemm& g, c
                    : (split ? Sm90GroupedRows::Mixed : Sm90GroupedRows::Rows128);
     if (rows == Sm90GroupedRows::Mixed) {
         if (!split) return cudaErrorInvalidValue;
-        const cudaError_t err = launch_grouped<kOp, kWiden, 128>(with_tiles(g, g.full), stream);
+        const cudaError_t err = launch_grouped<kOp, kWiden, 128, kWide128>(with_tiles(g, g.full), stream);
         if (err != cudaSuccess) return err;
         GroupedFp4Gemm t = with_tiles(g, g.tail);
         t.max_rows_per_expert = std::min<int64_t>(g.max_rows_per_expert, 64);  // one tail tile per expert
         return launch_grouped<kOp, kWiden, 64>(t, stream);
     }
     if (rows == Sm90GroupedRows::Rows64) return launch_grouped<kOp, kWiden, 64>(g, stream);
-    return launch_grouped<kOp, kWiden, 128>(g, stream);
+    return launch_grouped<kOp, kWiden, 128, kWide128>(g, stream);
 }
 
 }  // namespace

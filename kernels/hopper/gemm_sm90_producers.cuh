@@ -180,26 +180,42 @@ template <class C>
 __device__ __forceinline__ bool stage_scales(uint32_t st, int i, int p) {
     const int q0 = (C::kKb * i) & 3;  // the stage's first byte in its scale words
     bool ok = true, fold = C::kWiden;
+    // 4-block stages use every byte of the words: the tests take a word at a time (byte-wise subtract
+    // and compare), as stage_products does (byte at a time, 4-block stages outgrow 40 registers)
+    constexpr bool kWords = C::kKb == 4;
+    uint32_t out = 0, unfoldable = 0;
+    constexpr uint32_t kOnes = 0x01010101u;
 #pragma unroll
     for (int r = p; r < C::kBM; r += C::kConverters) {
         const uint32_t wa = lds32(st + C::kSa + 4 * r);
+        if constexpr (kWords) out |= __vcmpgtu4(__vsub4(wa, gemm::kSaLo * kOnes), gemm::kSaSpan * kOnes);
 #pragma unroll
         for (int q = 0; q < C::kKb; ++q) {
             const uint32_t ba = (wa >> (8 * (q0 + q))) & 0xFFu;
-            ok = ok && sa_in_window(ba);
+            if constexpr (!kWords) ok = ok && sa_in_window(ba);
             sts32(st + C::kSaF + 4 * (q * C::kBM + r), e8m0_f32_bits(ba));
         }
     }
 #pragma unroll
     for (int r = p; r < C::kBN; r += C::kConverters) {
         const uint32_t ww = lds32(st + C::kSw + 4 * r);
+        if constexpr (kWords) {
+            out |= __vcmpgtu4(__vsub4(ww, gemm::kSwLo * kOnes), gemm::kSwSpan * kOnes);
+            unfoldable |= __vcmpgtu4(__vsub4(ww, gemm::kFoldLo * kOnes), gemm::kFoldSpan * kOnes);
+        }
 #pragma unroll
         for (int q = 0; q < C::kKb; ++q) {
             const uint32_t bw = (ww >> (8 * (q0 + q))) & 0xFFu;
-            ok = ok && sw_in_window(bw);
-            fold = fold && sw_foldable(bw);
+            if constexpr (!kWords) {
+                ok = ok && sw_in_window(bw);
+                fold = fold && sw_foldable(bw);
+            }
             sts32(st + C::kSwF + 4 * (q * C::kBN + r), e8m0_f32_bits(bw));
         }
+    }
+    if constexpr (kWords) {
+        ok = out == 0;
+        fold = fold && unfoldable == 0;
     }
     const unsigned bad = __ballot_sync(0xffffffffu, !ok), no_fold = __ballot_sync(0xffffffffu, !fold);
     if ((p & 31) == 0) sts32(st + C::kFlags + 4 * (p / 32), (bad ? 1u : 0u) | (no_fold ? 2u : 0u));

@@ -356,7 +356,12 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
     // mixed: each expert's short last tile on 64 rows]
     std::vector<uint8_t> tiles[2][3];
     std::vector<uint8_t> tiles_e5m2[3];  // widened partials on the weights as e5m2 bytes
-    std::vector<uint8_t> tiles_f16[3];   // and as fp16 with the scales folded in (B by TMA)
+    // and as fp16 with the scales folded in (B by TMA): the three shapes (the 128-row tiles in 128-wide K
+    // stages) and the 128-row tiles in 64-wide stages (Rows128Narrow)
+    std::vector<uint8_t> tiles_f16[4];
+    const kern::Sm90GroupedRows f16_shapes[4] = {kern::Sm90GroupedRows::Rows64, kern::Sm90GroupedRows::Rows128,
+                                                 kern::Sm90GroupedRows::Mixed,
+                                                 kern::Sm90GroupedRows::Rows128Narrow};
     const TileSplit split = split_plan(counts);
     auto i32 = [](CudaBackend& be, const std::vector<int32_t>& v) {
         return upload(be, DType::I32, {static_cast<int64_t>(v.size())}, v.data());
@@ -468,10 +473,10 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
             g16.w[0] = w16p.data();
             g16.w_e5m2 = false;
             g16.w_f16 = true;
-            for (int t = 0; t < 3; ++t) {
+            for (int t = 0; t < 4; ++t) {
                 be.fill(y, 0x3B);
                 DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4_sm90_tiles(kern::Sm90Partials::Fp16Widened,
-                                                                         shapes[t], g16, be.stream()));
+                                                                         f16_shapes[t], g16, be.stream()));
                 tiles_f16[t] = host(be, y);
             }
             // the same experts with the activation rows first copied into pair order (gather_pair_rows, as
@@ -484,10 +489,10 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
                 EXPECT_EQ(pair_rows.size(), 2u) << what;
                 EXPECT_EQ(gp.a_rows, nullptr) << what;
                 if (!known) gp.pairs = 0;
-                for (int t = 0; t < 3; ++t) {
+                for (int t = 0; t < 4; ++t) {
                     be.fill(y, 0x4D);
                     DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4_sm90_tiles(kern::Sm90Partials::Fp16Widened,
-                                                                             shapes[t], gp, be.stream()));
+                                                                             f16_shapes[t], gp, be.stream()));
                     EXPECT_EQ(host(be, y), tiles_f16[t])
                         << what << ": fp16 experts, rows in pair order, "
                         << (known ? "A by TMA" : "the loaders") << ", tile shape " << t;
@@ -548,6 +553,7 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
         EXPECT_EQ(tiles_f16[t], tiles[1][t])
             << what << ": fp16 prepared experts differ from fp4 weights, tile shape " << t;
     }
+    EXPECT_EQ(tiles_f16[3], tiles[1][1]) << what << ": fp16 prepared experts in 64-wide K stages";
 }
 
 TEST(CudaGemmSm90, Fp4ToE5m2KeepsEveryValue) {
@@ -790,6 +796,10 @@ TEST(CudaGemmSm90, GroupedExpertsSmallAgreeWithPortable) {
     DS4R_REQUIRE_HOPPER();
     check_grouped({0, 5, 0, 130, 64, 1}, 320, 128, 41, "grouped small: empty experts, partial tiles");
     check_grouped({2, 0, 70, 129}, 160, 128, 42, "grouped small: extreme scales", 1);
+    // K off the fp16 experts' 128-wide stages: the last stage partial, with and without its second B half
+    // (foldable scales: the fold test of 4-block stages; extreme ones: their window test)
+    check_grouped({3, 0, 66}, 136, 224, 43, "grouped small: K = 224, foldable scales", 2);
+    check_grouped({1, 130}, 64, 160, 44, "grouped small: K = 160, extreme scales", 1);
 }
 
 TEST(CudaGemmSm90, GroupedExpertsAgreeWithPortable) {

@@ -245,6 +245,7 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
         const auto partials = hopper_partials(be);
         const auto rows = tile_rows == 64  ? kern::Sm90GroupedRows::Rows64
                           : tile_rows == 1 ? kern::Sm90GroupedRows::Mixed
+                          : tile_rows == 2 ? kern::Sm90GroupedRows::Rows128Narrow
                                            : kern::Sm90GroupedRows::Rows128;
         return time_tflops(be, P, N * n_proj, K, iters, [&] {
             as_moe([&](const kern::GroupedFp4Gemm& h) {
