@@ -143,15 +143,16 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
                     return kb.grouped_fp4_tflops(E, rows, g.n, g.k, g.proj, it, tile_rows, routed, layout);
                 };
             };
-            std::vector<Timed> t{{g.name, grouped_t(0, false, L::None)},
-                                 // the Hopper kernels on the prepared experts (--prepared-experts): e5m2
-                                 // bytes (one per weight, no fp4 decoding per tile) and fp16 with the scales
-                                 // folded in (B tiles by TMA, no converting at all)
-                                 {strfmt("%s, e5m2 weights", g.name), grouped_t(0, false, L::E5m2)},
-                                 {strfmt("%s, fp16 experts", g.name), grouped_t(0, false, L::F16)},
-                                 // their baseline: the 128-row tiles in 64-wide K stages (the row above:
-                                 // 128-wide ones wherever it takes 128-row tiles)
-                                 {strfmt("%s, fp16 experts, 64-wide K stages", g.name), grouped_t(2, false, L::F16)}};
+            std::vector<Timed> t{
+                {g.name, grouped_t(0, false, L::None)},
+                // the Hopper kernels on the prepared experts (--prepared-experts): e5m2
+                // bytes (one per weight, no fp4 decoding per tile) and fp16 with the scales
+                // folded in (B tiles by TMA, no converting at all)
+                {strfmt("%s, e5m2 weights", g.name), grouped_t(0, false, L::E5m2)},
+                {strfmt("%s, fp16 experts", g.name), grouped_t(0, false, L::F16)},
+                // their baseline: the 128-row tiles in 64-wide K stages (the row above:
+                // 128-wide ones wherever it takes 128-row tiles)
+                {strfmt("%s, fp16 experts, 64-wide K stages", g.name), grouped_t(2, false, L::F16)}};
             if (rows == chunk_avg) {
                 // the passes' chunk average on the Hopper kernels: each of their tile shapes (the portable
                 // kernels: one tile shape, -1); the experts' rows spread as a router spreads them (Poisson

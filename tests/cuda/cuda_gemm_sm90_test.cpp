@@ -359,8 +359,8 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
     // and as fp16 with the scales folded in (B by TMA): the three shapes (the 128-row tiles in 128-wide K
     // stages) and the 128-row tiles in 64-wide stages (Rows128Narrow)
     std::vector<uint8_t> tiles_f16[4];
-    const kern::Sm90GroupedRows f16_shapes[4] = {kern::Sm90GroupedRows::Rows64, kern::Sm90GroupedRows::Rows128,
-                                                 kern::Sm90GroupedRows::Mixed,
+    const kern::Sm90GroupedRows f16_shapes[4] = {kern::Sm90GroupedRows::Rows64,
+                                                 kern::Sm90GroupedRows::Rows128, kern::Sm90GroupedRows::Mixed,
                                                  kern::Sm90GroupedRows::Rows128Narrow};
     const TileSplit split = split_plan(counts);
     auto i32 = [](CudaBackend& be, const std::vector<int32_t>& v) {
