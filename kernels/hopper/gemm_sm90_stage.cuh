@@ -98,8 +98,9 @@ struct Cfg {
     // two 128-byte halves (two TMA boxes per stage); half as many stage hand-offs (barriers, scale words,
     // products) per K. The same wgmma sequence per output (bit-identical).
     static constexpr bool kWideK = kWideK_;
-    static_assert(!kWideK || ((kOp_ == Op::Fp8F16 || kOp_ == Op::Fp4F16) && kBM_ == 128),
-                  "128-wide K stages: fp16 weights, 128-row tiles (the 64-row ones' 256 B columns need 2 stages)");
+    static_assert(
+        !kWideK || ((kOp_ == Op::Fp8F16 || kOp_ == Op::Fp4F16) && kBM_ == 128),
+        "128-wide K stages: fp16 weights, 128-row tiles (the 64-row ones' 256 B columns need 2 stages)");
     // output tile rows: 128 (consumer warpgroup g: rows 64 g .. 64 g + 63, all columns), or 64 with
     // 256 columns (both warpgroups the same 64 rows, warpgroup g columns 128 g .. 128 g + 127: the
     // grouped experts' tiles when experts hold few rows; each output's instruction sequence is the same)
