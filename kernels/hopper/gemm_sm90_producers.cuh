@@ -343,32 +343,30 @@ __device__ __forceinline__ void stage_products(uint32_t st, int i, int p) {
     const uint4 sw4 = lds128(st + C::kSw);
     const uint32_t sww[4] = {sw4.x, sw4.y, sw4.z, sw4.w};
     bool ok = true;
-    if constexpr (C::kKb == 4) {
-        // 4-block stages use every byte of the words: the window tests a word at a time (byte-wise
-        // subtract and compare; bit-wise tests of 20 bytes per row outgrow the producers' 40 registers)
-        uint32_t out = 0;
+    // 4-block stages use every byte of the words: the window tests a word at a time (byte-wise subtract
+    // and compare; byte-wise tests of 20 bytes per row outgrow the producers' 40 registers)
+    constexpr bool kWords = C::kKb == 4;
+    constexpr uint32_t kOnes = 0x01010101u;
+    uint32_t out = 0;
+    if constexpr (kWords) {
 #pragma unroll
         for (int cb = 0; cb < 4; ++cb)
-            out |= __vcmpgtu4(__vsub4(sww[cb], gemm::kSwLo * 0x01010101u), gemm::kSwSpan * 0x01010101u);
-#pragma unroll
-        for (int r = p; r < C::kBM; r += C::kConverters)
-            out |= __vcmpgtu4(__vsub4(lds32(st + C::kSa + 4 * r), gemm::kSaLo * 0x01010101u),
-                              gemm::kSaSpan * 0x01010101u);
-        ok = out == 0;
+            out |= __vcmpgtu4(__vsub4(sww[cb], gemm::kSwLo * kOnes), gemm::kSwSpan * kOnes);
     }
 #pragma unroll
     for (int r = p; r < C::kBM; r += C::kConverters) {
         const uint32_t wa = lds32(st + C::kSa + 4 * r);
+        if constexpr (kWords) out |= __vcmpgtu4(__vsub4(wa, gemm::kSaLo * kOnes), gemm::kSaSpan * kOnes);
 #pragma unroll
         for (int q = 0; q < C::kKb; ++q) {
             const uint32_t ba = (wa >> (8 * (q0 + q))) & 0xFFu;
-            if constexpr (C::kKb != 4) ok = ok && sa_in_window(ba);
+            if constexpr (!kWords) ok = ok && sa_in_window(ba);
             const float sa = __uint_as_float(ba << 23);
             float v[4];
 #pragma unroll
             for (int cb = 0; cb < 4; ++cb) {
                 const uint32_t bw = (sww[cb] >> (8 * (q0 + q))) & 0xFFu;
-                if constexpr (C::kKb != 4) ok = ok && sw_in_window(bw);
+                if constexpr (!kWords) ok = ok && sw_in_window(bw);
                 v[cb] = __fmul_rn(sa, __uint_as_float(bw << 23));
             }
             sts128(st + C::kProd + 16 * (q * C::kBM + r),
@@ -376,6 +374,7 @@ __device__ __forceinline__ void stage_products(uint32_t st, int i, int p) {
                               __float_as_uint(v[3])));
         }
     }
+    if constexpr (kWords) ok = out == 0;
     const unsigned bad = __ballot_sync(0xffffffffu, !ok);
     if ((p & 31) == 0) sts32(st + C::kFlags + 4 * (p / 32), bad ? 1u : 0u);
 }
