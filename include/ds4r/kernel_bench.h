@@ -53,8 +53,10 @@ public:
     virtual int64_t head_launch_rows() const = 0;
     // One whole head_stats call as a pass makes one per chunk of M rows: the targets checked, then the
     // logits in launches of head_launch_rows() rows, each followed by its row statistics (log-sum-exp,
-    // entropy, rank, k alternatives); TFLOP/s of the logits' 2 M V D alone.
-    virtual double head_stats_tflops(int64_t M, int64_t V, int64_t D, int k, int iters) = 0;
+    // entropy, rank, k alternatives); TFLOP/s of the logits' 2 M V D alone. head_offset: the head weights
+    // start this many bytes (a multiple of 16) past a 256-byte boundary, as a layer slot may place them.
+    virtual double head_stats_tflops(int64_t M, int64_t V, int64_t D, int k, int iters,
+                                     size_t head_offset = 0) = 0;
     // A Hopper GEMM kernel alone with its stages filled by TMA (tma) or by the cp.async loaders (the
     // baseline; the backend takes TMA where it can): kind 0 fp8 block-scaled, 1 fp4 block-scaled
     // (activations quantized beforehand, the default partials), 2 bf16 -> bf16, 3 bf16 -> f32, 4 fp8

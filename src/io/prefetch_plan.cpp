@@ -25,18 +25,30 @@ size_t congruent_at_or_after(size_t cursor, uint64_t file_offset, size_t align) 
     return cursor + (want + align - have) % align;
 }
 
-// Upload mode: the residue r (mod kTensorAlign) of the file offsets of most of the run's tensor bytes.
-// Placing the run at slot offsets congruent to (file offset - r) mod kSlotAlign lines those tensors up
-// on 16 bytes even when the shard's data section starts at 8 mod 16 (safetensors pads its header to 8
-// only). Ties prefer r = 0 (the file's own alignment).
-size_t run_shift(const ByteRun& run) {
-    uint64_t bytes[kTensorAlign] = {};
-    for (const TensorLocation* t : run.tensors) bytes[t->offset % kTensorAlign] += t->nbytes;
-    size_t best = 0;
+}  // namespace
+
+// Upload mode: the residue r (mod kSlotAlign) of the file offsets of most of the run's tensor bytes among
+// those of its best residue modulo kTensorAlign. Placing the run at slot offsets congruent to
+// (file offset - r) mod kSlotAlign lines those tensors up on 16 bytes even when the shard's data section
+// starts at 8 mod 16 (safetensors pads its header to 8 only), and puts the bulk of them on kSlotAlign
+// boundaries: the Hopper GEMMs' TMA boxes then start on whole 128-byte lines (a head 80 bytes off them
+// ran ~X% slower; docs/PERFORMANCE.md). Ties prefer the smaller residue (r = 0: the file's own alignment).
+size_t slot_shift(const ByteRun& run) {
+    uint64_t bytes[kSlotAlign] = {}, bytes16[kTensorAlign] = {};
+    for (const TensorLocation* t : run.tensors) {
+        bytes[t->offset % kSlotAlign] += t->nbytes;
+        bytes16[t->offset % kTensorAlign] += t->nbytes;
+    }
+    size_t best16 = 0;
     for (size_t r = 1; r < kTensorAlign; ++r)
+        if (bytes16[r] > bytes16[best16]) best16 = r;
+    size_t best = best16;
+    for (size_t r = best16 + kTensorAlign; r < kSlotAlign; r += kTensorAlign)
         if (bytes[r] > bytes[best]) best = r;
     return best;
 }
+
+namespace {
 
 // Tensors of the run placed at run_off + (offset - run.begin) unless `misplaced` says they need their
 // own aligned copy (then they go to `misaligned`, placed later).
@@ -75,7 +87,7 @@ void plan_upload(const std::vector<ByteRun>& runs, size_t staging, LayerPlan& pl
     std::vector<const TensorLocation*> misaligned;
     size_t cursor = 0;
     for (const ByteRun& run : runs) {
-        const size_t shift = run_shift(run);
+        const size_t shift = slot_shift(run);
         const size_t off = congruent_at_or_after(cursor, run.begin + kSlotAlign - shift, kSlotAlign);
         dests.push_back(Dest{run.shard, run.begin, run.end, off});
         place_tensors(run, off, plan, misaligned,

@@ -15,11 +15,16 @@
 namespace ds4r {
 
 // Upload mode: a run's slot offset is congruent to (its file offset - shift) modulo kSlotAlign, where
-// the shift (< kTensorAlign) puts most of the run's tensor bytes on kTensorAlign boundaries; a tensor
+// the shift (< kSlotAlign) puts most of the run's tensor bytes on kTensorAlign boundaries and, of those,
+// most on kSlotAlign boundaries (whole 128-byte lines for the GEMMs' TMA loads); a tensor
 // left off such a boundary gets a private copy at a kSlotAlign boundary (the kernels load weights 16
 // bytes at a time). Direct mode: slot offset = file offset mod DirectReader::kAlign (O_DIRECT).
 constexpr size_t kSlotAlign = 256;
 constexpr size_t kTensorAlign = 16;
+
+// The shift above for one run: the residue (< kSlotAlign) of its file offsets that most of its tensor
+// bytes share, among those of its best residue modulo kTensorAlign (ties: the smaller).
+size_t slot_shift(const ByteRun& run);
 
 // One aligned range: [file_begin, file_end) of `shard` (DirectReader::kAlign multiples) into the
 // staging buffer (upload mode) or the slot (direct mode) at buf_off. The prefetcher's reader threads

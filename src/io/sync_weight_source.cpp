@@ -8,10 +8,11 @@
 #include <map>
 #include <unordered_map>
 
-#include "ds4r/clock.h"
 #include "ds4r/checkpoint.h"
+#include "ds4r/clock.h"
 #include "ds4r/file_util.h"
 #include "ds4r/weights.h"
+#include "io/prefetch_plan.h"
 
 namespace ds4r {
 
@@ -99,12 +100,15 @@ private:
             return;
         }
         t0 = now_s();
-        Tensor dev = be_.alloc(DType::U8, {static_cast<int64_t>(bytes + shift)});
-        be_.upload(dev, shift, base, bytes);
+        // the device copy: most tensor bytes on 256-byte boundaries, as the prefetcher's slots place them
+        const size_t dshift =
+            static_cast<size_t>(run.begin % kSlotAlign + kSlotAlign - slot_shift(run)) % kSlotAlign;
+        Tensor dev = be_.alloc(DType::U8, {static_cast<int64_t>(bytes + dshift)});
+        be_.upload(dev, dshift, base, bytes);
         stats_.bytes_uploaded += bytes;
         out.dev_holds_.push_back(dev);
         for (const TensorLocation* t : run.tensors) {
-            const size_t off = shift + static_cast<size_t>(t->offset - run.begin);
+            const size_t off = dshift + static_cast<size_t>(t->offset - run.begin);
             Tensor v = tensor_view(static_cast<uint8_t*>(dev.data) + off, t->dtype, t->shape);
             if (off % 16 != 0) {  // kernels load weights 16 bytes at a time: give it its own buffer
                 v = be_.alloc(t->dtype, t->shape);

@@ -161,7 +161,8 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
                 for (const int tr : {64, 128})
                     t.push_back({strfmt("%s, %d-row tiles", g.name, tr), grouped_t(tr, false, L::None)});
                 t.push_back({strfmt("%s, routed rows", g.name), grouped_t(0, true, L::None)});
-                t.push_back({strfmt("%s, routed rows, 128-row tiles", g.name), grouped_t(128, true, L::None)});
+                t.push_back(
+                    {strfmt("%s, routed rows, 128-row tiles", g.name), grouped_t(128, true, L::None)});
                 t.push_back({strfmt("%s, routed rows, e5m2 weights", g.name), grouped_t(0, true, L::E5m2)});
                 t.push_back({strfmt("%s, routed rows, fp16 experts", g.name), grouped_t(0, true, L::F16)});
             }
@@ -197,7 +198,11 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
     emit_case({{"head_stats, one call (logits + row statistics)",
                 [&] { return kb.head_stats_tflops(head_rows, c.vocab_size, c.dim, 8, it); }},
                {"head_stats, one call, a 144k-token pass's worth in a row",
-                [&] { return kb.head_stats_tflops(head_rows, c.vocab_size, c.dim, 8, pass_calls); }}},
+                [&] { return kb.head_stats_tflops(head_rows, c.vocab_size, c.dim, 8, pass_calls); }},
+               // the head weights where a layer slot put them before slots aligned tensors to 256 bytes
+               // (their file offset modulo 256: 80 in the full-width checkpoints; io/prefetch_plan.cpp)
+               {"head_stats, one call, head weights 80 bytes past a 256-byte boundary",
+                [&] { return kb.head_stats_tflops(head_rows, c.vocab_size, c.dim, 8, it, 80); }}},
               head_rows, c.vocab_size, c.dim, [](double) { return std::string(); });
     // The mHC mixes kernel's accumulation variants (issue 10): time per call at M rows and the model's
     // dim, hc = 4 (the kernel's only hc). "*" marks the variant the backend runs.

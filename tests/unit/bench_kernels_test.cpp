@@ -42,7 +42,7 @@ struct FakeKernelBench : KernelBench {
     }
     double head_logits_tflops(int64_t M, int64_t V, int64_t D, int) override { return rec("head", M, V, D); }
     int64_t head_launch_rows() const override { return 1024; }
-    double head_stats_tflops(int64_t M, int64_t V, int64_t D, int k, int) override {
+    double head_stats_tflops(int64_t M, int64_t V, int64_t D, int k, int, size_t) override {
         return rec("head_stats k" + std::to_string(k), M, V, D);
     }
     double hopper_gemm_tflops(int kind, int64_t M, int64_t N, int64_t K, bool tma, int) override {

@@ -792,7 +792,44 @@ TEST_F(PrefetchTest, PlansRespectAlignmentAndStagingBounds) {
                     ++n;
                 }
                 EXPECT_EQ(n, p.tensors.size());
+                // upload mode: each run's tensors at its shift's residue start on kSlotAlign boundaries
+                if (upload)
+                    for (const ByteRun& run : plan_runs(*ckpt_, L))
+                        for (const TensorLocation* t : run.tensors)
+                            if (t->offset % kSlotAlign == slot_shift(run)) {
+                                EXPECT_EQ(p.tensors.at(t->name).slot_off % kSlotAlign, 0u) << t->name;
+                            }
             }
+}
+
+// slot_shift: the residue modulo 256 that most tensor bytes share, among the best residue modulo 16.
+TEST(PrefetchPlanTest, SlotShiftPutsMostBytesOn256ByteBoundaries) {
+    auto loc = [](uint64_t offset, uint64_t nbytes) {
+        TensorLocation t;
+        t.name = "t" + std::to_string(offset);
+        t.shard = 0;
+        t.offset = offset;
+        t.nbytes = nbytes;
+        return t;
+    };
+    auto shift_of = [](const std::vector<TensorLocation>& ts) {
+        ByteRun run;
+        run.shard = 0;
+        for (const TensorLocation& t : ts) run.tensors.push_back(&t);
+        run.begin = ts.front().offset;
+        run.end = ts.back().offset + ts.back().nbytes;
+        return slot_shift(run);
+    };
+    // the full-width checkpoints: a few small tensors, then the bulk at 80 mod 256 (before the fix every
+    // one of these sat 80 bytes past a 256-byte boundary in its slot)
+    EXPECT_EQ(shift_of({loc(4096 + 16, 512), loc(8192 + 80, 1 << 20), loc(8192 + 80 + (1 << 20), 1 << 20),
+                        loc(8192 + 80 + (2 << 20) + 48, 64)}),
+              80u);
+    // the 16-byte residue comes first: 8 mod 16 holds most bytes (a data section at 8 mod 16), so the
+    // 256-byte residue is picked among 8, 24, ..., 248 even though 0 mod 256 holds the single largest tensor
+    EXPECT_EQ(shift_of({loc(256, 1000), loc(2048 + 8, 700), loc(4096 + 24, 800)}), 24u);
+    // ties: the smaller residue
+    EXPECT_EQ(shift_of({loc(512 + 32, 100), loc(1024 + 64, 100)}), 32u);
 }
 
 // ---------------------------------------------------------------------------------------------

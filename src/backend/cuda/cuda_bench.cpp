@@ -183,9 +183,9 @@ double bench_grouped_fp4_tflops(CudaBackend& be, int experts, int64_t rows_per_e
             be.copy(scs.back(), 0, s_src, 0, s_src.nbytes());
             if (f16) {
                 uint8_t* dst = f16->ptr<uint8_t>() + static_cast<int64_t>(e) * N * K * 2;
-                DS4R_CUDA_CHECK(kern::launch_fp4_to_f16_folded(w_src.ptr<uint8_t>(), scs.back().ptr<uint8_t>(),
-                                                               N * K / 2, reinterpret_cast<uint16_t*>(dst),
-                                                               be.stream()));
+                DS4R_CUDA_CHECK(
+                    kern::launch_fp4_to_f16_folded(w_src.ptr<uint8_t>(), scs.back().ptr<uint8_t>(), N * K / 2,
+                                                   reinterpret_cast<uint16_t*>(dst), be.stream()));
                 wp[z].push_back(dst);
                 sp[z].push_back(scs.back().ptr<uint8_t>());
                 continue;
@@ -267,9 +267,14 @@ double bench_head_logits_tflops(CudaBackend& be, int64_t M, int64_t V, int64_t D
     });
 }
 
-double bench_head_stats_tflops(CudaBackend& be, int64_t M, int64_t V, int64_t D, int k, int iters) {
+double bench_head_stats_tflops(CudaBackend& be, int64_t M, int64_t V, int64_t D, int k, int iters,
+                               size_t head_offset) {
+    DS4R_CHECK(head_offset % 16 == 0 && head_offset < 256, "bench: head offset %zu", head_offset);
     Tensor x = random_bf16(be, M, D, 4.0f, 27);
-    Tensor w = random_bf16(be, V, D, 0.05f, 28);
+    // head bf16 [V, D] at head_offset bytes past the allocation's (256-byte aligned) start
+    const Tensor w_alloc = random_bf16(be, V + 1, D, 0.05f, 28);
+    Tensor w = w_alloc.rows(0, V);
+    w.data = static_cast<uint8_t*>(w_alloc.data) + head_offset;
     std::vector<int32_t> t(static_cast<size_t>(M));
     for (int64_t i = 0; i < M; ++i) t[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % V);
     const Tensor targets = upload_i32(be, t);
@@ -439,8 +444,8 @@ public:
         return bench_head_logits_tflops(be_, M, V, D, iters);
     }
     int64_t head_launch_rows() const override { return kern::kHeadChunkRows; }
-    double head_stats_tflops(int64_t M, int64_t V, int64_t D, int k, int iters) override {
-        return bench_head_stats_tflops(be_, M, V, D, k, iters);
+    double head_stats_tflops(int64_t M, int64_t V, int64_t D, int k, int iters, size_t head_offset) override {
+        return bench_head_stats_tflops(be_, M, V, D, k, iters, head_offset);
     }
     std::string gemm_family() const override { return be_.gemm().name(); }
     double hopper_gemm_tflops(int kind, int64_t M, int64_t N, int64_t K, bool tma, int iters) override {
