@@ -185,6 +185,22 @@ inline std::vector<uint8_t> fp8_wgmma_linear(bool fp4, const Tensor& x, const Te
     return host(be, y);
 }
 
+// The conversion tests' inputs: every byte value must occur.
+inline void expect_every_byte_value(const std::vector<uint8_t>& in) {
+    std::vector<bool> seen(256, false);
+    for (uint8_t b : in) seen[b] = true;
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), true), 256);
+}
+
+// A weight converter refuses an input pointer off 16 bytes, a size off its 16-byte grain and an output
+// pointer off 16 bytes: launch(input byte offset, input bytes, output byte offset) -> its error.
+template <class Launch>
+void expect_refuses_misaligned(const Launch& launch) {
+    EXPECT_EQ(launch(1, 16, 0), cudaErrorInvalidValue) << "input pointer off 16 bytes";
+    EXPECT_EQ(launch(0, 24, 0), cudaErrorInvalidValue) << "size off 16 bytes";
+    EXPECT_EQ(launch(0, 16, 8), cudaErrorInvalidValue) << "output pointer off 16 bytes";
+}
+
 }  // namespace ds4r::test
 
 #endif  // DS4R_HAVE_CUDA
