@@ -101,9 +101,11 @@ private:
         }
         t0 = now_s();
         // the device copy: most tensor bytes on 256-byte boundaries, as the prefetcher's slots place them
+        // (from the allocation's first 256-byte boundary: backends align to less)
+        Tensor dev = be_.alloc(DType::U8, {static_cast<int64_t>(bytes + 2 * kSlotAlign)});
         const size_t dshift =
+            (kSlotAlign - reinterpret_cast<uintptr_t>(dev.data) % kSlotAlign) % kSlotAlign +
             static_cast<size_t>(run.begin % kSlotAlign + kSlotAlign - slot_shift(run)) % kSlotAlign;
-        Tensor dev = be_.alloc(DType::U8, {static_cast<int64_t>(bytes + dshift)});
         be_.upload(dev, dshift, base, bytes);
         stats_.bytes_uploaded += bytes;
         out.dev_holds_.push_back(dev);

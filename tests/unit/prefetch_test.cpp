@@ -802,6 +802,29 @@ TEST_F(PrefetchTest, PlansRespectAlignmentAndStagingBounds) {
             }
 }
 
+// The synchronous source's device copies (a backend whose memory is not the host's): every tensor's bytes
+// as in the file, 16-byte aligned, and each run's tensors at its slot_shift residue on 256-byte boundaries.
+TEST_F(PrefetchTest, SyncSourceDeviceCopiesPutMostBytesOn256ByteBoundaries) {
+    struct DeviceLike : CpuBackend {
+        bool host_memory() const override { return false; }
+    };
+    DeviceLike be;
+    auto src = make_sync_weight_source(be, *ckpt_);
+    size_t on_boundary = 0;
+    for (int L : one_pass(*ckpt_)) {
+        if (L == kHeadLayer) continue;  // its runs are the final norm's and the head's, one tensor each
+        const auto r = src->acquire(L);
+        EXPECT_EQ(check_layer(*r, *ckpt_, L, exp_, true), 0) << "layer " << L;
+        for (const ByteRun& run : plan_runs(*ckpt_, L))
+            for (const TensorLocation* t : run.tensors)
+                if (t->nbytes > 0 && t->offset % kSlotAlign == slot_shift(run)) {
+                    EXPECT_EQ(reinterpret_cast<uintptr_t>(r->get(t->name).data) % kSlotAlign, 0u) << t->name;
+                    ++on_boundary;
+                }
+    }
+    EXPECT_GT(on_boundary, 0u);
+}
+
 // slot_shift: the residue modulo 256 that most tensor bytes share, among the best residue modulo 16.
 TEST(PrefetchPlanTest, SlotShiftPutsMostBytesOn256ByteBoundaries) {
     auto loc = [](uint64_t offset, uint64_t nbytes) {
