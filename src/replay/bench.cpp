@@ -141,12 +141,12 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
     room -= prepared;
     std::fprintf(out, "fp16 weights: %s\n",
                  opt.fp16_weights ? "auto (the Hopper kernels' fp8 GEMMs of >= 1,024 rows)" : "off");
-    std::fprintf(
-        out, "prepared experts: %s\n",
-        prepared ? strfmt("on (%s weights, %.2f GB per layer)", expert_layout_name(be.prepared_experts()),
-                          static_cast<double>(prepared) / 1e9)
-                       .c_str()
-                 : "off");
+    std::fprintf(out, "prepared experts: %s\n",
+                 prepared
+                     ? strfmt("on (%s weights, %.2f GB per layer)", expert_layout_name(be.prepared_experts()),
+                              static_cast<double>(prepared) / 1e9)
+                           .c_str()
+                     : "off");
     if (w.name == "d") {
         // As score plans its passes: the sequences whose attention arenas fit the backend memory left
         // beside the weight slots and the chunks (a 24 GB card holds fewer tokens than host memory).
@@ -283,8 +283,9 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
         for (auto& [n, v] : prof)
             if (n.find('/') == std::string::npos) sum += v;
         std::fprintf(out,
-                     "  profile (backend time per region, all layers + head; DS4R_PROFILE=1): total %.2f s\n",
-                     sum);
+                     "  profile (backend time per region, all layers + head, summed over the %d pass%s; "
+                     "DS4R_PROFILE=1): total %.2f s\n",
+                     passes, passes == 1 ? "" : "es", sum);
         for (auto& [n, v] : prof) {
             if (n.find('/') != std::string::npos) continue;
             std::fprintf(out, "    %-26s %8.3f s %5.1f%%\n", n.c_str(), v, sum > 0 ? 100 * v / sum : 0.0);
