@@ -184,11 +184,10 @@ __device__ __forceinline__ bool stage_scales(uint32_t st, int i, int p) {
     // and compare), as stage_products does (byte at a time, 4-block stages outgrow 40 registers)
     constexpr bool kWords = C::kKb == 4;
     uint32_t out = 0, unfoldable = 0;
-    constexpr uint32_t kOnes = 0x01010101u;
 #pragma unroll
     for (int r = p; r < C::kBM; r += C::kConverters) {
         const uint32_t wa = lds32(st + C::kSa + 4 * r);
-        if constexpr (kWords) out |= __vcmpgtu4(__vsub4(wa, gemm::kSaLo * kOnes), gemm::kSaSpan * kOnes);
+        if constexpr (kWords) out |= bytes_outside(wa, gemm::kSaLo, gemm::kSaSpan);
 #pragma unroll
         for (int q = 0; q < C::kKb; ++q) {
             const uint32_t ba = (wa >> (8 * (q0 + q))) & 0xFFu;
@@ -200,8 +199,8 @@ __device__ __forceinline__ bool stage_scales(uint32_t st, int i, int p) {
     for (int r = p; r < C::kBN; r += C::kConverters) {
         const uint32_t ww = lds32(st + C::kSw + 4 * r);
         if constexpr (kWords) {
-            out |= __vcmpgtu4(__vsub4(ww, gemm::kSwLo * kOnes), gemm::kSwSpan * kOnes);
-            unfoldable |= __vcmpgtu4(__vsub4(ww, gemm::kFoldLo * kOnes), gemm::kFoldSpan * kOnes);
+            out |= bytes_outside(ww, gemm::kSwLo, gemm::kSwSpan);
+            unfoldable |= bytes_outside(ww, gemm::kFoldLo, gemm::kFoldSpan);
         }
 #pragma unroll
         for (int q = 0; q < C::kKb; ++q) {
@@ -346,17 +345,15 @@ __device__ __forceinline__ void stage_products(uint32_t st, int i, int p) {
     // 4-block stages use every byte of the words: the window tests a word at a time (byte-wise subtract
     // and compare; byte-wise tests of 20 bytes per row outgrow the producers' 40 registers)
     constexpr bool kWords = C::kKb == 4;
-    constexpr uint32_t kOnes = 0x01010101u;
     uint32_t out = 0;
     if constexpr (kWords) {
 #pragma unroll
-        for (int cb = 0; cb < 4; ++cb)
-            out |= __vcmpgtu4(__vsub4(sww[cb], gemm::kSwLo * kOnes), gemm::kSwSpan * kOnes);
+        for (int cb = 0; cb < 4; ++cb) out |= bytes_outside(sww[cb], gemm::kSwLo, gemm::kSwSpan);
     }
 #pragma unroll
     for (int r = p; r < C::kBM; r += C::kConverters) {
         const uint32_t wa = lds32(st + C::kSa + 4 * r);
-        if constexpr (kWords) out |= __vcmpgtu4(__vsub4(wa, gemm::kSaLo * kOnes), gemm::kSaSpan * kOnes);
+        if constexpr (kWords) out |= bytes_outside(wa, gemm::kSaLo, gemm::kSaSpan);
 #pragma unroll
         for (int q = 0; q < C::kKb; ++q) {
             const uint32_t ba = (wa >> (8 * (q0 + q))) & 0xFFu;

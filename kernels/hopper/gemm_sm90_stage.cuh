@@ -231,6 +231,12 @@ __device__ __forceinline__ bool sa_in_window(uint32_t b) {
 __device__ __forceinline__ bool sw_in_window(uint32_t b) {
     return b - gemm::kSwLo <= gemm::kSwSpan;
 }
+// The tests above on a scale word's four bytes at once: non-zero where some byte b has b - lo > span
+// (byte-wise subtract and compare; 4-block stages test whole words).
+__device__ __forceinline__ uint32_t bytes_outside(uint32_t w, uint32_t lo, uint32_t span) {
+    constexpr uint32_t kOnes = 0x01010101u;
+    return __vcmpgtu4(__vsub4(w, lo * kOnes), span * kOnes);
+}
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
