@@ -16,10 +16,9 @@ using namespace sm90;
 
 // TMA copies of stage i's A box (kBM rows x kABytes bytes at (K byte / element offset, m0, z)) and B
 // box (kBN rows at (.., n0, z)) into the places the cp.async loaders fill (tensor maps built by the
-// host with the matching swizzle: 128 bytes for MMA tiles, 64 for the widened raw A rows, none for
-// the converters' raw B rows); rows and K past the tensor arrive as zeros, as the loaders' zero fill.
-// One arrival on loaded[s] that expects both boxes' bytes (zero-filled bytes count too). Run by one
-// thread.
+// host with the matching swizzle: 128 bytes for MMA tiles, kRawA (64 or 128) for the widened raw A rows, none
+// for the converters' raw B rows); rows and K past the tensor arrive as zeros, as the loaders' zero fill. One
+// arrival on loaded[s] that expects both boxes' bytes (zero-filled bytes count too). Run by one thread.
 template <class C>
 __device__ __forceinline__ void tma_stage(const Job& j, uint32_t st, Bars bars, int i, int s) {
     // coordinates of dimension 0: elements (bf16) or bytes (codes)
