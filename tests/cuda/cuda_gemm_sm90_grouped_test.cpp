@@ -155,14 +155,14 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
         g.s[0] = sp.data();
         g.y[0] = y.ptr<uint16_t>();
         DS4R_CUDA_CHECK(be.gemm().grouped_fp4(g, be.stream()));
-        std::vector<uint8_t> out = host(be, y);
+        std::vector<uint8_t> out = to_host(be, y);
         if (&be == &hop()) {
             be.fill(y, 0xA5);
             g.q = av[0].q.ptr<uint8_t>();
             g.sa = av[0].s.ptr<uint8_t>();
             DS4R_CUDA_CHECK(
                 kern::launch_grouped_gemm_fp4_sm90_partials(kern::Sm90Partials::Fp8Wgmma, g, be.stream()));
-            wg = host(be, y);
+            wg = to_host(be, y);
             // the split plan (GroupedFp4Gemm::full / tail), with upper bounds as the MoE passes them
             const Tensor f_e = i32(be, split.full_expert), f_s = i32(be, split.full_start),
                          f_b = i32(be, split.full_begin), t_e = i32(be, split.tail_expert),
@@ -180,7 +180,7 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
                     DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4_sm90_tiles(
                         v ? kern::Sm90Partials::Fp16Widened : kern::Sm90Partials::Fp8Wgmma, shapes[t], gm,
                         be.stream()));
-                    tiles[v][t] = host(be, y);
+                    tiles[v][t] = to_host(be, y);
                 }
             // the prepared experts: the same weights as e5m2 bytes (launch_fp4_to_e5m2), widened
             // partials, each tile shape; other partials and the portable kernels refuse them
@@ -201,7 +201,7 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
                 be.fill(y, 0x77);
                 DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4_sm90_tiles(kern::Sm90Partials::Fp16Widened,
                                                                          shapes[t], g8, be.stream()));
-                tiles_e5m2[t] = host(be, y);
+                tiles_e5m2[t] = to_host(be, y);
             }
             EXPECT_EQ(
                 kern::launch_grouped_gemm_fp4_sm90_partials(kern::Sm90Partials::Fp8Wgmma, g8, be.stream()),
@@ -227,7 +227,7 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
                 be.fill(y, 0x3B);
                 DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4_sm90_tiles(kern::Sm90Partials::Fp16Widened,
                                                                          f16_shapes[t], g16, be.stream()));
-                tiles_f16[t] = host(be, y);
+                tiles_f16[t] = to_host(be, y);
             }
             // the same experts with the activation rows first copied into pair order (gather_pair_rows, as
             // the MoE passes w1 / w3 to them; w2's rows are in that order already): A by TMA where the pair
@@ -243,7 +243,7 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
                     be.fill(y, 0x4D);
                     DS4R_CUDA_CHECK(kern::launch_grouped_gemm_fp4_sm90_tiles(kern::Sm90Partials::Fp16Widened,
                                                                              f16_shapes[t], gp, be.stream()));
-                    EXPECT_EQ(host(be, y), tiles_f16[t])
+                    EXPECT_EQ(to_host(be, y), tiles_f16[t])
                         << what << ": fp16 experts, rows in pair order, "
                         << (known ? "A by TMA" : "the loaders") << ", tile shape " << t;
                 }
@@ -273,7 +273,7 @@ void check_grouped(const std::vector<int>& counts, int64_t N, int64_t K, uint64_
                 x.pairs = P;
                 be.fill(y, poison);
                 DS4R_CUDA_CHECK(be.gemm().grouped_fp4(x, be.stream()));
-                EXPECT_EQ(host(be, y), out) << what << ": --kernels auto " << how;
+                EXPECT_EQ(to_host(be, y), out) << what << ": --kernels auto " << how;
             };
             auto_call(gm, 0x66, "with the split plan");
             auto_call(g, 0x3C, "with the pair count given");
@@ -316,7 +316,7 @@ TEST(CudaGemmSm90, Fp4ToE5m2KeepsEveryValue) {
     const Tensor d_in = upload(be, DType::I8, {512}, in.data());
     Tensor d_out = be.alloc(DType::I8, {1024 + 16});
     DS4R_CUDA_CHECK(kern::launch_fp4_to_e5m2(d_in.ptr<uint8_t>(), 512, d_out.ptr<uint8_t>(), be.stream()));
-    const std::vector<uint8_t> out = host(be, d_out);
+    const std::vector<uint8_t> out = to_host(be, d_out);
     const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
     auto e5m2 = [](uint8_t b) {  // sign, 5 exponent bits (bias 15), 2 mantissa bits
         const int e = (b >> 2) & 31, m = b & 3;
@@ -356,7 +356,7 @@ TEST(CudaGemmSm90, Fp4ToF16FoldedKeepsEveryValue) {
     Tensor d_out = be.alloc(DType::I8, {4 * bytes + 16});
     DS4R_CUDA_CHECK(kern::launch_fp4_to_f16_folded(d_in.ptr<uint8_t>(), d_sc.ptr<uint8_t>(), bytes,
                                                    d_out.ptr<uint16_t>(), be.stream()));
-    const std::vector<uint8_t> out = host(be, d_out);
+    const std::vector<uint8_t> out = to_host(be, d_out);
     const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
     expect_every_byte_value(in);
     int folded = 0;
@@ -411,7 +411,7 @@ TEST(CudaGemmSm90, TileSplitOfTheRoutingPlan) {
         fs.ptr<int32_t>(), max_tiles, tb.ptr<int32_t>(), te.ptr<int32_t>(), ts.ptr<int32_t>(), be.stream()));
     const TileSplit want = split_plan(counts);
     auto got = [&](const Tensor& t, size_t n) {
-        const std::vector<uint8_t> b = host(be, t);
+        const std::vector<uint8_t> b = to_host(be, t);
         std::vector<int32_t> v(n);
         std::memcpy(v.data(), b.data(), n * 4);
         return v;

@@ -25,7 +25,6 @@
 #ifdef DS4R_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #include "gemm_sm90.cuh"
-#include "moe.cuh"
 #include "quant.cuh"
 #endif
 
@@ -53,7 +52,7 @@ void check_fp8(int64_t M, int64_t N, int64_t K, uint64_t seed, bool extreme, boo
         Tensor y = poisoned(be, DType::BF16, {M, N});
         be.linear_fp8(x, w, y);
         if (&be == &hop()) wg = fp8_wgmma_linear(false, x, w.w, w.s, M, N, K);
-        return host(be, y);
+        return to_host(be, y);
     };
     const auto h = run(hop()), p = run(port());
     expect_equal(what, "portable", agreement(h, p, 2, N));
@@ -85,7 +84,7 @@ void check_fp4(int64_t M, int64_t N, int64_t K, uint64_t seed, int scales, bool 
         Tensor y = poisoned(be, DType::BF16, {M, N});
         linear_fp4(be, x, w, y);
         if (&be == &hop()) wg = fp8_wgmma_linear(true, x, w.w, w.s, M, N, K);
-        return host(be, y);
+        return to_host(be, y);
     };
     const auto h = run(hop()), p = run(port());
     expect_equal(what, "portable", agreement(h, p, 2, N));
@@ -132,7 +131,7 @@ TEST(CudaGemmSm90, E4m3ToF16KeepsEveryValue) {
     const Tensor d_in = upload(be, DType::F8_E4M3, {512}, in.data());
     Tensor d_out = be.alloc(DType::BF16, {512 + 8});
     DS4R_CUDA_CHECK(kern::launch_e4m3_to_f16(d_in.ptr<uint8_t>(), 512, d_out.ptr<uint16_t>(), be.stream()));
-    const std::vector<uint8_t> out = host(be, d_out);
+    const std::vector<uint8_t> out = to_host(be, d_out);
     auto e4m3 = [](uint8_t b) {  // sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7f / 0xff NaN
         const int e = (b >> 3) & 15, m = b & 7;
         const float v = e == 0 ? std::ldexp(m / 8.0f, -6) : std::ldexp(1.0f + m / 8.0f, e - 7);
@@ -191,7 +190,7 @@ TEST(CudaGemmSm90, Fp16WeightsEqualFp8Weights) {
         DS4R_CUDA_CHECK(kern::launch_gemm_fp8_sm90_partials(
             kern::Sm90Partials::Fp16Widened, a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.w.ptr<uint8_t>(),
             w.s.ptr<uint8_t>(), y.ptr<uint16_t>(), c.N, c.M, c.N, c.K, be.stream(), kern::Sm90Loads::Auto));
-        const auto ref = host(be, y);
+        const auto ref = to_host(be, y);
         for (const auto loads : {kern::Sm90Loads::Tma, kern::Sm90Loads::TmaWideK, kern::Sm90Loads::CpAsync,
                                  kern::Sm90Loads::Auto}) {
             Tensor y16 = poisoned(be, DType::BF16, {c.M, c.N});
@@ -199,14 +198,14 @@ TEST(CudaGemmSm90, Fp16WeightsEqualFp8Weights) {
                 a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w16.ptr<uint16_t>(), w.s.ptr<uint8_t>(),
                 y16.ptr<uint16_t>(), c.N, c.M, c.N, c.K, be.stream(), loads));
             expect_equal(what + " loads " + std::to_string(static_cast<int>(loads)), "fp8 w",
-                         agreement(host(be, y16), ref, 2, c.N));
+                         agreement(to_host(be, y16), ref, 2, c.N));
         }
         // the backend: fp16 weights for every M (rows threshold 0) vs off
         auto linear = [&](bool on) {
             be.set_fp16_weights(on);
             Tensor yl = poisoned(be, DType::BF16, {c.M, c.N});
             be.linear_fp8(x, w, yl);
-            return host(be, yl);
+            return to_host(be, yl);
         };
         const int64_t rows = be.fp16_weight_rows();
         be.set_fp16_weight_rows(0);
@@ -247,7 +246,7 @@ TEST(CudaGemmSm90, Bf16AgreesWithPortable) {
                 be.linear_f32(x, w, y);
             else
                 be.linear_bf16(x, w, y);
-            return host(be, y);
+            return to_host(be, y);
         };
         expect_equal(what, "portable", agreement(run(hop()), run(port()), c.f32 ? 4 : 2, c.N));
     }
@@ -265,7 +264,7 @@ TEST(CudaGemmSm90, Bf16AgreesWithPortable) {
             Tensor o = upload(be, DType::BF16, {M, G * Kg}, oh.data());
             Tensor y = poisoned(be, DType::BF16, {M, G * R});
             be.linear_wo_a(o, w, G, y);
-            return host(be, y);
+            return to_host(be, y);
         };
         expect_equal("linear_wo_a M=130 8 groups", "portable", agreement(run(hop()), run(port()), 2, G * R));
     }
@@ -278,7 +277,7 @@ TEST(CudaGemmSm90, Bf16AgreesWithPortable) {
                    w = upload(be, DType::BF16, {V, D}, wh.data());
             Tensor y = poisoned(be, DType::F32, {M, V});
             be.head_logits(x.ptr<uint16_t>(), w.ptr<uint16_t>(), y.ptr<float>(), M, V, D);
-            return host(be, y);
+            return to_host(be, y);
         };
         expect_equal("head logits M=77 V=1000 D=512", "portable", agreement(run(hop()), run(port()), 4, V));
     }
@@ -315,7 +314,7 @@ TEST(CudaGemmSm90, Bf16TmaLoadsEqualCpAsyncLoads) {
                 G * c.N, c.N, c.M, c.N, c.K, G, be.stream());
             if (err == cudaErrorNotSupported) return std::vector<uint8_t>{};
             DS4R_CUDA_CHECK(err);
-            return host(be, y);
+            return to_host(be, y);
         };
         const auto tma = run(kern::Sm90Loads::Tma), cp = run(kern::Sm90Loads::CpAsync),
                    automatic = run(kern::Sm90Loads::Auto);
@@ -369,7 +368,7 @@ TEST(CudaGemmSm90, ScaledTmaLoadsEqualCpAsyncLoads) {
                     DS4R_CUDA_CHECK(fn(partials, a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.ptr<uint8_t>(),
                                        sw.ptr<uint8_t>(), y.ptr<uint16_t>(), c.N, c.M, c.N, c.K, be.stream(),
                                        loads));
-                    return host(be, y);
+                    return to_host(be, y);
                 };
                 const auto tma = run(kern::Sm90Loads::Tma), cp = run(kern::Sm90Loads::CpAsync),
                            automatic = run(kern::Sm90Loads::Auto);
@@ -402,7 +401,7 @@ TEST(CudaGemmSm90, RowsDoNotDependOnM) {
             be.linear_f32(x, wb, y);
         else
             be.linear_fp8(x, w, y);
-        return host(be, y);
+        return to_host(be, y);
     };
     for (const bool bf16 : {false, true}) {
         const size_t row = static_cast<size_t>(N) * (bf16 ? 4 : 2);

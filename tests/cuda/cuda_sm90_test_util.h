@@ -29,14 +29,15 @@ namespace ds4r::test {
             GTEST_SKIP() << "device 0 is not a compute capability 9.0 GPU: Hopper kernel tests skipped"; \
     } while (0)
 
-// Measured bounds (H200, CUDA 13.0; see the file comment). The default block-scaled kernels widen the
-// codes to fp16 (Sm90Partials::Fp16Widened) and must equal the portable kernels bit for bit, as the
-// bf16 GEMMs do. The fp8-wgmma partials (Sm90Partials::Fp8Wgmma) are the tensor core's own fp8 sum:
-// a fraction of outputs differ (by up to a few percent of the row's rms: the fp8 tensor core's sum).
+// Measured bounds (H200, CUDA 13.0; see cuda_gemm_sm90_test.cpp's file comment). The default block-scaled
+// kernels widen the codes to fp16 (Sm90Partials::Fp16Widened) and must equal the portable kernels bit for
+// bit, as the bf16 GEMMs do. The fp8-wgmma partials (Sm90Partials::Fp8Wgmma) are the tensor core's own fp8
+// sum: a fraction of outputs differ (by up to a few percent of the row's rms: the fp8 tensor core's sum).
 // Measured: 93.5% (fp8, M = 1) .. 99.8% (fp4) bitwise; max |d| / rms 3.3e-2 (fp4, M = 8193).
-inline constexpr double kFp8WgmmaMinBitwise =
-    0.93;                                        // fraction of outputs bitwise equal to the portable kernels
-inline constexpr double kFp8WgmmaMaxRel = 4e-2;  // max |difference| / rms of the portable output row
+// the fraction of outputs bitwise equal to the portable kernels, and max |difference| / rms of the
+// portable output row
+inline constexpr double kFp8WgmmaMinBitwise = 0.93;
+inline constexpr double kFp8WgmmaMaxRel = 4e-2;
 
 inline CudaBackend& hop() {
     static CudaBackend b(0, size_t{24} << 30, GpuKernels::Hopper);
@@ -56,11 +57,6 @@ inline Tensor poisoned(Backend& be, DType t, const Shape& shape) {
     Tensor d = be.alloc(t, shape);
     be.fill(d, 0xA5);
     return d;
-}
-inline std::vector<uint8_t> host(Backend& be, const Tensor& t) {
-    std::vector<uint8_t> v(t.nbytes());
-    if (!v.empty()) be.download(v.data(), t, 0, v.size());
-    return v;
 }
 
 inline std::vector<uint16_t> rand_x(int64_t M, int64_t K, uint64_t seed, float scale = 1.0f) {
@@ -182,7 +178,7 @@ inline std::vector<uint8_t> fp8_wgmma_linear(bool fp4, const Tensor& x, const Te
     auto fn = fp4 ? kern::launch_gemm_fp4_sm90_partials : kern::launch_gemm_fp8_sm90_partials;
     DS4R_CUDA_CHECK(fn(kern::Sm90Partials::Fp8Wgmma, a.q.ptr<uint8_t>(), a.s.ptr<uint8_t>(), w.ptr<uint8_t>(),
                        s.ptr<uint8_t>(), y.ptr<uint16_t>(), N, M, N, K, be.stream(), kern::Sm90Loads::Auto));
-    return host(be, y);
+    return to_host(be, y);
 }
 
 // The conversion tests' inputs: every byte value must occur.

@@ -42,8 +42,10 @@ struct FakeKernelBench : KernelBench {
     }
     double head_logits_tflops(int64_t M, int64_t V, int64_t D, int) override { return rec("head", M, V, D); }
     int64_t head_launch_rows() const override { return 1024; }
-    double head_stats_tflops(int64_t M, int64_t V, int64_t D, int k, int, size_t) override {
-        return rec("head_stats k" + std::to_string(k), M, V, D);
+    double head_stats_tflops(int64_t M, int64_t V, int64_t D, int k, int, size_t head_offset) override {
+        return rec(
+            "head_stats k" + std::to_string(k) + (head_offset ? " +" + std::to_string(head_offset) : ""), M,
+            V, D);
     }
     double hopper_gemm_tflops(int kind, int64_t M, int64_t N, int64_t K, bool tma, int) override {
         if (!hopper) return -1;
@@ -127,23 +129,33 @@ TEST(BenchKernels, FilterOnTheGroupedExpertsTimesNoDenseShape) {
 TEST(BenchKernels, NoFilterTimesEveryRow) {
     const Table all = run_table("");
     // every family's rows, the head's three and the mHC variants
-    for (const char* name :
-         {"attn.wq_a fp8", "attn.wo_a bf16 (1 group)", "attn.wo_a bf16 (1 group), cp.async loads",
-          "shared w2 fp8, GEMM alone, fp16 weights, TMA",
-          "shared w2 fp8, GEMM alone, fp16 weights, TMA, 128-wide K stages",
-          "expert w2 fp4 (dense M), GEMM alone, cp.async", "experts w1+w3 fp4 (grouped)",
-          "experts w2 fp4 (grouped), routed rows, e5m2 weights", "experts w1+w3 fp4 (grouped), fp16 experts",
-          "experts w2 fp4 (grouped), routed rows, fp16 experts", "experts w1+w3 fp4 (grouped), 64-row tiles",
-          "head logits bf16->f32", "head logits, one head_stats launch",
-          "head logits, one head_stats launch, a 144k-token pass's worth in a row",
-          "head_stats, one call (logits + row statistics)",
-          "head_stats, one call, a 144k-token pass's worth in a row", "hc_mixes compensated",
-          "hc_mixes compensated-g2"})
+    for (const char* name : {"attn.wq_a fp8",
+                             "attn.wo_a bf16 (1 group)",
+                             "attn.wo_a bf16 (1 group), cp.async loads",
+                             "shared w2 fp8, GEMM alone, fp16 weights, TMA",
+                             "shared w2 fp8, GEMM alone, fp16 weights, TMA, 128-wide K stages",
+                             "expert w2 fp4 (dense M), GEMM alone, cp.async",
+                             "experts w1+w3 fp4 (grouped)",
+                             "experts w2 fp4 (grouped), routed rows, e5m2 weights",
+                             "experts w1+w3 fp4 (grouped), fp16 experts",
+                             "experts w2 fp4 (grouped), routed rows, fp16 experts",
+                             "experts w1+w3 fp4 (grouped), 64-row tiles",
+                             "head logits bf16->f32",
+                             "head logits, one head_stats launch",
+                             "head logits, one head_stats launch, a 144k-token pass's worth in a row",
+                             "head_stats, one call (logits + row statistics)",
+                             "head_stats, one call, a 144k-token pass's worth in a row",
+                             "head_stats, one call, head weights 80 bytes past a 256-byte boundary",
+                             "experts w1+w3 fp4 (grouped), fp16 experts, 64-wide K stages",
+                             "hc_mixes compensated",
+                             "hc_mixes compensated-g2"})
         EXPECT_TRUE(has(all.rows, name)) << name;
     // a head_stats call as the passes make them: a chunk's rows (8,192 here), score's 8 alternatives
     const ModelConfig c = make_tiny_base_config(TinyPreset::FullWidth, 1);
-    EXPECT_TRUE(
-        has(all.calls, "head_stats k8 8192 " + std::to_string(c.vocab_size) + " " + std::to_string(c.dim)));
+    const std::string head_vd = " 8192 " + std::to_string(c.vocab_size) + " " + std::to_string(c.dim);
+    EXPECT_TRUE(has(all.calls, "head_stats k8" + head_vd));
+    // and with the head weights where the slots put them before they aligned tensors to 256 bytes
+    EXPECT_TRUE(has(all.calls, "head_stats k8 +80" + head_vd));
     // the portable kernels: no Hopper-only rows, the rest unchanged
     const Table portable = run_table("", false);
     for (const auto& r : portable.rows) {
