@@ -106,9 +106,8 @@ std::unique_ptr<WeightSource> make_sync_weight_source(Backend& be, const Checkpo
 // bytes at a time). Each byte run is placed at an address congruent to (its file offset - r) mod 256,
 // r < 256 chosen per run so that most of its tensor bytes land on 16-byte boundaries and, of those, most
 // on 256-byte ones (whole 128-byte lines for the Hopper GEMMs' TMA loads; the synchronous source's device
-// copies the same); a
-// tensor still off a 16-byte boundary gets its own 256-byte aligned copy inside the slot (counted and
-// logged at construction). Direct mode: address = file offset mod 4096 (O_DIRECT reads land in the
+// copies the same); a tensor still off a 16-byte boundary gets its own 256-byte aligned copy inside the
+// slot (counted and logged at construction). Direct mode: address = file offset mod 4096 (O_DIRECT reads land in the
 // slot); a tensor whose offset is not a multiple of its dtype size gets its own copy (as the sync source).
 //
 // Contract (threads, order, lifetime):
