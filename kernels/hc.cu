@@ -349,6 +349,190 @@ void launch_mixes_groups(const uint16_t* X, const float* fn, const float* scale,
             X, fn, scale, base, M, K, inv_n, norm_eps, hc_eps, iters, pre, post, comb, dots);
 }
 
+// ------------------------------------------------------------------ hc_mixes on fp64 tensor cores
+// HcMixAccum::Fp64Mma: the 24 mix dots of 32 tokens per block as an fp64 GEMM on the tensor cores
+// (mma.sync m8n8k4 .f64, sm_80+; fast on GPUs with fp64 tensor cores: the H100 / H200, A100), the sums
+// of squares beside it in fp64 on the CUDA cores. bf16 x fp32 products are exact in fp64, so every sum
+// is an fp64 sum of exact terms rounded once to fp32, as the CPU backend's (its order differs: fp64
+// rounding only, a flipped fp32 rounding is as rare as for HcMixAccum::Fp64). Why: the compensated
+// kernels stream fn (1.97 MB) from L2 once per 2 tokens and spend ~10 fp32 operations per term; here
+// fn is read once per 32 tokens and one DMMA does 256 terms (docs/PERFORMANCE.md, fourteenth session).
+//
+// Block: 4 warps x the same 32 tokens (4 m8 tiles); warp w takes the 32-column chunks c = w, w + 4, ...
+// of K in order. In chunk c, lane (g = lane / 4, q = lane % 4) holds columns c * 32 + 8 q .. + 7 of its
+// tokens' rows (A: row g of m-tile mt = token 8 mt + g) and of fn rows g + 8 nt (B: column g of n-tile
+// nt); mma step s (0 .. 7) takes column c * 32 + 8 q + s as the k index q of the m8n8k4 (A column q,
+// B row q): any bijection of k works, this one lets each lane load 8 consecutive columns at once. The
+// 4 warps' fp64 totals add in warp order (smem), then round once to fp32: a fixed order per token that
+// no other row touches (tokens past M read row M - 1 and are never written), so batch invariant.
+constexpr int kMmaWarps = 4;
+constexpr int kMmaTokens = 32;
+constexpr int kMmaMt = kMmaTokens / 8;  // m8 tiles per warp (all the block's tokens)
+constexpr int kMmaNt = kHcMix / 8;      // n8 tiles (the 24 mixes)
+constexpr int kMmaChunk = 32;           // K columns per warp step: 4 lanes x 8
+static_assert(kHcMix % 8 == 0, "the mixes fill n8 tiles");
+
+// d{0,1} += a * b over one m8n8k4 fp64 tile (fragments: A row g col q, B row q col g, D row g cols
+// 2q, 2q + 1; PTX ISA, mma.m8n8k4 .f64).
+__device__ __forceinline__ void dmma_m8n8k4(double& d0, double& d1, double a, double b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};\n"
+                 : "+d"(d0), "+d"(d1)
+                 : "d"(a), "d"(b));
+#else
+    __trap();  // not built for pre-sm_80 targets (CMake's architectures are all >= 8.6)
+#endif
+}
+
+// A lane's 8 columns of one chunk: x [kMmaMt][8] bf16 of its tokens, f [kMmaNt][8] fp32 of its fn rows,
+// zeros past K. kVec: 16-byte loads (K % 8 == 0, aligned tensors) where the 8 columns lie inside K.
+template <bool kVec>
+struct MmaChunk {
+    uint4 x[kMmaMt];
+    float4 f[kMmaNt][2];
+    __device__ __forceinline__ void load(const uint16_t* const (&xr)[kMmaMt], const float* const (&fr)[kMmaNt],
+                                         int k, int K) {
+        if (kVec && k + 8 <= K) {
+#pragma unroll
+            for (int mt = 0; mt < kMmaMt; ++mt) x[mt] = *reinterpret_cast<const uint4*>(xr[mt] + k);
+#pragma unroll
+            for (int nt = 0; nt < kMmaNt; ++nt) {
+                f[nt][0] = *reinterpret_cast<const float4*>(fr[nt] + k);
+                f[nt][1] = *reinterpret_cast<const float4*>(fr[nt] + k + 4);
+            }
+            return;
+        }
+#pragma unroll
+        for (int mt = 0; mt < kMmaMt; ++mt) {
+            uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int s = 0; s < 8; ++s)
+                if (k + s < K) w[s / 2] |= static_cast<uint32_t>(xr[mt][k + s]) << (16 * (s & 1));
+            x[mt] = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < kMmaNt; ++nt) {
+            float v[8];
+#pragma unroll
+            for (int s = 0; s < 8; ++s) v[s] = k + s < K ? fr[nt][k + s] : 0.0f;
+            f[nt][0] = make_float4(v[0], v[1], v[2], v[3]);
+            f[nt][1] = make_float4(v[4], v[5], v[6], v[7]);
+        }
+    }
+    __device__ __forceinline__ float xs(int mt, int s) const {
+        const uint32_t w = reinterpret_cast<const uint32_t*>(&x[mt])[s / 2];
+        return __uint_as_float((s & 1) ? (w & 0xFFFF0000u) : (w << 16));  // bf16 -> fp32, exact
+    }
+    __device__ __forceinline__ float fs(int nt, int s) const {
+        return reinterpret_cast<const float*>(&f[nt][s / 4])[s % 4];
+    }
+};
+
+template <bool kVec>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    hc_mixes_mma_kernel(const uint16_t* __restrict__ X, const float* __restrict__ fn,
+                        const float* __restrict__ scale, const float* __restrict__ base, int64_t M, int K,
+                        float inv_n, float norm_eps, float hc_eps, int iters, float* __restrict__ pre,
+                        float* __restrict__ post, float* __restrict__ comb, float* __restrict__ dots) {
+    // [warp][token][mix dots, then the sum of squares]: each warp's fp64 totals of its columns
+    __shared__ double part[kMmaWarps][kMmaTokens][kHcMix + 1];
+    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+    const int g = lane / 4, q = lane % 4;
+    const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kMmaTokens;
+    const uint16_t* xr[kMmaMt];  // the lane's token rows (past M: row M - 1, never written)
+#pragma unroll
+    for (int mt = 0; mt < kMmaMt; ++mt) {
+        const int64_t r = r0 + 8 * mt + g;
+        xr[mt] = X + (r < M ? r : M - 1) * static_cast<int64_t>(K);
+    }
+    const float* fr[kMmaNt];  // the lane's fn rows
+#pragma unroll
+    for (int nt = 0; nt < kMmaNt; ++nt) fr[nt] = fn + static_cast<int64_t>(8 * nt + g) * K;
+    double acc[kMmaMt][kMmaNt][2], ssq[kMmaMt];
+#pragma unroll
+    for (int mt = 0; mt < kMmaMt; ++mt) {
+        ssq[mt] = 0.0;
+#pragma unroll
+        for (int nt = 0; nt < kMmaNt; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = 0.0;
+    }
+    const int chunks = (K + kMmaChunk - 1) / kMmaChunk;
+    auto add = [&](const MmaChunk<kVec>& ch) {
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            double a[kMmaMt], b[kMmaNt];
+#pragma unroll
+            for (int mt = 0; mt < kMmaMt; ++mt) {
+                a[mt] = static_cast<double>(ch.xs(mt, s));
+                ssq[mt] = __fma_rn(a[mt], a[mt], ssq[mt]);  // z^2 exact in fp64
+            }
+#pragma unroll
+            for (int nt = 0; nt < kMmaNt; ++nt) b[nt] = static_cast<double>(ch.fs(nt, s));
+#pragma unroll
+            for (int mt = 0; mt < kMmaMt; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kMmaNt; ++nt) dmma_m8n8k4(acc[mt][nt][0], acc[mt][nt][1], a[mt], b[nt]);
+        }
+    };
+    // chunks c = warp, warp + 4, ... in order, the next one loaded while this one is added
+    MmaChunk<kVec> cur, next;
+    if (warp < chunks) cur.load(xr, fr, warp * kMmaChunk + 8 * q, K);
+    for (int c = warp; c < chunks; c += kMmaWarps) {
+        if (c + kMmaWarps < chunks) next.load(xr, fr, (c + kMmaWarps) * kMmaChunk + 8 * q, K);
+        add(cur);
+        cur = next;
+    }
+    // the lane's sums of squares over its 4 column lanes (xor butterfly: the same bits on all four)
+#pragma unroll
+    for (int mt = 0; mt < kMmaMt; ++mt) {
+        ssq[mt] = __dadd_rn(ssq[mt], __shfl_xor_sync(0xffffffffu, ssq[mt], 1));
+        ssq[mt] = __dadd_rn(ssq[mt], __shfl_xor_sync(0xffffffffu, ssq[mt], 2));
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMmaMt; ++mt) {
+        double* row = part[warp][8 * mt + g];
+#pragma unroll
+        for (int nt = 0; nt < kMmaNt; ++nt) {
+            row[8 * nt + 2 * q] = acc[mt][nt][0];
+            row[8 * nt + 2 * q + 1] = acc[mt][nt][1];
+        }
+        if (q == 0) row[kHcMix] = ssq[mt];
+    }
+    __syncthreads();
+    const int t = static_cast<int>(threadIdx.x);
+    if (t >= kMmaTokens || r0 + t >= M) return;
+    float tot[kHcMix + 1];
+#pragma unroll
+    for (int m = 0; m <= kHcMix; ++m) {
+        double s = part[0][t][m];
+#pragma unroll
+        for (int w = 1; w < kMmaWarps; ++w) s = __dadd_rn(s, part[w][t][m]);
+        tot[m] = __double2float_rn(s);
+    }
+    const int64_t row = r0 + t;
+    if (dots) {
+#pragma unroll
+        for (int m = 0; m <= kHcMix; ++m) dots[row * (kHcMix + 1) + m] = tot[m];
+        return;
+    }
+    mixes_finish(tot, scale, base, inv_n, norm_eps, hc_eps, iters, pre + row * kHcMult, post + row * kHcMult,
+                 comb + row * kHcMult * kHcMult);
+}
+
+void launch_mixes_mma(const uint16_t* X, const float* fn, const float* scale, const float* base, int64_t M,
+                      int64_t D, float inv_n, float norm_eps, float hc_eps, int iters, float* pre, float* post,
+                      float* comb, float* dots, cudaStream_t stream) {
+    const int64_t blocks = cdiv(M, kMmaTokens);
+    const int K = static_cast<int>(kHcMult * D);  // < 2^31 (launch_mixes_any checks)
+    const bool vec = K % 8 == 0 && reinterpret_cast<uintptr_t>(X) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(fn) % 16 == 0;
+    if (vec)
+        hc_mixes_mma_kernel<true><<<static_cast<unsigned>(blocks), kMmaWarps * 32, 0, stream>>>(
+            X, fn, scale, base, M, K, inv_n, norm_eps, hc_eps, iters, pre, post, comb, dots);
+    else
+        hc_mixes_mma_kernel<false><<<static_cast<unsigned>(blocks), kMmaWarps * 32, 0, stream>>>(
+            X, fn, scale, base, M, K, inv_n, norm_eps, hc_eps, iters, pre, post, comb, dots);
+}
+
 template <HcMixAccum A>
 void launch_mixes(const uint16_t* X, const float* fn, const float* scale, const float* base, int64_t M,
                   int64_t D, float inv_n, float norm_eps, float hc_eps, int iters, float* pre, float* post,
@@ -380,6 +564,10 @@ cudaError_t launch_mixes_any(HcMixAccum accum, const uint16_t* X, const float* f
         case HcMixAccum::CompensatedG2:
             launch_mixes_groups<2>(X, fn, scale, base, M, D, inv_n, norm_eps, hc_eps, iters, pre, post, comb,
                                    dots, stream);
+            break;
+        case HcMixAccum::Fp64Mma:
+            launch_mixes_mma(X, fn, scale, base, M, D, inv_n, norm_eps, hc_eps, iters, pre, post, comb, dots,
+                             stream);
             break;
     }
     return cudaGetLastError();
@@ -541,6 +729,7 @@ cudaError_t launch_hc_mix_dots(const uint16_t* X, const float* fn, int64_t M, in
 }
 
 int64_t hc_mixes_blocks(int64_t M, HcMixAccum accum) {
+    if (accum == HcMixAccum::Fp64Mma) return cdiv(M, kMmaTokens);
     return cdiv(M, accum == HcMixAccum::Fp32 ? mix_tokens<HcMixAccum::Fp32>()
                                              : mix_tokens<HcMixAccum::Compensated>());
 }

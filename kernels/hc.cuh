@@ -21,10 +21,15 @@ constexpr int kHcMix = (2 + kHcMult) * kHcMult;
 //               unchanged), with the 24 mixes split over 2 groups of 256 threads in one block (twice
 //               the warps per SM at half the accumulators per thread) and a leaner loop around the
 //               sums: 1.25x Compensated's speed on the H200 (docs/PERFORMANCE.md, eleventh session).
+//   Fp64Mma     the dots as an fp64 GEMM on the tensor cores (mma.sync m8n8k4 .f64, 32 tokens per
+//               block, K split over 4 warps added in warp order), the sums of squares in fp64 beside
+//               it: Fp64's accuracy (exact products, fp64 sums, one rounding). Fast only where fp64
+//               runs on tensor cores (H100 / H200, A100; 1/64 rate on the RTX cards).
 // All have a fixed order per token (batch invariant, no atomics).
-enum class HcMixAccum { Fp32, Fp64, Compensated, CompensatedG2 };
-// The variant the backend runs. One-line switch (scripts/gpu_hc_check.sh and `bench --kernel-filter
-// hc_mixes` measure all of them).
+enum class HcMixAccum { Fp32, Fp64, Compensated, CompensatedG2, Fp64Mma };
+// The variant of the portable kernel set (every GPU); the Hopper set runs Fp64Mma
+// (cuda_gemm_kernels.h GemmKernels::hc_mix). scripts/gpu_hc_check.sh and `bench --kernel-filter
+// hc_mixes` measure all of them.
 constexpr HcMixAccum kHcMixAccumDefault = HcMixAccum::CompensatedG2;
 
 // Per token r: z = fp32(X[r]) (hc * D values), ssq = sum z^2, dot_m = sum_c z_c * fn[m, c]

@@ -18,9 +18,9 @@ namespace ds4r {
 // The mHC mix accumulation variants (issue 10): the legacy fp32 sum, fp64, compensated fp32 with an
 // fp64 block combine, and the same compensated sums (same bits) with the mixes split over 2 thread
 // groups of one block (kernels/hc.cuh HcMixAccum).
-inline constexpr int kHcMixVariants = 4;
+inline constexpr int kHcMixVariants = 5;
 inline constexpr const char* kHcMixVariantNames[kHcMixVariants] = {"fp32", "fp64", "compensated",
-                                                                   "compensated-g2"};
+                                                                   "compensated-g2", "fp64-mma"};
 
 class KernelBench {
 public:

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_gemm_kernels.h"
 #include "backend/cuda/cuda_hc_check.h"
 #include "cuda_test_util.h"
 #include "ds4r/binding.h"
@@ -151,7 +152,7 @@ TEST(CudaHcAccum, VariantsMatchCpuFp64Sums) {
         std::printf(
             "hc_accum %-12s%s golden: %lld sums, bitwise %.6f, max ulp %lld | random D=5120: %lld sums, "
             "bitwise %.6f, max ulp %lld\n",
-            kHcMixVariantNames[v], v == hc_mix_default_variant() ? "*" : " ", (long long)golden[v].n,
+            kHcMixVariantNames[v], v == hc_mix_default_variant(cuda_be()) ? "*" : " ", (long long)golden[v].n,
             golden[v].frac(), (long long)golden[v].max_ulps, (long long)rnd[v].n, rnd[v].frac(),
             (long long)rnd[v].max_ulps);
         if (v == 0) continue;  // the legacy fp32 sum: measured only
@@ -199,6 +200,72 @@ TEST(CudaHcAccum, GroupVariantsGiveTheCompensatedBits) {
                         << i % (kMix + 1) << ": " << got[i] << " vs " << want[i];
             }
         }
+}
+
+// The fp64 tensor-core sums (fp64-mma: 32 tokens per block, K in 32-column chunks over 4 warps) at
+// shapes that leave blocks and chunks partly empty: 1, 31, 33 and 70 tokens; D = 5120 (16-byte loads),
+// 100 and 72 (K = 400 / 288: a last chunk of 16 columns, K % 8 == 0), 3 (K = 12: one partial chunk,
+// the scalar loads), and X at an offset of one bf16 (misaligned: the scalar loads at V4.1's width).
+// Each sum within 1 ulp of the CPU's fp64 sum, and each token alone gives the bits it has in the batch
+// (at the first and last slot of a block, and in a block of its own).
+TEST(CudaHcAccum, TensorCoreSumsAtPartialBlocksAndChunks) {
+    DS4R_REQUIRE_CUDA();
+    int mma = -1;
+    for (int v = 0; v < kHcMixVariants; ++v)
+        if (std::string(kHcMixVariantNames[v]) == "fp64-mma") mma = v;
+    ASSERT_GE(mma, 0);
+    std::mt19937_64 g(123);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    struct Case {
+        int64_t D, M;
+        bool misaligned;
+    };
+    const bool san = sanitizer_run();
+    const Case cases[] = {{5120, 1, false},  {5120, 33, false}, {100, 31, false}, {72, san ? 33 : 70, false},
+                          {3, 37, false},    {5120, 5, true}};
+    Acc all;
+    for (const Case& c : cases) {
+        const int64_t K = kHc * c.D;
+        // one row of large values (a massive activation) and one all-zero row
+        std::vector<uint16_t> xh(static_cast<size_t>((c.M + 1) * K));
+        for (size_t i = 0; i < xh.size(); ++i) {
+            const int64_t r = static_cast<int64_t>(i) / K;
+            xh[i] = r == c.M / 2 && c.M > 2 ? uint16_t{0} : f32_to_bf16(nd(g) * (r == c.M - 1 ? 500.0f : 1.0f));
+        }
+        std::vector<float> fh(static_cast<size_t>(kMix * K));
+        for (auto& f : fh) f = nd(g) / std::sqrt(static_cast<float>(K));
+        const int64_t off = c.misaligned ? 1 : 0;  // rows start one bf16 past the allocation's start
+        const Tensor buf = on_gpu(DType::BF16, {c.M * K + 1}, xh.data());
+        auto view = [&](int64_t first_elem, int64_t rows) {
+            return tensor_view(static_cast<uint16_t*>(buf.data) + first_elem, DType::BF16, {rows, kHc, c.D});
+        };
+        const Tensor xg = view(off, c.M);
+        const Tensor fg = on_gpu(DType::F32, {kMix, K}, fh.data());
+        const auto ref = cpu_dots(xh.data() + off, fh.data(), c.M, c.D);
+        const auto got = hc_mix_dots(cuda_be(), mma, xg, fg);
+        ASSERT_EQ(got.size(), ref.size());
+        Acc one;
+        one.add(got, ref);
+        EXPECT_LE(one.max_ulps, 1) << "D=" << c.D << " M=" << c.M;
+        all.add(got, ref);
+        for (int64_t r : {int64_t{0}, std::min<int64_t>(31, c.M - 1), c.M - 1}) {
+            const auto alone = hc_mix_dots(cuda_be(), mma, view(r * K + off, 1), fg);
+            EXPECT_EQ(0, std::memcmp(alone.data(), got.data() + r * (kMix + 1), alone.size() * 4))
+                << "D=" << c.D << " M=" << c.M << " row " << r << " alone differs from the batch";
+        }
+    }
+    std::printf("hc_accum fp64-mma partial blocks / chunks: %lld sums, bitwise %.6f, max ulp %lld\n",
+                (long long)all.n, all.frac(), (long long)all.max_ulps);
+    EXPECT_GE(all.frac(), 0.999);
+}
+
+// The kernel sets' mixes: the portable set keeps the compensated sums on every GPU; the Hopper set (on
+// compute capability 9.0) takes the fp64 tensor-core sums.
+TEST(CudaHcAccum, KernelSetsChooseTheirMixes) {
+    DS4R_REQUIRE_CUDA();
+    EXPECT_EQ(select_gemm_kernels(GpuKernels::Portable, 0).hc_mix, kern::HcMixAccum::CompensatedG2);
+    const GemmKernels a = select_gemm_kernels(GpuKernels::Auto, 0);
+    EXPECT_EQ(a.hc_mix, a.hopper ? kern::HcMixAccum::Fp64Mma : kern::HcMixAccum::CompensatedG2);
 }
 
 #endif  // DS4R_HAVE_CUDA

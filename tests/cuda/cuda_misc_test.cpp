@@ -153,7 +153,7 @@ TEST(CudaMisc, HcMixesMatchesCpu) {
             expect_bytes_equal(post, to_host(*cuda(), again.post.g), 4, what + " determinism post");
             expect_bytes_equal(comb, to_host(*cuda(), again.comb.g), 4, what + " determinism comb");
         }
-        // batch invariance (the kernel packs 4 tokens per block: a row alone sits in slot 0)
+        // batch invariance (the kernels pack 2 or 32 tokens per block: a row alone sits in slot 0)
         const std::vector<uint8_t> xs = to_host(cpu(), in.X.c);
         const size_t rb = static_cast<size_t>(kHc * c.D * 2);
         for (int64_t r : probe_rows(c.M)) {

@@ -148,7 +148,8 @@ TEST(BenchKernels, NoFilterTimesEveryRow) {
                              "head_stats, one call, head weights 80 bytes past a 256-byte boundary",
                              "experts w1+w3 fp4 (grouped), fp16 experts, 64-wide K stages",
                              "hc_mixes compensated",
-                             "hc_mixes compensated-g2"})
+                             "hc_mixes compensated-g2",
+                             "hc_mixes fp64-mma"})
         EXPECT_TRUE(has(all.rows, name)) << name;
     // a head_stats call as the passes make them: a chunk's rows (8,192 here), score's 8 alternatives
     const ModelConfig c = make_tiny_base_config(TinyPreset::FullWidth, 1);

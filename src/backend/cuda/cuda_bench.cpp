@@ -381,7 +381,8 @@ kern::HcMixAccum hc_variant(int variant) {
     DS4R_CHECK(variant >= 0 && variant < kHcMixVariants, "bench: hc mix variant %d out of range", variant);
     constexpr kern::HcMixAccum kByIndex[kHcMixVariants] = {kern::HcMixAccum::Fp32, kern::HcMixAccum::Fp64,
                                                            kern::HcMixAccum::Compensated,
-                                                           kern::HcMixAccum::CompensatedG2};
+                                                           kern::HcMixAccum::CompensatedG2,
+                                                           kern::HcMixAccum::Fp64Mma};
     return kByIndex[variant];
 }
 
@@ -456,7 +457,7 @@ public:
     double hc_mixes_ms(int variant, int64_t M, int64_t D, int iters) override {
         return bench_hc_mixes_ms(be_, variant, M, D, iters);
     }
-    int hc_mix_default_variant() const override { return ds4r::hc_mix_default_variant(); }
+    int hc_mix_default_variant() const override { return ds4r::hc_mix_default_variant(be_); }
     void reset_memory_high_water() override { be_.reset_high_water(); }
     size_t memory_high_water() const override { return be_.high_water(); }
 
@@ -466,9 +467,9 @@ private:
 
 }  // namespace
 
-int hc_mix_default_variant() {
+int hc_mix_default_variant(const CudaBackend& be) {
     for (int v = 0; v < kHcMixVariants; ++v)
-        if (hc_variant(v) == kern::kHcMixAccumDefault) return v;
+        if (hc_variant(v) == be.gemm().hc_mix) return v;
     return -1;
 }
 

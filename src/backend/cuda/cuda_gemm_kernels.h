@@ -9,6 +9,7 @@
 
 #include "ds4r/backend.h"
 #include "gemm.cuh"
+#include "hc.cuh"
 #include "quant.cuh"
 
 namespace ds4r {
@@ -28,6 +29,9 @@ struct GemmKernels {
                                     const uint8_t* sw, uint16_t* y, int64_t ldc, int64_t M, int64_t N,
                                     int64_t K, cudaStream_t stream);
     Fp8F16w fp8_f16w = nullptr;
+    // The mHC mixes' sums (kern::HcMixAccum): compensated fp32 on the portable set, fp64 on the tensor
+    // cores with the Hopper kernels (the same accuracy contract, ~10x faster there; docs/PERFORMANCE.md).
+    kern::HcMixAccum hc_mix = kern::kHcMixAccumDefault;
     const char* name() const {
         return fp8_partials ? "hopper wgmma (fp8 partials)" : hopper ? "hopper wgmma" : "portable mma.sync";
     }

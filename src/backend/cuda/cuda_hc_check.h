@@ -12,8 +12,8 @@ namespace ds4r {
 class CudaBackend;
 struct Tensor;
 
-// Index (into kHcMixVariantNames) of the variant the backend runs.
-int hc_mix_default_variant();
+// Index (into kHcMixVariantNames) of the variant `be` runs (its kernel set's, GemmKernels::hc_mix).
+int hc_mix_default_variant(const CudaBackend& be);
 // The rounded sums of the mixes kernel alone with variant `variant`: X BF16 [M, 4, D], fn F32
 // [24, 4 * D] on the device -> host F32 [M, 25]: each token's 24 mix dots, then its sum of squares.
 std::vector<float> hc_mix_dots(CudaBackend& be, int variant, const Tensor& X, const Tensor& fn);

@@ -93,12 +93,13 @@ void CudaBackend::hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scal
     DS4R_CHECK(hc == kern::kHcMult, "cuda hc_mixes: hc = %lld, the kernel supports hc = %d only",
                (long long)hc, kern::kHcMult);
     static_assert(kern::kHcMix == (2 + kern::kHcMult) * kern::kHcMult, "fn rows as opcheck::hc_mixes");
-    check_grid(op, kern::hc_mixes_blocks(M));
+    check_grid(op, kern::hc_mixes_blocks(M, gemm_.hc_mix));
     if (M == 0) return;
     DS4R_CHECK(D > 0, "cuda hc_mixes: D must be positive, got X %s", shape_str(X.shape).c_str());
     DS4R_CUDA_CHECK(kern::launch_hc_mixes(
         X.ptr<uint16_t>(), fn.ptr<float>(), scale.ptr<float>(), base.ptr<float>(), M, D, mean_factor(hc * D),
-        norm_eps, hc_eps, iters, pre.ptr<float>(), post.ptr<float>(), comb.ptr<float>(), stream()));
+        norm_eps, hc_eps, iters, pre.ptr<float>(), post.ptr<float>(), comb.ptr<float>(), stream(),
+        gemm_.hc_mix));
 }
 
 void CudaBackend::hc_pre(const Tensor& X, const Tensor& mix, const Tensor& y) {
