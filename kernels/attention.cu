@@ -28,93 +28,118 @@ __global__ void attn_indices_kernel(const int32_t* __restrict__ qpos, int64_t m,
 }
 
 // ------------------------------------------------------------------ sparse attention
-// One CTA per (query row, group of 16 heads): 8 warps, 256 threads. The reference runs one CTA per
-// query with all 64 heads (it has 227 KB of shared memory on Hopper); sm_86 has 99 KB per block, so
-// the 64 x hd K tile (66.5 KB with padding) plus the group's Q (16.6 KB) fill one CTA and the 64
-// heads take 4 CTAs, each gathering the row's KV tiles itself (4 reads of the 640 KB of a 640-slot
-// row; the CTAs of one row are launched next to each other, so the repeats mostly hit L2).
+// ------------------------------------------------------------------ sparse attention
+// One CTA per (query row, group of HG heads), NW warps. The reference runs one CTA per query with all
+// 64 heads (it has 227 KB of shared memory on Hopper). Two shapes of the same algorithm:
+//   - HG = 16, 8 warps, one K tile (the portable kernels): sm_86 has 99 KB per block, so the 64 x hd K
+//     tile (66.5 KB with padding) plus the group's Q (16.6 KB) fill one CTA and the 64 heads take 4
+//     CTAs, each gathering the row's KV tiles itself (4 reads of the 640 KB of a 640-slot row; the CTAs
+//     of one row are launched next to each other, so the repeats mostly hit L2);
+//   - HG = 64, 16 warps, two K tiles (the Hopper kernel set, 158-223 KB): one gather per row, the next
+//     tile's gather in flight while this one is computed, and 2 (S) / 4 (PV) independent MMA chains per
+//     warp instead of 1.
+// Every output element's operations are the same in both (the MMA chains, their order, the softmax
+// steps), so they give the same bits (CudaAttention.SparseAttnWideCtaGivesTheNarrowBits).
 //
 // Per 64-slot tile (slots t0..t0+63, slots past n_idx count as -1; all-empty tiles are skipped, which
 // is numerically inert, docs/MODEL.md 6.4):
 //   1. slot -> row pointer (null = empty); cp.async gather of the 64 rows into k_s (zeros if empty).
-//   2. S[16 heads, 64 slots]: warp w computes slots 8w..8w+7 over all hd (one m16n8 tile, hd/16 MMAs
-//      chained in k order), then S *= scale in fp32; empty slots -inf.
-//   3. Softmax step per head (16 threads per head, 4 slots each): tile max by butterfly (max is
+//   2. S[heads, 64 slots]: one m16n8 tile (16 heads x 8 slots) at a time over all hd (hd/16 MMAs chained
+//      in k order), then S *= scale in fp32; empty slots -inf.
+//   3. Softmax step per head (TPH threads per head, 64 / TPH slots each): tile max by butterfly (max is
 //      exact), M_new = max(M, tile max), p = expf(S - M_new) in fp32, bf16(p) staged for the PV MMA;
 //      one thread per head sums the 64 fp32 p sequentially (slot order) and updates
 //      sum = sum * alpha + tsum (alpha = expf(M - M_new)), as the CPU reference.
-//   4. PV: warp w owns output dims w*hd/8.., one n8 tile at a time: pv = P(bf16) . V over the 64
+//   4. PV: warp w owns output dims w*hd/NW.., one m16n8 tile at a time: pv = P(bf16) . V over the 64
 //      slots (4 chained MMAs, V fragments by ldmatrix.trans from the same k_s), then
 //      acc = acc * alpha + pv (two fp32 roundings, as the CPU reference).
 // After the last tile: sum += expf(sink - M) (raw, unscaled sink logit), o = bf16(acc / sum).
 constexpr int kSaTile = 64;
-constexpr int kSaHeads = 16;
-constexpr int kSaWarps = 8;
-constexpr int kSaThreads = kSaWarps * 32;
 
-template <int HD>
-struct SaLayout {
+template <int HD, int HG, int NW, bool kPipe>
+struct SaCfg {
+    static constexpr int kThreads = NW * 32;
+    static constexpr bool kPipelined = kPipe;
+    static constexpr int kBufs = kPipe ? 2 : 1;  // K tiles (and their row pointers) in shared memory
+    static constexpr int MT = HG / 16;           // m16 head tiles
+    static constexpr int STW = MT * (kSaTile / 8) / NW;  // S tiles (m16 x n8) per warp
+    static constexpr int DW = HD / NW;                   // PV output dims per warp
+    static constexpr int NTW = DW / 8;                   // n8 tiles per warp in the PV product
+    static constexpr int TPH = kThreads / HG;            // softmax threads per head
+    static constexpr int SPT = kSaTile / TPH;            // softmax slots per thread
+    static_assert(HG % 16 == 0 && HD % 64 == 0, "head group, head dim");
+    static_assert(STW >= 1 && STW * NW == MT * (kSaTile / 8), "S tiles split evenly over the warps");
+    static_assert(NTW >= 1 && NTW * 8 * NW == HD, "PV dims split evenly over the warps");
+    static_assert(TPH >= 1 && TPH <= 32 && (TPH & (TPH - 1)) == 0 && SPT * TPH == kSaTile, "softmax split");
     static constexpr int KS = HD + 8;       // bf16 row stride of k_s and q_s (ldmatrix / lds conflict-free)
     static constexpr int SS = kSaTile + 4;  // f32 row stride of s_s
     static constexpr int PS = kSaTile + 8;  // bf16 row stride of p_s
-    static constexpr size_t k_off = 0;      // bf16 [64][KS]
-    static constexpr size_t q_off = k_off + size_t(kSaTile) * KS * 2;              // bf16 [16][KS]
-    static constexpr size_t s_off = q_off + size_t(kSaHeads) * KS * 2;             // f32 [16][SS]
-    static constexpr size_t p_off = s_off + size_t(kSaHeads) * SS * 4;             // bf16 [16][PS]
-    static constexpr size_t row_off = p_off + size_t(kSaHeads) * PS * 2;           // row pointers [64]
-    static constexpr size_t stat_off = row_off + size_t(kSaTile) * sizeof(void*);  // f32 [4][16]
-    static constexpr size_t bytes = stat_off + 4 * kSaHeads * sizeof(float);
+    static constexpr size_t k_off = 0;      // bf16 [kBufs][64][KS]
+    static constexpr size_t q_off = k_off + size_t(kBufs) * kSaTile * KS * 2;           // bf16 [HG][KS]
+    static constexpr size_t s_off = q_off + size_t(HG) * KS * 2;                        // f32 [HG][SS]
+    static constexpr size_t p_off = s_off + size_t(HG) * SS * 4;                        // bf16 [HG][PS]
+    static constexpr size_t row_off = p_off + size_t(HG) * PS * 2;                      // [kBufs][64] rows
+    static constexpr size_t stat_off = row_off + size_t(kBufs) * kSaTile * sizeof(void*);  // f32 [4][HG]
+    static constexpr size_t bytes = stat_off + 4 * HG * sizeof(float);
     static_assert(q_off % 16 == 0 && s_off % 16 == 0 && p_off % 16 == 0 && row_off % 16 == 0,
                   "smem alignment");
 };
-
+// The portable shape (<= 99 KB for hd <= 512) and the Hopper one (hd 64: 8 warps, so that each warp's PV
+// dims fill an n8 tile).
 template <int HD>
-__global__ void __launch_bounds__(kSaThreads, 1)
+using SaNarrow = SaCfg<HD, 16, 8, false>;
+template <int HD>
+using SaWide = SaCfg<HD, 64, 8, true>;
+
+template <int HD, class C>
+__global__ void __launch_bounds__(C::kThreads, 1)
     sparse_attn_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ win_kv,
                        const uint16_t* __restrict__ cmp_kv, const float* __restrict__ sink,
                        const int32_t* __restrict__ idx, uint16_t* __restrict__ o, int64_t H, int64_t s,
                        int64_t T, int64_t n_idx, float scale, int64_t groups) {
-    using L = SaLayout<HD>;
-    constexpr int KS = L::KS, SS = L::SS, PS = L::PS;
+    constexpr int HG = C::MT * 16, NT = C::kThreads;
+    constexpr int KS = C::KS, SS = C::SS, PS = C::PS;
     constexpr int KSTEPS = HD / 16;
-    constexpr int DW = HD / kSaWarps;  // output dims per warp
-    constexpr int NTW = DW / 8;        // n8 tiles per warp in the PV product
-    constexpr int C8 = HD / 8;         // 16-byte chunks per row
-    static_assert(HD % 64 == 0, "head dim");
+    constexpr int C8 = HD / 8;  // 16-byte chunks per row
     extern __shared__ __align__(16) uint8_t smem[];
-    uint16_t* k_s = reinterpret_cast<uint16_t*>(smem + L::k_off);
-    uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + L::q_off);
-    float* s_s = reinterpret_cast<float*>(smem + L::s_off);
-    uint16_t* p_s = reinterpret_cast<uint16_t*>(smem + L::p_off);
-    const uint16_t** rows_s = reinterpret_cast<const uint16_t**>(smem + L::row_off);
-    float* m_s = reinterpret_cast<float*>(smem + L::stat_off);  // running max per head
-    float* mnew_s = m_s + kSaHeads;                             // this tile's new max
-    float* sum_s = mnew_s + kSaHeads;                           // running denominator
-    float* alpha_s = sum_s + kSaHeads;                          // this tile's rescale factor
+    uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + C::q_off);
+    float* s_s = reinterpret_cast<float*>(smem + C::s_off);
+    uint16_t* p_s = reinterpret_cast<uint16_t*>(smem + C::p_off);
+    float* m_s = reinterpret_cast<float*>(smem + C::stat_off);  // running max per head
+    float* mnew_s = m_s + HG;                                   // this tile's new max
+    float* sum_s = mnew_s + HG;                                 // running denominator
+    float* alpha_s = sum_s + HG;                                // this tile's rescale factor
+    auto k_buf = [&](int b) { return reinterpret_cast<uint16_t*>(smem + C::k_off) + b * kSaTile * KS; };
+    auto rows_buf = [&](int b) { return reinterpret_cast<const uint16_t**>(smem + C::row_off) + b * kSaTile; };
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
     const int64_t r = static_cast<int64_t>(blockIdx.x) / groups;
-    const int64_t h0 = (static_cast<int64_t>(blockIdx.x) % groups) * kSaHeads;
+    const int64_t h0 = (static_cast<int64_t>(blockIdx.x) % groups) * HG;
 
-    for (int c = tid; c < kSaHeads * C8; c += kSaThreads) {
+    for (int c = tid; c < HG * C8; c += NT) {
         const int hr = c / C8, col = c % C8;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (h0 + hr < H) v = *reinterpret_cast<const uint4*>(q + ((r * H + h0 + hr) * HD + col * 8));
         *reinterpret_cast<uint4*>(&q_s[hr * KS + col * 8]) = v;
     }
-    if (tid < kSaHeads) {
+    if (tid < HG) {
         m_s[tid] = -1e30f;  // finite seed: an all-empty row ends with zeros, not NaN (docs/MODEL.md 5.4)
         sum_s[tid] = 0.0f;
     }
-    float acc[NTW][4];
+    float acc[C::MT][C::NTW][4];
 #pragma unroll
-    for (int nt = 0; nt < NTW; ++nt)
+    for (int mt = 0; mt < C::MT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+        for (int nt = 0; nt < C::NTW; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
 
     const int32_t* irow = idx + r * n_idx;
-    for (int64_t t0 = 0; t0 < n_idx; t0 += kSaTile) {
-        __syncthreads();  // the previous tile's reads of k_s / p_s / rows_s / alpha_s are done
+    // Tile t0's row pointers into rows buffer b and, when any slot is filled, its gather into K buffer b
+    // (one cp.async group, committed either way). Contains a barrier; returns whether any slot is filled
+    // (the same on every thread).
+    auto stage = [&](int64_t t0, int b) {
+        const uint16_t** rows = rows_buf(b);
         int any = 0;
         if (tid < kSaTile) {
             const int64_t slot = t0 + tid;
@@ -124,70 +149,87 @@ __global__ void __launch_bounds__(kSaThreads, 1)
                 p = win_kv + j * HD;
             else if (j >= s && j < s + T)
                 p = cmp_kv + (j - s) * HD;
-            rows_s[tid] = p;
+            rows[tid] = p;
             any = p != nullptr;
         }
-        if (!__syncthreads_or(any)) continue;  // uniform: an all-empty tile changes nothing
-
-        for (int c = tid; c < kSaTile * C8; c += kSaThreads) {
-            const int row = c / C8, col = c % C8;
-            const uint16_t* p = rows_s[row];
-            uint16_t* dst = &k_s[row * KS + col * 8];
-            if (p)
-                cp_async16(dst, p + col * 8, 16);
-            else
-                *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+        const bool filled = __syncthreads_or(any) != 0;
+        if (filled) {
+            uint16_t* k_s = k_buf(b);
+            for (int c = tid; c < kSaTile * C8; c += NT) {
+                const int row = c / C8, col = c % C8;
+                const uint16_t* p = rows[row];
+                uint16_t* dst = &k_s[row * KS + col * 8];
+                if (p)
+                    cp_async16(dst, p + col * 8, 16);
+                else
+                    *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+            }
         }
         cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-
-        // S for slots 8*warp .. 8*warp + 7
+        return filled;
+    };
+    // One filled tile from K buffer b (its gather landed and is visible to every thread).
+    auto compute = [&](int b) {
+        const uint16_t* k_s = k_buf(b);
+        const uint16_t* const* rows = rows_buf(b);
+        // S: tiles warp * STW .. (m16 head tile i / 8, slots 8 * (i % 8) ..), chains interleaved
         {
-            float c4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 8
+            float c4[C::STW][4];
+#pragma unroll
+            for (int j = 0; j < C::STW; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) c4[j][e] = 0.0f;
+#pragma unroll 4
             for (int ks = 0; ks < KSTEPS; ++ks) {
-                uint32_t a[4];
-                const uint16_t* qa = &q_s[g * KS + ks * 16 + 2 * qd];
-                a[0] = ld_shared_u32(qa);
-                a[1] = ld_shared_u32(qa + 8 * KS);
-                a[2] = ld_shared_u32(qa + 8);
-                a[3] = ld_shared_u32(qa + 8 * KS + 8);
-                const uint16_t* kp = &k_s[(warp * 8 + g) * KS + ks * 16 + 2 * qd];
-                mma_bf16_16816(c4, a, ld_shared_u32(kp), ld_shared_u32(kp + 8));
+#pragma unroll
+                for (int j = 0; j < C::STW; ++j) {
+                    const int i = warp * C::STW + j, mt = i / 8, nt = i % 8;
+                    uint32_t a[4];
+                    const uint16_t* qa = &q_s[(16 * mt + g) * KS + ks * 16 + 2 * qd];
+                    a[0] = ld_shared_u32(qa);
+                    a[1] = ld_shared_u32(qa + 8 * KS);
+                    a[2] = ld_shared_u32(qa + 8);
+                    a[3] = ld_shared_u32(qa + 8 * KS + 8);
+                    const uint16_t* kp = &k_s[(nt * 8 + g) * KS + ks * 16 + 2 * qd];
+                    mma_bf16_16816(c4[j], a, ld_shared_u32(kp), ld_shared_u32(kp + 8));
+                }
             }
-            const int key = warp * 8 + 2 * qd;
-            const bool v0 = rows_s[key] != nullptr, v1 = rows_s[key + 1] != nullptr;
-            s_s[g * SS + key] = v0 ? __fmul_rn(c4[0], scale) : -INFINITY;
-            s_s[g * SS + key + 1] = v1 ? __fmul_rn(c4[1], scale) : -INFINITY;
-            s_s[(g + 8) * SS + key] = v0 ? __fmul_rn(c4[2], scale) : -INFINITY;
-            s_s[(g + 8) * SS + key + 1] = v1 ? __fmul_rn(c4[3], scale) : -INFINITY;
+#pragma unroll
+            for (int j = 0; j < C::STW; ++j) {
+                const int i = warp * C::STW + j, mt = i / 8, nt = i % 8;
+                const int key = nt * 8 + 2 * qd, h = 16 * mt + g;
+                const bool v0 = rows[key] != nullptr, v1 = rows[key + 1] != nullptr;
+                s_s[h * SS + key] = v0 ? __fmul_rn(c4[j][0], scale) : -INFINITY;
+                s_s[h * SS + key + 1] = v1 ? __fmul_rn(c4[j][1], scale) : -INFINITY;
+                s_s[(h + 8) * SS + key] = v0 ? __fmul_rn(c4[j][2], scale) : -INFINITY;
+                s_s[(h + 8) * SS + key + 1] = v1 ? __fmul_rn(c4[j][3], scale) : -INFINITY;
+            }
         }
         __syncthreads();
 
-        // softmax step: head h = tid / 16, slots 4 * (tid % 16) ..
+        // softmax step: head h = tid / TPH, slots SPT * (tid % TPH) ..
         {
-            const int h = tid >> 4, sub = tid & 15;
-            float sv[4], tmax = -INFINITY;
+            const int h = tid / C::TPH, sub = tid % C::TPH;
+            float sv[C::SPT], tmax = -INFINITY;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                sv[e] = s_s[h * SS + sub * 4 + e];
+            for (int e = 0; e < C::SPT; ++e) {
+                sv[e] = s_s[h * SS + sub * C::SPT + e];
                 tmax = fmaxf(tmax, sv[e]);
             }
 #pragma unroll
-            for (int off = 8; off >= 1; off >>= 1)
+            for (int off = C::TPH / 2; off >= 1; off >>= 1)
                 tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
             const float mnew = fmaxf(m_s[h], tmax);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
+            for (int e = 0; e < C::SPT; ++e) {
                 const float p = expf(sv[e] - mnew);  // empty slot: expf(-inf) = 0
-                s_s[h * SS + sub * 4 + e] = p;
-                p_s[h * PS + sub * 4 + e] = f32_to_bf16_bits(p);  // probabilities rounded before PV
+                s_s[h * SS + sub * C::SPT + e] = p;
+                p_s[h * PS + sub * C::SPT + e] = f32_to_bf16_bits(p);  // probabilities rounded before PV
             }
             if (sub == 0) mnew_s[h] = mnew;
         }
         __syncthreads();
-        if (tid < kSaHeads) {
+        if (tid < HG) {
             float tsum = 0.0f;
             for (int i = 0; i < kSaTile; ++i) tsum = __fadd_rn(tsum, s_s[tid * SS + i]);
             const float alpha = expf(m_s[tid] - mnew_s[tid]);
@@ -198,64 +240,100 @@ __global__ void __launch_bounds__(kSaThreads, 1)
         __syncthreads();
 
         // acc = acc * alpha + P . V for dims warp * DW ..
-        {
-            const float al0 = alpha_s[g], al1 = alpha_s[g + 8];
 #pragma unroll
-            for (int nt = 0; nt < NTW; ++nt) {
-                const int n0 = warp * DW + nt * 8;
-                float pv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int nt = 0; nt < C::NTW; ++nt) {
+            const int n0 = warp * C::DW + nt * 8;
+            float pv[C::MT][4];
 #pragma unroll
-                for (int kk = 0; kk < kSaTile / 16; ++kk) {
+            for (int mt = 0; mt < C::MT; ++mt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) pv[mt][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < kSaTile / 16; ++kk) {
+                uint32_t b0, b1;
+                ldmatrix_x2_trans(b0, b1, &k_s[(kk * 16 + (lane & 15)) * KS + n0]);
+#pragma unroll
+                for (int mt = 0; mt < C::MT; ++mt) {
                     uint32_t a[4];
-                    const uint16_t* pa = &p_s[g * PS + kk * 16 + 2 * qd];
+                    const uint16_t* pa = &p_s[(16 * mt + g) * PS + kk * 16 + 2 * qd];
                     a[0] = ld_shared_u32(pa);
                     a[1] = ld_shared_u32(pa + 8 * PS);
                     a[2] = ld_shared_u32(pa + 8);
                     a[3] = ld_shared_u32(pa + 8 * PS + 8);
-                    uint32_t b0, b1;
-                    ldmatrix_x2_trans(b0, b1, &k_s[(kk * 16 + (lane & 15)) * KS + n0]);
-                    mma_bf16_16816(pv, a, b0, b1);
+                    mma_bf16_16816(pv[mt], a, b0, b1);
                 }
-                acc[nt][0] = __fadd_rn(__fmul_rn(acc[nt][0], al0), pv[0]);
-                acc[nt][1] = __fadd_rn(__fmul_rn(acc[nt][1], al0), pv[1]);
-                acc[nt][2] = __fadd_rn(__fmul_rn(acc[nt][2], al1), pv[2]);
-                acc[nt][3] = __fadd_rn(__fmul_rn(acc[nt][3], al1), pv[3]);
             }
+#pragma unroll
+            for (int mt = 0; mt < C::MT; ++mt) {
+                const float al0 = alpha_s[16 * mt + g], al1 = alpha_s[16 * mt + g + 8];
+                acc[mt][nt][0] = __fadd_rn(__fmul_rn(acc[mt][nt][0], al0), pv[mt][0]);
+                acc[mt][nt][1] = __fadd_rn(__fmul_rn(acc[mt][nt][1], al0), pv[mt][1]);
+                acc[mt][nt][2] = __fadd_rn(__fmul_rn(acc[mt][nt][2], al1), pv[mt][2]);
+                acc[mt][nt][3] = __fadd_rn(__fmul_rn(acc[mt][nt][3], al1), pv[mt][3]);
+            }
+        }
+    };
+
+    if constexpr (C::kPipelined) {
+        // tile t + 1's gather into the other buffer is in flight while tile t is computed
+        bool cur = stage(0, 0);
+        int b = 0;
+        for (int64_t t0 = 0; t0 < n_idx; t0 += kSaTile, b ^= 1) {
+            bool next = false;
+            if (t0 + kSaTile < n_idx)
+                next = stage(t0 + kSaTile, b ^ 1);  // buffer b ^ 1's last reader (tile t - 1) is done
+            else
+                cp_async_commit();  // an empty group: "all but the newest group" is tile t's
+            cp_async_wait<1>();
+            __syncthreads();  // tile t's rows landed for every thread
+            if (cur) compute(b);
+            __syncthreads();  // tile t's reads of k_s / p_s / rows / alpha_s are done
+            cur = next;
+        }
+    } else {
+        for (int64_t t0 = 0; t0 < n_idx; t0 += kSaTile) {
+            __syncthreads();  // the previous tile's reads of k_s / p_s / rows / alpha_s are done
+            if (!stage(t0, 0)) continue;  // uniform: an all-empty tile changes nothing
+            cp_async_wait<0>();
+            __syncthreads();
+            compute(0);
         }
     }
     __syncthreads();
-    if (tid < kSaHeads && h0 + tid < H)
+    if (tid < HG && h0 + tid < H)
         sum_s[tid] = __fadd_rn(sum_s[tid], expf(sink[h0 + tid] - m_s[tid]));  // sink: raw logit, no value
     __syncthreads();
 #pragma unroll
-    for (int nt = 0; nt < NTW; ++nt) {
-        const int d = warp * DW + nt * 8 + 2 * qd;
+    for (int mt = 0; mt < C::MT; ++mt)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int hr = g + 8 * half;
-            if (h0 + hr >= H) continue;
-            const float den = sum_s[hr];
-            const uint16_t v0 = f32_to_bf16_bits(acc[nt][2 * half] / den);
-            const uint16_t v1 = f32_to_bf16_bits(acc[nt][2 * half + 1] / den);
-            *reinterpret_cast<uint32_t*>(o + (r * H + h0 + hr) * HD + d) = pack_bf16x2(v0, v1);
+        for (int nt = 0; nt < C::NTW; ++nt) {
+            const int d = warp * C::DW + nt * 8 + 2 * qd;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int hr = 16 * mt + g + 8 * half;
+                if (h0 + hr >= H) continue;
+                const float den = sum_s[hr];
+                const uint16_t v0 = f32_to_bf16_bits(acc[mt][nt][2 * half] / den);
+                const uint16_t v1 = f32_to_bf16_bits(acc[mt][nt][2 * half + 1] / den);
+                *reinterpret_cast<uint32_t*>(o + (r * H + h0 + hr) * HD + d) = pack_bf16x2(v0, v1);
+            }
         }
-    }
 }
 
-template <int HD>
+template <int HD, class C>
 cudaError_t launch_sa(const uint16_t* q, const uint16_t* win_kv, const uint16_t* cmp_kv, const float* sink,
                       const int32_t* idx, uint16_t* o, int64_t m, int64_t H, int64_t s, int64_t T,
                       int64_t n_idx, float scale, cudaStream_t stream) {
-    const size_t bytes = SaLayout<HD>::bytes;
+    constexpr size_t bytes = C::bytes;
     cudaError_t err = cudaFuncSetAttribute(
-        sparse_attn_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+        sparse_attn_kernel<HD, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
     if (err != cudaSuccess) return err;
-    const int64_t groups = (H + kSaHeads - 1) / kSaHeads;
-    sparse_attn_kernel<HD><<<static_cast<unsigned>(m * groups), kSaThreads, bytes, stream>>>(
+    constexpr int64_t kHeads = C::MT * 16;
+    const int64_t groups = (H + kHeads - 1) / kHeads;
+    sparse_attn_kernel<HD, C><<<static_cast<unsigned>(m * groups), C::kThreads, bytes, stream>>>(
         q, win_kv, cmp_kv, sink, idx, o, H, s, T, n_idx, scale, groups);
     return cudaGetLastError();
 }
-
 }  // namespace
 
 cudaError_t launch_attn_indices(const int32_t* qpos, int64_t m, int64_t window, int64_t W,
@@ -273,38 +351,64 @@ bool sparse_attn_supported_dim(int64_t hd) {
     return hd == 64 || hd == 128 || hd == 256 || hd == 512;
 }
 
-size_t sparse_attn_smem_bytes(int64_t hd) {
+int64_t sparse_attn_heads_per_cta(SparseAttnCta cta) {
+    return cta == SparseAttnCta::Heads64 ? 64 : 16;
+}
+
+namespace {
+
+// f.template run<HD, C>() for the runtime head dim and CTA shape; `fallback` where hd is not instantiated.
+template <class R, class F>
+R with_sa_cfg(int64_t hd, SparseAttnCta cta, R fallback, const F& f) {
+    const bool wide = cta == SparseAttnCta::Heads64;
     switch (hd) {
         case 64:
-            return SaLayout<64>::bytes;
+            return wide ? f.template run<64, SaWide<64>>() : f.template run<64, SaNarrow<64>>();
         case 128:
-            return SaLayout<128>::bytes;
+            return wide ? f.template run<128, SaWide<128>>() : f.template run<128, SaNarrow<128>>();
         case 256:
-            return SaLayout<256>::bytes;
+            return wide ? f.template run<256, SaWide<256>>() : f.template run<256, SaNarrow<256>>();
         case 512:
-            return SaLayout<512>::bytes;
+            return wide ? f.template run<512, SaWide<512>>() : f.template run<512, SaNarrow<512>>();
         default:
-            return 0;
+            return fallback;
     }
+}
+
+struct SaBytes {
+    template <int HD, class C>
+    size_t run() const {
+        return C::bytes;
+    }
+};
+
+struct SaLaunch {
+    const uint16_t *q, *win_kv, *cmp_kv;
+    const float* sink;
+    const int32_t* idx;
+    uint16_t* o;
+    int64_t m, H, s, T, n_idx;
+    float scale;
+    cudaStream_t stream;
+    template <int HD, class C>
+    cudaError_t run() const {
+        return launch_sa<HD, C>(q, win_kv, cmp_kv, sink, idx, o, m, H, s, T, n_idx, scale, stream);
+    }
+};
+
+}  // namespace
+
+size_t sparse_attn_smem_bytes(int64_t hd, SparseAttnCta cta) {
+    return with_sa_cfg(hd, cta, size_t{0}, SaBytes{});
 }
 
 cudaError_t launch_sparse_attn(const uint16_t* q, const uint16_t* win_kv, const uint16_t* cmp_kv,
                                const float* sink, const int32_t* idx, uint16_t* o, int64_t m, int64_t H,
                                int64_t hd, int64_t s, int64_t T, int64_t n_idx, float scale,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, SparseAttnCta cta) {
     if (m == 0 || H == 0) return cudaSuccess;
-    switch (hd) {
-        case 64:
-            return launch_sa<64>(q, win_kv, cmp_kv, sink, idx, o, m, H, s, T, n_idx, scale, stream);
-        case 128:
-            return launch_sa<128>(q, win_kv, cmp_kv, sink, idx, o, m, H, s, T, n_idx, scale, stream);
-        case 256:
-            return launch_sa<256>(q, win_kv, cmp_kv, sink, idx, o, m, H, s, T, n_idx, scale, stream);
-        case 512:
-            return launch_sa<512>(q, win_kv, cmp_kv, sink, idx, o, m, H, s, T, n_idx, scale, stream);
-        default:
-            return cudaErrorInvalidValue;
-    }
+    return with_sa_cfg(hd, cta, cudaErrorInvalidValue,
+                       SaLaunch{q, win_kv, cmp_kv, sink, idx, o, m, H, s, T, n_idx, scale, stream});
 }
 
 }  // namespace ds4r::kern

@@ -16,8 +16,13 @@ cudaError_t launch_attn_indices(const int32_t* qpos, int64_t m, int64_t window, 
 
 // Head dims sparse_attn is instantiated for.
 bool sparse_attn_supported_dim(int64_t hd);
-// Dynamic shared memory one sparse_attn CTA uses for head dim hd (<= 99 KB for hd <= 512).
-size_t sparse_attn_smem_bytes(int64_t hd);
+// The sparse attention's CTA shape (attention.cu): 16 heads per CTA in <= 99 KB of shared memory (every
+// GPU; the portable kernel set), or 64 heads per CTA with the next K tile's gather in flight (up to 223 KB:
+// compute capability 8.0 / 9.0; the Hopper kernel set). The same operations per output: the same bits.
+enum class SparseAttnCta { Heads16, Heads64 };
+int64_t sparse_attn_heads_per_cta(SparseAttnCta cta);
+// Dynamic shared memory one sparse_attn CTA uses for head dim hd (Heads16: <= 99 KB for hd <= 512).
+size_t sparse_attn_smem_bytes(int64_t hd, SparseAttnCta cta = SparseAttnCta::Heads16);
 
 // o BF16 [m, H, hd] from q BF16 [m, H, hd], win_kv BF16 [s, hd], cmp_kv BF16 [T, hd] (T may be 0,
 // pointer then unused), sink F32 [H], idx I32 [m, n_idx] (j < s: win_kv[j]; s <= j < s + T:
@@ -29,6 +34,6 @@ size_t sparse_attn_smem_bytes(int64_t hd);
 cudaError_t launch_sparse_attn(const uint16_t* q, const uint16_t* win_kv, const uint16_t* cmp_kv,
                                const float* sink, const int32_t* idx, uint16_t* o, int64_t m, int64_t H,
                                int64_t hd, int64_t s, int64_t T, int64_t n_idx, float scale,
-                               cudaStream_t stream);
+                               cudaStream_t stream, SparseAttnCta cta = SparseAttnCta::Heads16);
 
 }  // namespace ds4r::kern

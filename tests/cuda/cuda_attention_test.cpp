@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "attention.cuh"
+#include "backend/cuda/cuda_backend.h"
 #include "cuda_test_util.h"
 #include "ds4r/numeric.h"
 
@@ -281,5 +283,56 @@ TEST(CudaAttention, SparseAttnBatchInvariantAndDeterministic) {
         const auto one = gpu_bf16(o1.g);
         EXPECT_TRUE(std::equal(one.begin(), one.end(), all.begin() + r * rq))
             << "sparse_attn: row " << r << " differs when computed alone";
+    }
+}
+
+// The Hopper kernel set's CTA shape (64 heads per CTA, the next tile's gather in flight) gives the
+// portable shape's bits (16 heads per CTA): the real shape, a short sequence, a partial head group (20
+// heads), hd 256 without compressed rows, the tiny shape, an all-empty row and trailing empty tiles.
+TEST(CudaAttention, SparseAttnWideCtaGivesTheNarrowBits) {
+    DS4R_REQUIRE_CUDA();
+    auto* cb = dynamic_cast<CudaBackend*>(cuda());
+    ASSERT_NE(cb, nullptr);
+    if (kern::sparse_attn_smem_bytes(512, kern::SparseAttnCta::Heads64) > cb->props().sharedMemPerBlockOptin)
+        GTEST_SKIP() << "the 64-head CTA needs more shared memory per block than this GPU allows";
+    std::vector<int32_t> tiny_pos;
+    for (int32_t p = 0; p < 40; ++p) tiny_pos.push_back(p);
+    const bool small = sanitizer_run();
+    const AttnCase cases[] = {{64, 512, 1024, 512, 128, 512, 2, real_positions(1024, small)},
+                              {64, 512, 100, 50, 128, 512, 2, {0, 1, 49, 98, 99}},
+                              {20, 128, 300, 300, 128, 512, 1, {0, 5, 150, 299}},
+                              {16, 256, 70, 0, 128, 512, 2, {0, 33, 69}},
+                              {4, 64, 40, 20, 16, 8, 2, tiny_pos},
+                              {130, 64, 200, 100, 128, 512, 2, {0, 17, 130, 199}}};
+    int ci = 0;
+    for (const AttnCase& c : cases) {
+        AttnInputs in = make_attn_inputs(c, 700 + ci);
+        // case 1: row 1 all empty, and 70 trailing empty slots on every row (a full empty tile + a part)
+        int64_t n_idx = in.n_idx;
+        std::vector<int32_t> idx = in.idx_host;
+        if (ci == 1) {
+            const int64_t n2 = n_idx + 70;
+            std::vector<int32_t> padded(static_cast<size_t>(in.m * n2), -1);
+            for (int64_t r = 0; r < in.m; ++r)
+                for (int64_t k = 0; k < n_idx && r != 1; ++k)
+                    padded[static_cast<size_t>(r * n2 + k)] = idx[static_cast<size_t>(r * n_idx + k)];
+            idx = padded;
+            n_idx = n2;
+        }
+        const Pair pidx = i32_pair(idx, {in.m, n_idx});
+        std::vector<uint16_t> out[2];
+        for (int w = 0; w < 2; ++w) {
+            const Pair o = make_output(DType::BF16, {in.m, c.H, c.hd});
+            ASSERT_EQ(cudaSuccess,
+                      kern::launch_sparse_attn(in.q.g.ptr<uint16_t>(), in.win.g.ptr<uint16_t>(),
+                                               c.T > 0 ? in.cmp.g.ptr<uint16_t>() : nullptr,
+                                               in.sink.g.ptr<float>(), pidx.g.ptr<int32_t>(), o.g.ptr<uint16_t>(),
+                                               in.m, c.H, c.hd, c.s, c.T, n_idx, attn_scale(c.hd), cb->stream(),
+                                               w ? kern::SparseAttnCta::Heads64 : kern::SparseAttnCta::Heads16));
+            out[w] = gpu_bf16(o.g);
+        }
+        EXPECT_EQ(out[0], out[1]) << "case " << ci << " (" << c.H << " heads x " << c.hd << ", " << n_idx
+                                  << " slots): the 64-head CTA differs from the 16-head one";
+        ++ci;
     }
 }

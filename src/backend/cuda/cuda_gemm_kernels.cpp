@@ -51,8 +51,12 @@ GemmKernels select_gemm_kernels(GpuKernels choice, int device) {
         k.grouped_fp4 = kern::launch_grouped_gemm_fp4;
         k.bf16 = kern::launch_gemm_bf16;
     }
-    // Both Hopper sets (compute capability 9.0: fp64 tensor cores) take the mixes' fp64 GEMM.
-    if (k.hopper) k.hc_mix = kern::HcMixAccum::Fp64Mma;
+    // Both Hopper sets (compute capability 9.0: fp64 tensor cores, 227 KB of shared memory per block) take
+    // the mixes' fp64 GEMM and the 64-head attention CTAs.
+    if (k.hopper) {
+        k.hc_mix = kern::HcMixAccum::Fp64Mma;
+        k.attn_cta = kern::SparseAttnCta::Heads64;
+    }
     return k;
 }
 

@@ -9,6 +9,7 @@
 
 #include "ds4r/backend.h"
 #include "gemm.cuh"
+#include "attention.cuh"
 #include "hc.cuh"
 #include "quant.cuh"
 
@@ -32,6 +33,9 @@ struct GemmKernels {
     // The mHC mixes' sums (kern::HcMixAccum): compensated fp32 on the portable set, fp64 on the tensor
     // cores with the Hopper kernels (the same accuracy contract, ~10x faster there; docs/PERFORMANCE.md).
     kern::HcMixAccum hc_mix = kern::kHcMixAccumDefault;
+    // The sparse attention's CTA shape: 16 heads (<= 99 KB of shared memory, every GPU) or, with the Hopper
+    // kernels, 64 heads with the next tile's gather in flight (223 KB; the same bits).
+    kern::SparseAttnCta attn_cta = kern::SparseAttnCta::Heads16;
     const char* name() const {
         return fp8_partials ? "hopper wgmma (fp8 partials)" : hopper ? "hopper wgmma" : "portable mma.sync";
     }

@@ -124,15 +124,17 @@ void CudaBackend::sparse_attn(const Tensor& q, const Tensor& win_kv, const Tenso
     check_disjoint(op, "o", o, "win_kv", win_kv);
     check_disjoint(op, "o", o, "cmp_kv", cmp_kv);
     check_disjoint(op, "o", o, "idx", idx);
-    const int64_t groups = (H + 15) / 16;
-    check_grid(op, m * groups);
-    DS4R_CHECK(kern::sparse_attn_smem_bytes(hd) <= props().sharedMemPerBlockOptin,
+    const kern::SparseAttnCta cta = gemm_.attn_cta;
+    const int64_t per_cta = kern::sparse_attn_heads_per_cta(cta);
+    check_grid(op, m * ((H + per_cta - 1) / per_cta));
+    DS4R_CHECK(kern::sparse_attn_smem_bytes(hd, cta) <= props().sharedMemPerBlockOptin,
                "cuda sparse_attn: %zu bytes of shared memory needed, the device allows %zu per block",
-               kern::sparse_attn_smem_bytes(hd), static_cast<size_t>(props().sharedMemPerBlockOptin));
+               kern::sparse_attn_smem_bytes(hd, cta), static_cast<size_t>(props().sharedMemPerBlockOptin));
     if (m == 0 || H == 0) return;
-    DS4R_CUDA_CHECK(kern::launch_sparse_attn(
-        q.ptr<uint16_t>(), win_kv.ptr<uint16_t>(), T > 0 ? cmp_kv.ptr<uint16_t>() : nullptr,
-        sink.ptr<float>(), idx.ptr<int32_t>(), o.ptr<uint16_t>(), m, H, hd, s, T, n_idx, scale, stream()));
+    DS4R_CUDA_CHECK(kern::launch_sparse_attn(q.ptr<uint16_t>(), win_kv.ptr<uint16_t>(),
+                                             T > 0 ? cmp_kv.ptr<uint16_t>() : nullptr, sink.ptr<float>(),
+                                             idx.ptr<int32_t>(), o.ptr<uint16_t>(), m, H, hd, s, T, n_idx, scale,
+                                             stream(), cta));
 }
 
 // ---------------------------------------------------------------------------- head (docs/MODEL.md 4.9)
