@@ -121,6 +121,9 @@ CudaBackend::CudaBackend(int device, size_t budget, GpuKernels kernels) : device
     gemm_ = select_gemm_kernels(kernels, device);
     DS4R_CUDA_CHECK(cudaGetDeviceProperties(&props_, device));
     DS4R_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    DS4R_CUDA_CHECK(cudaStreamCreateWithFlags(&prep_stream_, cudaStreamNonBlocking));
+    DS4R_CUDA_CHECK(cudaEventCreateWithFlags(&prep_start_, cudaEventDisableTiming));
+    DS4R_CUDA_CHECK(cudaEventCreateWithFlags(&prep_done_, cudaEventDisableTiming));
     DS4R_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device));
     // Keep freed blocks in the pool: per-chunk temporaries are reused without new cudaMalloc calls.
     uint64_t threshold = UINT64_MAX;
@@ -128,8 +131,13 @@ CudaBackend::CudaBackend(int device, size_t budget, GpuKernels kernels) : device
 }
 
 CudaBackend::~CudaBackend() {
+    if (prep_stream_) cudaStreamSynchronize(prep_stream_);
     if (stream_) cudaStreamSynchronize(stream_);
+    prepared_ = PreparedExperts{};  // its buffer returns to the pool while the streams still exist
     if (cublas_) cublasDestroy(cublas_);
+    if (prep_done_) cudaEventDestroy(prep_done_);
+    if (prep_start_) cudaEventDestroy(prep_start_);
+    if (prep_stream_) cudaStreamDestroy(prep_stream_);
     if (stream_) cudaStreamDestroy(stream_);
 }
 

@@ -86,7 +86,8 @@ public:
     // Prepared experts (cuda_ops_moe.cpp): with the Hopper widened kernels, the layer's fp4 expert
     // weights as e5m2 bytes (kern::launch_fp4_to_e5m2; GroupedFp4Gemm::w_e5m2) or as fp16 with the scales
     // folded in (kern::launch_fp4_to_f16_folded; GroupedFp4Gemm::w_f16, B by TMA), read by the grouped
-    // GEMMs; 0 bytes (nothing prepared) on the other kernel families.
+    // GEMMs; 0 bytes (nothing prepared) on the other kernel families. The copy runs on a stream of its
+    // own beside the layer's first attention work (prep_stream_ below).
     uint64_t prepared_experts_bytes(int64_t experts, int64_t dim, int64_t hidden,
                                     ExpertLayout layout) const override;
     void set_prepared_experts(ExpertLayout layout) override;
@@ -117,6 +118,9 @@ public:
         std::vector<const uint8_t*> w1, w3, w2;  // [E] per-expert pointers into buffer
     };
     const PreparedExperts* prepared_for(const MoeWeights& w) const;
+    // The compute stream waits for the copy prepare_experts runs on its own stream (once per copy; the
+    // time it waits is the profile's moe/prepare_experts).
+    void wait_prepared_experts();
     // ---- ops (cuda_ops_misc.cpp) ----
     void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& y) override;
     void rope_table(double base, double factor, int64_t yarn_orig, double beta_fast, double beta_slow,
@@ -190,6 +194,12 @@ private:
     // more than it saves there.
     int64_t fp16_weight_rows_ = 1024;
     PreparedExperts prepared_;
+    // prepare_experts copies on prep_stream_, after prep_start_ (recorded on stream_: the layer's weights
+    // are in place, the buffer allocated), so that the copy overlaps the first chunk's attention; stream_
+    // waits for prep_done_ before the first grouped GEMM that reads the copy, and before it frees it.
+    cudaStream_t prep_stream_ = nullptr;
+    cudaEvent_t prep_start_ = nullptr, prep_done_ = nullptr;
+    bool prep_pending_ = false;
     std::atomic<size_t> in_use_{0}, high_water_{0};
     struct Range {
         const char* name;

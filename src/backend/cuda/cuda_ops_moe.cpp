@@ -243,6 +243,7 @@ void CudaBackend::moe(const Tensor& x, const MoeWeights& w, const MoeParams& p, 
     DS4R_CHECK(sh.I > 0 && sh.I % 32 == 0,
                "cuda moe: expert hidden size %lld is not a positive multiple of 32", (long long)sh.I);
     if (const PreparedExperts* pe = prepared_for(w)) {
+        wait_prepared_experts();
         ep.w1 = pe->w1;
         ep.w3 = pe->w3;
         ep.w2 = pe->w2;
@@ -312,29 +313,49 @@ void CudaBackend::prepare_experts(const MoeWeights& w) {
                    shape_str(ew.w2.w.shape).c_str(), shape_str(e0.w1.w.shape).c_str(),
                    shape_str(e0.w3.w.shape).c_str(), shape_str(e0.w2.w.shape).c_str());
     }
-    ProfileRange pr(*this, "moe/prepare_experts");
     PreparedExperts pe;
     pe.buffer = alloc(DType::I8, {static_cast<int64_t>(total)});
     uint8_t* dst = pe.buffer.ptr<uint8_t>();
+    // on prep_stream_, after everything stream_ has queued (the layer's weights, the allocation): the copy
+    // runs beside the first chunk's attention (wait_prepared_experts joins it)
+    DS4R_CUDA_CHECK(cudaEventRecord(prep_start_, stream_));
+    DS4R_CUDA_CHECK(cudaStreamWaitEvent(prep_stream_, prep_start_, 0));
+    prep_pending_ = true;  // from here on release_experts joins the copy before freeing its buffer
     for (const ExpertWeights& ew : w.experts) {
         for (const Fp4Linear* l : {&ew.w1, &ew.w3, &ew.w2}) {
             const auto bytes = static_cast<int64_t>(l->w.nbytes());
             if (f16)
                 DS4R_CUDA_CHECK(kern::launch_fp4_to_f16_folded(l->w.ptr<uint8_t>(), l->s.ptr<uint8_t>(), bytes,
-                                                               reinterpret_cast<uint16_t*>(dst), stream_));
+                                                               reinterpret_cast<uint16_t*>(dst), prep_stream_));
             else
-                DS4R_CUDA_CHECK(kern::launch_fp4_to_e5m2(l->w.ptr<uint8_t>(), bytes, dst, stream_));
+                DS4R_CUDA_CHECK(kern::launch_fp4_to_e5m2(l->w.ptr<uint8_t>(), bytes, dst, prep_stream_));
             (l == &ew.w1 ? pe.w1 : l == &ew.w3 ? pe.w3 : pe.w2).push_back(dst);
             dst += widen * l->w.nbytes();
         }
     }
+    DS4R_CUDA_CHECK(cudaEventRecord(prep_done_, prep_stream_));
     pe.source = w.experts[0].w1.w.ptr<uint8_t>();
     pe.experts = w.experts.size();
     pe.layout = prepare_;
     prepared_ = std::move(pe);
 }
 
+void CudaBackend::wait_prepared_experts() {
+    if (!prep_pending_) return;
+    ProfileRange pr(*this, "moe/prepare_experts");  // what of the copy the first chunk's work did not hide
+    // (prep_done_ was recorded after the last copy; were a launch to throw before it, the stream is
+    // synchronized instead, below in release_experts)
+    DS4R_CUDA_CHECK(cudaStreamWaitEvent(stream_, prep_done_, 0));
+    prep_pending_ = false;
+}
+
 void CudaBackend::release_experts() {
+    if (prep_pending_) {
+        // the copy may still be writing the buffer that returns to the pool on stream_: join it first
+        // (prep_done_ may not be recorded if a launch threw: then wait for the whole side stream)
+        cudaStreamSynchronize(prep_stream_);
+        prep_pending_ = false;
+    }
     prepared_ = PreparedExperts{};  // the buffer returns to the stream-ordered pool
 }
 
