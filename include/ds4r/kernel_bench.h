@@ -74,6 +74,15 @@ public:
     virtual double hc_mixes_ms(int variant, int64_t M, int64_t D, int iters) = 0;
     // Index (into kHcMixVariantNames) of the variant the backend runs.
     virtual int hc_mix_default_variant() const = 0;
+    // The sparse attention of one sequence (Backend::sparse_attn's kernel) with `heads_per_cta` heads per CTA
+    // (16: the portable shape, 64: the Hopper set's; -1 where the device's shared memory cannot hold the
+    // shape): M queries at positions s - M .. s - 1 of a sequence of s window rows and T compressed rows,
+    // each attending its window of `window` slots and `topk` distinct random compressed rows (n_idx =
+    // window + topk), H heads of hd; TFLOP/s of QK and PV, 4 M H n_idx hd.
+    virtual double sparse_attn_tflops(int64_t M, int64_t H, int64_t hd, int64_t s, int64_t T, int64_t window,
+                                      int64_t topk, int heads_per_cta, int iters) = 0;
+    // The heads per CTA the backend's sparse attention runs.
+    virtual int sparse_attn_heads_per_cta() const = 0;
     // Device memory high-water mark in bytes since the last reset.
     virtual void reset_memory_high_water() = 0;
     virtual size_t memory_high_water() const = 0;

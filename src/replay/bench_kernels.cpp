@@ -217,6 +217,25 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
         }
         std::fprintf(out, "\n");
     }
+    // The sparse attention of one sequence as workload b's compress-ratio layers run it (1,800 queries of an
+    // 1,800-token sequence, ratio 1: 1,800 compressed rows, the window plus index_topk slots) with each
+    // CTA shape (16 heads per CTA: the portable set's; 64: the Hopper set's). "*" marks the backend's.
+    if (wanted("sparse_attn") && c.n_heads > 0 && c.head_dim > 0 && c.index_topk > 0 && c.window_size > 0) {
+        const int64_t seq = 1800, topk = std::min<int64_t>(c.index_topk, seq);
+        std::fprintf(out, "  sparse_attn (%lld queries, %lld heads x %lld, %lld + %lld slots), TFLOP/s:",
+                     (long long)seq, (long long)c.n_heads, (long long)c.head_dim, (long long)c.window_size,
+                     (long long)topk);
+        for (const int hpc : {16, 64}) {
+            const double v =
+                kb.sparse_attn_tflops(seq, c.n_heads, c.head_dim, seq, seq, c.window_size, topk, hpc, it);
+            if (v < 0) continue;
+            const bool mine = hpc == kb.sparse_attn_heads_per_cta();
+            std::fprintf(out, "  %d heads per CTA%s %.1f", hpc, mine ? "*" : "", v);
+            csv(strfmt("sparse_attn %d heads per CTA", hpc), seq * c.n_heads, c.window_size + topk, c.head_dim, v,
+                "TFLOP/s", mine ? "default" : "");
+        }
+        std::fprintf(out, "\n");
+    }
 }
 
 }  // namespace ds4r

@@ -57,6 +57,12 @@ struct FakeKernelBench : KernelBench {
         return rec("hc" + std::to_string(v), M, D, 0);
     }
     int hc_mix_default_variant() const override { return 2; }
+    double sparse_attn_tflops(int64_t M, int64_t H, int64_t hd, int64_t, int64_t, int64_t, int64_t,
+                              int heads_per_cta, int) override {
+        if (!hopper && heads_per_cta == 64) return -1;
+        return rec("sparse_attn " + std::to_string(heads_per_cta), M, H, hd);
+    }
+    int sparse_attn_heads_per_cta() const override { return hopper ? 64 : 16; }
     void reset_memory_high_water() override {}
     size_t memory_high_water() const override { return 0; }
 };
@@ -149,7 +155,9 @@ TEST(BenchKernels, NoFilterTimesEveryRow) {
                              "experts w1+w3 fp4 (grouped), fp16 experts, 64-wide K stages",
                              "hc_mixes compensated",
                              "hc_mixes compensated-g2",
-                             "hc_mixes fp64-mma"})
+                             "hc_mixes fp64-mma",
+                             "sparse_attn 16 heads per CTA",
+                             "sparse_attn 64 heads per CTA"})
         EXPECT_TRUE(has(all.rows, name)) << name;
     // a head_stats call as the passes make them: a chunk's rows (8,192 here), score's 8 alternatives
     const ModelConfig c = make_tiny_base_config(TinyPreset::FullWidth, 1);
@@ -166,5 +174,12 @@ TEST(BenchKernels, NoFilterTimesEveryRow) {
         EXPECT_EQ(r.find("-row tiles"), std::string::npos) << r;
     }
     EXPECT_TRUE(has(portable.rows, "experts w2 fp4 (grouped), routed rows"));
+    // the sparse attention: the one sequence of 1,800 queries with the model's heads and slots, each CTA
+    // shape the device can hold (here: the fake's 64-head shape only with the Hopper kernels)
+    const std::string attn_mhd = " 1800 " + std::to_string(c.n_heads) + " " + std::to_string(c.head_dim);
+    EXPECT_TRUE(has(all.calls, "sparse_attn 16" + attn_mhd));
+    EXPECT_TRUE(has(all.calls, "sparse_attn 64" + attn_mhd));
+    EXPECT_TRUE(has(portable.rows, "sparse_attn 16 heads per CTA"));
+    EXPECT_FALSE(has(portable.rows, "sparse_attn 64 heads per CTA"));
     EXPECT_LT(portable.rows.size(), all.rows.size());
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "attention.cuh"
 #include "backend/cuda/cuda_hc_check.h"
 #include "ds4r/kernel_bench.h"
 #include "ds4r/numeric.h"
@@ -418,6 +419,51 @@ double bench_hc_mixes_ms(CudaBackend& be, int variant, int64_t M, int64_t D, int
     return 2.0 / per_s * 1e3;
 }
 
+double bench_sparse_attn_tflops(CudaBackend& be, int64_t M, int64_t H, int64_t hd, int64_t s, int64_t T,
+                                int64_t window, int64_t topk, int heads_per_cta, int iters) {
+    DS4R_CHECK(M > 0 && M <= s && H > 0 && hd > 0 && T > 0 && window > 0 && topk > 0 && topk <= T,
+               "bench: bad sparse_attn arguments M=%lld H=%lld hd=%lld s=%lld T=%lld window=%lld topk=%lld",
+               (long long)M, (long long)H, (long long)hd, (long long)s, (long long)T, (long long)window,
+               (long long)topk);
+    const kern::SparseAttnCta cta =
+        heads_per_cta == 64 ? kern::SparseAttnCta::Heads64 : kern::SparseAttnCta::Heads16;
+    if (kern::sparse_attn_heads_per_cta(cta) != heads_per_cta || !kern::sparse_attn_supported_dim(hd) ||
+        kern::sparse_attn_smem_bytes(hd, cta) > be.props().sharedMemPerBlockOptin)
+        return -1;
+    const Tensor q = random_bf16(be, M * H, hd, 2.0f, 51), win = random_bf16(be, s, hd, 2.0f, 52),
+                 cmp = random_bf16(be, T, hd, 2.0f, 53);
+    const int64_t n_idx = window + topk;
+    std::vector<float> sink_h(static_cast<size_t>(H), 0.5f);
+    std::vector<int32_t> idx_h(static_cast<size_t>(M * n_idx));
+    Rng r(54);
+    std::vector<int32_t> pool(static_cast<size_t>(T));
+    for (int64_t i = 0; i < M; ++i) {
+        const int64_t p = s - M + i;  // the query's position: its window ends at itself
+        for (int64_t c = 0; c < window; ++c) {
+            const int64_t j = p - window + 1 + c;
+            idx_h[static_cast<size_t>(i * n_idx + c)] = j < 0 ? -1 : static_cast<int32_t>(j);
+        }
+        // topk distinct compressed rows (a partial Fisher-Yates draw), ascending, as the indexer's
+        for (int64_t j = 0; j < T; ++j) pool[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+        for (int64_t c = 0; c < topk; ++c)
+            std::swap(pool[static_cast<size_t>(c)], pool[static_cast<size_t>(c + static_cast<int64_t>(r.next() % static_cast<uint64_t>(T - c)))]);
+        std::sort(pool.begin(), pool.begin() + topk);
+        for (int64_t c = 0; c < topk; ++c)
+            idx_h[static_cast<size_t>(i * n_idx + window + c)] = pool[static_cast<size_t>(c)] + static_cast<int32_t>(s);
+    }
+    const Tensor sink = be.alloc(DType::F32, {H}), idx = be.alloc(DType::I32, {M, n_idx}),
+                 o = be.alloc(DType::BF16, {M * H, hd});
+    be.upload(sink, 0, sink_h.data(), sink_h.size() * 4);
+    be.upload(idx, 0, idx_h.data(), idx_h.size() * 4);
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+    // time_tflops counts 2 * M * N * K per call: QK and PV are 2 * (2 M H n_idx hd)
+    return time_tflops(be, 2 * M * H, n_idx, hd, iters, [&] {
+        DS4R_CUDA_CHECK(kern::launch_sparse_attn(q.ptr<uint16_t>(), win.ptr<uint16_t>(), cmp.ptr<uint16_t>(),
+                                                 sink.ptr<float>(), idx.ptr<int32_t>(), o.ptr<uint16_t>(), M, H,
+                                                 hd, s, T, n_idx, scale, be.stream(), cta));
+    });
+}
+
 class CudaKernelBench : public KernelBench {
 public:
     explicit CudaKernelBench(CudaBackend& be) : be_(be) {}
@@ -458,6 +504,13 @@ public:
         return bench_hc_mixes_ms(be_, variant, M, D, iters);
     }
     int hc_mix_default_variant() const override { return ds4r::hc_mix_default_variant(be_); }
+    double sparse_attn_tflops(int64_t M, int64_t H, int64_t hd, int64_t s, int64_t T, int64_t window,
+                              int64_t topk, int heads_per_cta, int iters) override {
+        return bench_sparse_attn_tflops(be_, M, H, hd, s, T, window, topk, heads_per_cta, iters);
+    }
+    int sparse_attn_heads_per_cta() const override {
+        return static_cast<int>(kern::sparse_attn_heads_per_cta(be_.gemm().attn_cta));
+    }
     void reset_memory_high_water() override { be_.reset_high_water(); }
     size_t memory_high_water() const override { return be_.high_water(); }
 
