@@ -60,8 +60,8 @@ template <int HD, int HG, int NW, bool kPipe>
 struct SaCfg {
     static constexpr int kThreads = NW * 32;
     static constexpr bool kPipelined = kPipe;
-    static constexpr int kBufs = kPipe ? 2 : 1;  // K tiles (and their row pointers) in shared memory
-    static constexpr int MT = HG / 16;           // m16 head tiles
+    static constexpr int kBufs = kPipe ? 2 : 1;          // K tiles (and their row pointers) in shared memory
+    static constexpr int MT = HG / 16;                   // m16 head tiles
     static constexpr int STW = MT * (kSaTile / 8) / NW;  // S tiles (m16 x n8) per warp
     static constexpr int DW = HD / NW;                   // PV output dims per warp
     static constexpr int NTW = DW / 8;                   // n8 tiles per warp in the PV product
@@ -75,10 +75,10 @@ struct SaCfg {
     static constexpr int SS = kSaTile + 4;  // f32 row stride of s_s
     static constexpr int PS = kSaTile + 8;  // bf16 row stride of p_s
     static constexpr size_t k_off = 0;      // bf16 [kBufs][64][KS]
-    static constexpr size_t q_off = k_off + size_t(kBufs) * kSaTile * KS * 2;           // bf16 [HG][KS]
-    static constexpr size_t s_off = q_off + size_t(HG) * KS * 2;                        // f32 [HG][SS]
-    static constexpr size_t p_off = s_off + size_t(HG) * SS * 4;                        // bf16 [HG][PS]
-    static constexpr size_t row_off = p_off + size_t(HG) * PS * 2;                      // [kBufs][64] rows
+    static constexpr size_t q_off = k_off + size_t(kBufs) * kSaTile * KS * 2;              // bf16 [HG][KS]
+    static constexpr size_t s_off = q_off + size_t(HG) * KS * 2;                           // f32 [HG][SS]
+    static constexpr size_t p_off = s_off + size_t(HG) * SS * 4;                           // bf16 [HG][PS]
+    static constexpr size_t row_off = p_off + size_t(HG) * PS * 2;                         // [kBufs][64] rows
     static constexpr size_t stat_off = row_off + size_t(kBufs) * kSaTile * sizeof(void*);  // f32 [4][HG]
     static constexpr size_t bytes = stat_off + 4 * HG * sizeof(float);
     static_assert(q_off % 16 == 0 && s_off % 16 == 0 && p_off % 16 == 0 && row_off % 16 == 0,
@@ -110,7 +110,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     float* sum_s = mnew_s + HG;                                 // running denominator
     float* alpha_s = sum_s + HG;                                // this tile's rescale factor
     auto k_buf = [&](int b) { return reinterpret_cast<uint16_t*>(smem + C::k_off) + b * kSaTile * KS; };
-    auto rows_buf = [&](int b) { return reinterpret_cast<const uint16_t**>(smem + C::row_off) + b * kSaTile; };
+    auto rows_buf = [&](int b) {
+        return reinterpret_cast<const uint16_t**>(smem + C::row_off) + b * kSaTile;
+    };
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
     const int64_t r = static_cast<int64_t>(blockIdx.x) / groups;
@@ -292,7 +294,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         }
     } else {
         for (int64_t t0 = 0; t0 < n_idx; t0 += kSaTile) {
-            __syncthreads();  // the previous tile's reads of k_s / p_s / rows / alpha_s are done
+            __syncthreads();              // the previous tile's reads of k_s / p_s / rows / alpha_s are done
             if (!stage(t0, 0)) continue;  // uniform: an all-empty tile changes nothing
             cp_async_wait<0>();
             __syncthreads();

@@ -390,8 +390,8 @@ template <bool kVec>
 struct MmaChunk {
     uint4 x[kMmaMt];
     float4 f[kMmaNt][2];
-    __device__ __forceinline__ void load(const uint16_t* const (&xr)[kMmaMt], const float* const (&fr)[kMmaNt],
-                                         int k, int K) {
+    __device__ __forceinline__ void load(const uint16_t* const (&xr)[kMmaMt],
+                                         const float* const (&fr)[kMmaNt], int k, int K) {
         if (kVec && k + 8 <= K) {
 #pragma unroll
             for (int mt = 0; mt < kMmaMt; ++mt) x[mt] = *reinterpret_cast<const uint4*>(xr[mt] + k);
@@ -519,12 +519,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
 }
 
 void launch_mixes_mma(const uint16_t* X, const float* fn, const float* scale, const float* base, int64_t M,
-                      int64_t D, float inv_n, float norm_eps, float hc_eps, int iters, float* pre, float* post,
-                      float* comb, float* dots, cudaStream_t stream) {
+                      int64_t D, float inv_n, float norm_eps, float hc_eps, int iters, float* pre,
+                      float* post, float* comb, float* dots, cudaStream_t stream) {
     const int64_t blocks = cdiv(M, kMmaTokens);
     const int K = static_cast<int>(kHcMult * D);  // < 2^31 (launch_mixes_any checks)
-    const bool vec = K % 8 == 0 && reinterpret_cast<uintptr_t>(X) % 16 == 0 &&
-                     reinterpret_cast<uintptr_t>(fn) % 16 == 0;
+    const bool vec =
+        K % 8 == 0 && reinterpret_cast<uintptr_t>(X) % 16 == 0 && reinterpret_cast<uintptr_t>(fn) % 16 == 0;
     if (vec)
         hc_mixes_mma_kernel<true><<<static_cast<unsigned>(blocks), kMmaWarps * 32, 0, stream>>>(
             X, fn, scale, base, M, K, inv_n, norm_eps, hc_eps, iters, pre, post, comb, dots);
@@ -590,7 +590,8 @@ __global__ void hc_pre_kernel(const uint16_t* __restrict__ X, const float* __res
 // The 8-element kernels' pieces: rows row0 .. row0 + N - 1 of a [rows, D] bf16 tensor at columns d .. d + 7,
 // element h of such a group, and 8 bf16 results packed back.
 template <int N>
-__device__ __forceinline__ void load_rows8(uint4 (&out)[N], const uint16_t* t, int64_t row0, int64_t D, int64_t d) {
+__device__ __forceinline__ void load_rows8(uint4 (&out)[N], const uint16_t* t, int64_t row0, int64_t D,
+                                           int64_t d) {
 #pragma unroll
     for (int j = 0; j < N; ++j) out[j] = *reinterpret_cast<const uint4*>(t + (row0 + j) * D + d);
 }

@@ -231,8 +231,8 @@ void bench_kernels(KernelBench& kb, const ModelConfig& c, const BenchOptions& op
             if (v < 0) continue;
             const bool mine = hpc == kb.sparse_attn_heads_per_cta();
             std::fprintf(out, "  %d heads per CTA%s %.1f", hpc, mine ? "*" : "", v);
-            csv(strfmt("sparse_attn %d heads per CTA", hpc), seq * c.n_heads, c.window_size + topk, c.head_dim, v,
-                "TFLOP/s", mine ? "default" : "");
+            csv(strfmt("sparse_attn %d heads per CTA", hpc), seq * c.n_heads, c.window_size + topk,
+                c.head_dim, v, "TFLOP/s", mine ? "default" : "");
         }
         std::fprintf(out, "\n");
     }

@@ -323,12 +323,12 @@ TEST(CudaAttention, SparseAttnWideCtaGivesTheNarrowBits) {
         std::vector<uint16_t> out[2];
         for (int w = 0; w < 2; ++w) {
             const Pair o = make_output(DType::BF16, {in.m, c.H, c.hd});
-            ASSERT_EQ(cudaSuccess,
-                      kern::launch_sparse_attn(in.q.g.ptr<uint16_t>(), in.win.g.ptr<uint16_t>(),
-                                               c.T > 0 ? in.cmp.g.ptr<uint16_t>() : nullptr,
-                                               in.sink.g.ptr<float>(), pidx.g.ptr<int32_t>(), o.g.ptr<uint16_t>(),
-                                               in.m, c.H, c.hd, c.s, c.T, n_idx, attn_scale(c.hd), cb->stream(),
-                                               w ? kern::SparseAttnCta::Heads64 : kern::SparseAttnCta::Heads16));
+            ASSERT_EQ(cudaSuccess, kern::launch_sparse_attn(
+                                       in.q.g.ptr<uint16_t>(), in.win.g.ptr<uint16_t>(),
+                                       c.T > 0 ? in.cmp.g.ptr<uint16_t>() : nullptr, in.sink.g.ptr<float>(),
+                                       pidx.g.ptr<int32_t>(), o.g.ptr<uint16_t>(), in.m, c.H, c.hd, c.s, c.T,
+                                       n_idx, attn_scale(c.hd), cb->stream(),
+                                       w ? kern::SparseAttnCta::Heads64 : kern::SparseAttnCta::Heads16));
             out[w] = gpu_bf16(o.g);
         }
         EXPECT_EQ(out[0], out[1]) << "case " << ci << " (" << c.H << " heads x " << c.hd << ", " << n_idx

@@ -221,8 +221,8 @@ TEST(CudaHcAccum, TensorCoreSumsAtPartialBlocksAndChunks) {
         bool misaligned;
     };
     const bool san = sanitizer_run();
-    const Case cases[] = {{5120, 1, false},  {5120, 33, false}, {100, 31, false}, {72, san ? 33 : 70, false},
-                          {3, 37, false},    {5120, 5, true}};
+    const Case cases[] = {{5120, 1, false},           {5120, 33, false}, {100, 31, false},
+                          {72, san ? 33 : 70, false}, {3, 37, false},    {5120, 5, true}};
     Acc all;
     for (const Case& c : cases) {
         const int64_t K = kHc * c.D;
@@ -230,7 +230,8 @@ TEST(CudaHcAccum, TensorCoreSumsAtPartialBlocksAndChunks) {
         std::vector<uint16_t> xh(static_cast<size_t>((c.M + 1) * K));
         for (size_t i = 0; i < xh.size(); ++i) {
             const int64_t r = static_cast<int64_t>(i) / K;
-            xh[i] = r == c.M / 2 && c.M > 2 ? uint16_t{0} : f32_to_bf16(nd(g) * (r == c.M - 1 ? 500.0f : 1.0f));
+            xh[i] =
+                r == c.M / 2 && c.M > 2 ? uint16_t{0} : f32_to_bf16(nd(g) * (r == c.M - 1 ? 500.0f : 1.0f));
         }
         std::vector<float> fh(static_cast<size_t>(kMix * K));
         for (auto& f : fh) f = nd(g) / std::sqrt(static_cast<float>(K));

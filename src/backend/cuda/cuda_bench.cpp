@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "backend/cuda/cuda_backend.h"
 #include "attention.cuh"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_hc_check.h"
 #include "ds4r/kernel_bench.h"
 #include "ds4r/numeric.h"
@@ -380,10 +380,9 @@ double bench_cublas_bf16_tflops(CudaBackend& be, int64_t M, int64_t N, int64_t K
 
 kern::HcMixAccum hc_variant(int variant) {
     DS4R_CHECK(variant >= 0 && variant < kHcMixVariants, "bench: hc mix variant %d out of range", variant);
-    constexpr kern::HcMixAccum kByIndex[kHcMixVariants] = {kern::HcMixAccum::Fp32, kern::HcMixAccum::Fp64,
-                                                           kern::HcMixAccum::Compensated,
-                                                           kern::HcMixAccum::CompensatedG2,
-                                                           kern::HcMixAccum::Fp64Mma};
+    constexpr kern::HcMixAccum kByIndex[kHcMixVariants] = {
+        kern::HcMixAccum::Fp32, kern::HcMixAccum::Fp64, kern::HcMixAccum::Compensated,
+        kern::HcMixAccum::CompensatedG2, kern::HcMixAccum::Fp64Mma};
     return kByIndex[variant];
 }
 
@@ -446,10 +445,13 @@ double bench_sparse_attn_tflops(CudaBackend& be, int64_t M, int64_t H, int64_t h
         // topk distinct compressed rows (a partial Fisher-Yates draw), ascending, as the indexer's
         for (int64_t j = 0; j < T; ++j) pool[static_cast<size_t>(j)] = static_cast<int32_t>(j);
         for (int64_t c = 0; c < topk; ++c)
-            std::swap(pool[static_cast<size_t>(c)], pool[static_cast<size_t>(c + static_cast<int64_t>(r.next() % static_cast<uint64_t>(T - c)))]);
+            std::swap(
+                pool[static_cast<size_t>(c)],
+                pool[static_cast<size_t>(c + static_cast<int64_t>(r.next() % static_cast<uint64_t>(T - c)))]);
         std::sort(pool.begin(), pool.begin() + topk);
         for (int64_t c = 0; c < topk; ++c)
-            idx_h[static_cast<size_t>(i * n_idx + window + c)] = pool[static_cast<size_t>(c)] + static_cast<int32_t>(s);
+            idx_h[static_cast<size_t>(i * n_idx + window + c)] =
+                pool[static_cast<size_t>(c)] + static_cast<int32_t>(s);
     }
     const Tensor sink = be.alloc(DType::F32, {H}), idx = be.alloc(DType::I32, {M, n_idx}),
                  o = be.alloc(DType::BF16, {M * H, hd});
@@ -459,8 +461,8 @@ double bench_sparse_attn_tflops(CudaBackend& be, int64_t M, int64_t H, int64_t h
     // time_tflops counts 2 * M * N * K per call: QK and PV are 2 * (2 M H n_idx hd)
     return time_tflops(be, 2 * M * H, n_idx, hd, iters, [&] {
         DS4R_CUDA_CHECK(kern::launch_sparse_attn(q.ptr<uint16_t>(), win.ptr<uint16_t>(), cmp.ptr<uint16_t>(),
-                                                 sink.ptr<float>(), idx.ptr<int32_t>(), o.ptr<uint16_t>(), M, H,
-                                                 hd, s, T, n_idx, scale, be.stream(), cta));
+                                                 sink.ptr<float>(), idx.ptr<int32_t>(), o.ptr<uint16_t>(), M,
+                                                 H, hd, s, T, n_idx, scale, be.stream(), cta));
     });
 }
 

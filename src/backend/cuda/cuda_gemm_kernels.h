@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "attention.cuh"
 #include "ds4r/backend.h"
 #include "gemm.cuh"
-#include "attention.cuh"
 #include "hc.cuh"
 #include "quant.cuh"
 

@@ -133,8 +133,8 @@ void CudaBackend::sparse_attn(const Tensor& q, const Tensor& win_kv, const Tenso
     if (m == 0 || H == 0) return;
     DS4R_CUDA_CHECK(kern::launch_sparse_attn(q.ptr<uint16_t>(), win_kv.ptr<uint16_t>(),
                                              T > 0 ? cmp_kv.ptr<uint16_t>() : nullptr, sink.ptr<float>(),
-                                             idx.ptr<int32_t>(), o.ptr<uint16_t>(), m, H, hd, s, T, n_idx, scale,
-                                             stream(), cta));
+                                             idx.ptr<int32_t>(), o.ptr<uint16_t>(), m, H, hd, s, T, n_idx,
+                                             scale, stream(), cta));
 }
 
 // ---------------------------------------------------------------------------- head (docs/MODEL.md 4.9)

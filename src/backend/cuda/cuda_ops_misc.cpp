@@ -96,10 +96,10 @@ void CudaBackend::hc_mixes(const Tensor& X, const Tensor& fn, const Tensor& scal
     check_grid(op, kern::hc_mixes_blocks(M, gemm_.hc_mix));
     if (M == 0) return;
     DS4R_CHECK(D > 0, "cuda hc_mixes: D must be positive, got X %s", shape_str(X.shape).c_str());
-    DS4R_CUDA_CHECK(kern::launch_hc_mixes(
-        X.ptr<uint16_t>(), fn.ptr<float>(), scale.ptr<float>(), base.ptr<float>(), M, D, mean_factor(hc * D),
-        norm_eps, hc_eps, iters, pre.ptr<float>(), post.ptr<float>(), comb.ptr<float>(), stream(),
-        gemm_.hc_mix));
+    DS4R_CUDA_CHECK(kern::launch_hc_mixes(X.ptr<uint16_t>(), fn.ptr<float>(), scale.ptr<float>(),
+                                          base.ptr<float>(), M, D, mean_factor(hc * D), norm_eps, hc_eps,
+                                          iters, pre.ptr<float>(), post.ptr<float>(), comb.ptr<float>(),
+                                          stream(), gemm_.hc_mix));
 }
 
 void CudaBackend::hc_pre(const Tensor& X, const Tensor& mix, const Tensor& y) {
