@@ -187,11 +187,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
                 for (int j = 0; j < C::STW; ++j) {
                     const int i = warp * C::STW + j, mt = i / 8, nt = i % 8;
                     uint32_t a[4];
-                    const uint16_t* qa = &q_s[(16 * mt + g) * KS + ks * 16 + 2 * qd];
-                    a[0] = ld_shared_u32(qa);
-                    a[1] = ld_shared_u32(qa + 8 * KS);
-                    a[2] = ld_shared_u32(qa + 8);
-                    a[3] = ld_shared_u32(qa + 8 * KS + 8);
+                    ld_a_frag(a, &q_s[(16 * mt + g) * KS + ks * 16 + 2 * qd], KS);
                     const uint16_t* kp = &k_s[(nt * 8 + g) * KS + ks * 16 + 2 * qd];
                     mma_bf16_16816(c4[j], a, ld_shared_u32(kp), ld_shared_u32(kp + 8));
                 }
@@ -257,11 +253,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 #pragma unroll
                 for (int mt = 0; mt < C::MT; ++mt) {
                     uint32_t a[4];
-                    const uint16_t* pa = &p_s[(16 * mt + g) * PS + kk * 16 + 2 * qd];
-                    a[0] = ld_shared_u32(pa);
-                    a[1] = ld_shared_u32(pa + 8 * PS);
-                    a[2] = ld_shared_u32(pa + 8);
-                    a[3] = ld_shared_u32(pa + 8 * PS + 8);
+                    ld_a_frag(a, &p_s[(16 * mt + g) * PS + kk * 16 + 2 * qd], PS);
                     mma_bf16_16816(pv[mt], a, b0, b1);
                 }
             }

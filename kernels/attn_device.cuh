@@ -61,6 +61,15 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ uint32_t ld_shared_u32(const uint16_t* p) {
     return *reinterpret_cast<const uint32_t*>(p);
 }
+// The A fragment of an m16n8k16 bf16 MMA from a row-major bf16 tile in shared memory: p points at element
+// (row g, column 2 qd) of the 16 x 16 block (g = lane / 4, qd = lane % 4), stride = the tile's row pitch
+// in elements: rows g / g + 8, columns 2 qd / 2 qd + 8 (PTX ISA, mma.m16n8k16 A fragment).
+__device__ __forceinline__ void ld_a_frag(uint32_t (&a)[4], const uint16_t* p, int stride) {
+    a[0] = ld_shared_u32(p);
+    a[1] = ld_shared_u32(p + 8 * stride);
+    a[2] = ld_shared_u32(p + 8);
+    a[3] = ld_shared_u32(p + 8 * stride + 8);
+}
 __device__ __forceinline__ uint32_t pack_bf16x2(uint16_t lo, uint16_t hi) {
     return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
 }

@@ -96,6 +96,22 @@ __device__ void mixes_finish(const float* tot, const float* __restrict__ scale,
     sinkhorn_split_one(mixes, scale, base, hc_eps, iters, pre, post, comb);
 }
 
+// Token row's rounded sums tot (its kHcMix dots, then its sum of squares): into dots (F32 [M, mix + 1])
+// when given, else the mixes and the Sinkhorn split into pre / post / comb.
+__device__ __forceinline__ void mixes_store(const float (&tot)[kHcMix + 1], int64_t row,
+                                            const float* __restrict__ scale, const float* __restrict__ base,
+                                            float inv_n, float norm_eps, float hc_eps, int iters,
+                                            float* __restrict__ pre, float* __restrict__ post,
+                                            float* __restrict__ comb, float* __restrict__ dots) {
+    if (dots) {
+#pragma unroll
+        for (int m = 0; m <= kHcMix; ++m) dots[row * (kHcMix + 1) + m] = tot[m];
+        return;
+    }
+    mixes_finish(tot, scale, base, inv_n, norm_eps, hc_eps, iters, pre + row * kHcMult, post + row * kHcMult,
+                 comb + row * kHcMult * kHcMult);
+}
+
 // After the block's sums: thread t < ntok finishes token r0 + t from `totals` (shared, [kTok][mix] dots
 // then [kTok] sums of squares): its rounded sums into dots (F32 [M, mix + 1]) when given, else the mixes
 // and the Sinkhorn split into pre / post / comb.
@@ -112,14 +128,7 @@ __device__ __forceinline__ void mixes_from_totals(const float* totals, int64_t r
 #pragma unroll
     for (int m = 0; m < kHcMix; ++m) tot[m] = totals[t * kHcMix + m];
     tot[kHcMix] = totals[kTok * kHcMix + t];
-    const int64_t row = r0 + t;
-    if (dots) {
-#pragma unroll
-        for (int m = 0; m <= kHcMix; ++m) dots[row * (kHcMix + 1) + m] = tot[m];
-        return;
-    }
-    mixes_finish(tot, scale, base, inv_n, norm_eps, hc_eps, iters, pre + row * kHcMult, post + row * kHcMult,
-                 comb + row * kHcMult * kHcMult);
+    mixes_store(tot, r0 + t, scale, base, inv_n, norm_eps, hc_eps, iters, pre, post, comb, dots);
 }
 
 // One column k of the mixes' sums: fn[m][k] for every mix and X[r0 + t][k] for the block's tokens (zeros
@@ -508,14 +517,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
         for (int w = 1; w < kMmaWarps; ++w) s = __dadd_rn(s, part[w][t][m]);
         tot[m] = __double2float_rn(s);
     }
-    const int64_t row = r0 + t;
-    if (dots) {
-#pragma unroll
-        for (int m = 0; m <= kHcMix; ++m) dots[row * (kHcMix + 1) + m] = tot[m];
-        return;
-    }
-    mixes_finish(tot, scale, base, inv_n, norm_eps, hc_eps, iters, pre + row * kHcMult, post + row * kHcMult,
-                 comb + row * kHcMult * kHcMult);
+    mixes_store(tot, r0 + t, scale, base, inv_n, norm_eps, hc_eps, iters, pre, post, comb, dots);
 }
 
 void launch_mixes_mma(const uint16_t* X, const float* fn, const float* scale, const float* base, int64_t M,
