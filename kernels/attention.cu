@@ -35,9 +35,10 @@ __global__ void attn_indices_kernel(const int32_t* __restrict__ qpos, int64_t m,
 //     tile (66.5 KB with padding) plus the group's Q (16.6 KB) fill one CTA and the 64 heads take 4
 //     CTAs, each gathering the row's KV tiles itself (4 reads of the 640 KB of a 640-slot row; the CTAs
 //     of one row are launched next to each other, so the repeats mostly hit L2);
-//   - HG = 64, 16 warps, two K tiles (the Hopper kernel set, 158-223 KB): one gather per row, the next
-//     tile's gather in flight while this one is computed, and 2 (S) / 4 (PV) independent MMA chains per
-//     warp instead of 1.
+//   - HG = 64, 8 warps, two K tiles (the Hopper kernel set, up to 223 KB): one gather per row, the next
+//     tile's gather in flight while this one is computed, and 4 independent S chains per warp (one Q
+//     fragment feeding 4 K fragments) instead of 1.
+// Both load a warp's P fragments once per tile for all its PV tiles (SaCfg::WPM, PNT).
 // Every output element's operations are the same in both (the MMA chains, their order, the softmax
 // steps), so they give the same bits (CudaAttention.SparseAttnWideCtaGivesTheNarrowBits).
 //
@@ -50,9 +51,10 @@ __global__ void attn_indices_kernel(const int32_t* __restrict__ qpos, int64_t m,
 //      exact), M_new = max(M, tile max), p = expf(S - M_new) in fp32, bf16(p) staged for the PV MMA;
 //      one thread per head sums the 64 fp32 p sequentially (slot order) and updates
 //      sum = sum * alpha + tsum (alpha = expf(M - M_new)), as the CPU reference.
-//   4. PV: warp w owns output dims w*hd/NW.., one m16n8 tile at a time: pv = P(bf16) . V over the 64
-//      slots (4 chained MMAs, V fragments by ldmatrix.trans from the same k_s), then
-//      acc = acc * alpha + pv (two fp32 roundings, as the CPU reference).
+//   4. PV: warp w owns one m16 head tile and a range of output dims (SaCfg::WPM, PNT), one m16n8 tile at
+//      a time: pv = P(bf16) . V over the 64 slots (4 chained MMAs from the warp's P fragments, loaded once
+//      per tile; V fragments by ldmatrix.trans from the same k_s), then acc = acc * alpha + pv (two fp32
+//      roundings, as the CPU reference).
 // After the last tile: sum += expf(sink - M) (raw, unscaled sink logit), o = bf16(acc / sum).
 constexpr int kSaTile = 64;
 
@@ -63,13 +65,16 @@ struct SaCfg {
     static constexpr int kBufs = kPipe ? 2 : 1;          // K tiles (and their row pointers) in shared memory
     static constexpr int MT = HG / 16;                   // m16 head tiles
     static constexpr int STW = MT * (kSaTile / 8) / NW;  // S tiles (m16 x n8) per warp
-    static constexpr int DW = HD / NW;                   // PV output dims per warp
-    static constexpr int NTW = DW / 8;                   // n8 tiles per warp in the PV product
-    static constexpr int TPH = kThreads / HG;            // softmax threads per head
-    static constexpr int SPT = kSaTile / TPH;            // softmax slots per thread
+    // PV: warp w owns the head m-tile w / WPM and n8 tiles (w % WPM) * PNT .. of the output dims, so that
+    // it loads its P fragments once per tile and each V fragment feeds one MMA
+    static constexpr int WPM = NW / MT;        // PV warps per head m-tile
+    static constexpr int PNT = HD / 8 / WPM;   // PV n8 tiles (8 output dims each) per warp
+    static constexpr int TPH = kThreads / HG;  // softmax threads per head
+    static constexpr int SPT = kSaTile / TPH;  // softmax slots per thread
     static_assert(HG % 16 == 0 && HD % 64 == 0, "head group, head dim");
     static_assert(STW >= 1 && STW * NW == MT * (kSaTile / 8), "S tiles split evenly over the warps");
-    static_assert(NTW >= 1 && NTW * 8 * NW == HD, "PV dims split evenly over the warps");
+    static_assert(WPM >= 1 && WPM * MT == NW && PNT >= 1 && PNT * 8 * WPM == HD,
+                  "PV tiles split evenly over the warps");
     static_assert(TPH >= 1 && TPH <= 32 && (TPH & (TPH - 1)) == 0 && SPT * TPH == kSaTile, "softmax split");
     static constexpr int KS = HD + 8;       // bf16 row stride of k_s and q_s (ldmatrix / lds conflict-free)
     static constexpr int SS = kSaTile + 4;  // f32 row stride of s_s
@@ -128,13 +133,13 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         m_s[tid] = -1e30f;  // finite seed: an all-empty row ends with zeros, not NaN (docs/MODEL.md 5.4)
         sum_s[tid] = 0.0f;
     }
-    float acc[C::MT][C::NTW][4];
+    // PV: this warp's head m-tile (heads 16 pmt + g, + 8) and first output dim
+    const int pmt = warp / C::WPM, pn0 = (warp % C::WPM) * C::PNT * 8;
+    float acc[C::PNT][4];
 #pragma unroll
-    for (int mt = 0; mt < C::MT; ++mt)
+    for (int nt = 0; nt < C::PNT; ++nt)
 #pragma unroll
-        for (int nt = 0; nt < C::NTW; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
 
     const int32_t* irow = idx + r * n_idx;
     // Tile t0's row pointers into rows buffer b and, when any slot is filled, its gather into K buffer b
@@ -237,33 +242,27 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         }
         __syncthreads();
 
-        // acc = acc * alpha + P . V for dims warp * DW ..
+        // acc = acc * alpha + P . V for heads 16 pmt + g (+ 8), dims pn0 ..
+        {
+            uint32_t pa[kSaTile / 16][4];  // the m-tile's P fragments, k16 steps kk = 0 .. 3
 #pragma unroll
-        for (int nt = 0; nt < C::NTW; ++nt) {
-            const int n0 = warp * C::DW + nt * 8;
-            float pv[C::MT][4];
+            for (int kk = 0; kk < kSaTile / 16; ++kk)
+                ld_a_frag(pa[kk], &p_s[(16 * pmt + g) * PS + kk * 16 + 2 * qd], PS);
+            const float al0 = alpha_s[16 * pmt + g], al1 = alpha_s[16 * pmt + g + 8];
 #pragma unroll
-            for (int mt = 0; mt < C::MT; ++mt)
+            for (int nt = 0; nt < C::PNT; ++nt) {
+                const int n0 = pn0 + nt * 8;
+                float pv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                for (int e = 0; e < 4; ++e) pv[mt][e] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < kSaTile / 16; ++kk) {
-                uint32_t b0, b1;
-                ldmatrix_x2_trans(b0, b1, &k_s[(kk * 16 + (lane & 15)) * KS + n0]);
-#pragma unroll
-                for (int mt = 0; mt < C::MT; ++mt) {
-                    uint32_t a[4];
-                    ld_a_frag(a, &p_s[(16 * mt + g) * PS + kk * 16 + 2 * qd], PS);
-                    mma_bf16_16816(pv[mt], a, b0, b1);
+                for (int kk = 0; kk < kSaTile / 16; ++kk) {
+                    uint32_t b0, b1;
+                    ldmatrix_x2_trans(b0, b1, &k_s[(kk * 16 + (lane & 15)) * KS + n0]);
+                    mma_bf16_16816(pv, pa[kk], b0, b1);
                 }
-            }
-#pragma unroll
-            for (int mt = 0; mt < C::MT; ++mt) {
-                const float al0 = alpha_s[16 * mt + g], al1 = alpha_s[16 * mt + g + 8];
-                acc[mt][nt][0] = __fadd_rn(__fmul_rn(acc[mt][nt][0], al0), pv[mt][0]);
-                acc[mt][nt][1] = __fadd_rn(__fmul_rn(acc[mt][nt][1], al0), pv[mt][1]);
-                acc[mt][nt][2] = __fadd_rn(__fmul_rn(acc[mt][nt][2], al1), pv[mt][2]);
-                acc[mt][nt][3] = __fadd_rn(__fmul_rn(acc[mt][nt][3], al1), pv[mt][3]);
+                acc[nt][0] = __fadd_rn(__fmul_rn(acc[nt][0], al0), pv[0]);
+                acc[nt][1] = __fadd_rn(__fmul_rn(acc[nt][1], al0), pv[1]);
+                acc[nt][2] = __fadd_rn(__fmul_rn(acc[nt][2], al1), pv[2]);
+                acc[nt][3] = __fadd_rn(__fmul_rn(acc[nt][3], al1), pv[3]);
             }
         }
     };
@@ -298,20 +297,18 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         sum_s[tid] = __fadd_rn(sum_s[tid], expf(sink[h0 + tid] - m_s[tid]));  // sink: raw logit, no value
     __syncthreads();
 #pragma unroll
-    for (int mt = 0; mt < C::MT; ++mt)
+    for (int nt = 0; nt < C::PNT; ++nt) {
+        const int d = pn0 + nt * 8 + 2 * qd;
 #pragma unroll
-        for (int nt = 0; nt < C::NTW; ++nt) {
-            const int d = warp * C::DW + nt * 8 + 2 * qd;
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int hr = 16 * mt + g + 8 * half;
-                if (h0 + hr >= H) continue;
-                const float den = sum_s[hr];
-                const uint16_t v0 = f32_to_bf16_bits(acc[mt][nt][2 * half] / den);
-                const uint16_t v1 = f32_to_bf16_bits(acc[mt][nt][2 * half + 1] / den);
-                *reinterpret_cast<uint32_t*>(o + (r * H + h0 + hr) * HD + d) = pack_bf16x2(v0, v1);
-            }
+        for (int half = 0; half < 2; ++half) {
+            const int hr = 16 * pmt + g + 8 * half;
+            if (h0 + hr >= H) continue;
+            const float den = sum_s[hr];
+            const uint16_t v0 = f32_to_bf16_bits(acc[nt][2 * half] / den);
+            const uint16_t v1 = f32_to_bf16_bits(acc[nt][2 * half + 1] / den);
+            *reinterpret_cast<uint32_t*>(o + (r * H + h0 + hr) * HD + d) = pack_bf16x2(v0, v1);
         }
+    }
 }
 
 template <int HD, class C>
