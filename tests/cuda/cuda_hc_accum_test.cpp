@@ -260,13 +260,17 @@ TEST(CudaHcAccum, TensorCoreSumsAtPartialBlocksAndChunks) {
     EXPECT_GE(all.frac(), 0.999);
 }
 
-// The kernel sets' mixes: the portable set keeps the compensated sums on every GPU; the Hopper set (on
-// compute capability 9.0) takes the fp64 tensor-core sums.
-TEST(CudaHcAccum, KernelSetsChooseTheirMixes) {
+// The kernel sets' mixes and attention CTAs: the portable set keeps the compensated sums and 16 heads per
+// CTA on every GPU; the Hopper set (on compute capability 9.0) takes the fp64 tensor-core sums and 64
+// heads per CTA.
+TEST(CudaHcAccum, KernelSetsChooseTheirMixesAndAttentionCtas) {
     DS4R_REQUIRE_CUDA();
-    EXPECT_EQ(select_gemm_kernels(GpuKernels::Portable, 0).hc_mix, kern::HcMixAccum::CompensatedG2);
+    const GemmKernels p = select_gemm_kernels(GpuKernels::Portable, 0);
+    EXPECT_EQ(p.hc_mix, kern::HcMixAccum::CompensatedG2);
+    EXPECT_EQ(p.attn_cta, kern::SparseAttnCta::Heads16);
     const GemmKernels a = select_gemm_kernels(GpuKernels::Auto, 0);
     EXPECT_EQ(a.hc_mix, a.hopper ? kern::HcMixAccum::Fp64Mma : kern::HcMixAccum::CompensatedG2);
+    EXPECT_EQ(a.attn_cta, a.hopper ? kern::SparseAttnCta::Heads64 : kern::SparseAttnCta::Heads16);
 }
 
 #endif  // DS4R_HAVE_CUDA
