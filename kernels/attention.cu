@@ -89,8 +89,8 @@ struct SaCfg {
     static_assert(q_off % 16 == 0 && s_off % 16 == 0 && p_off % 16 == 0 && row_off % 16 == 0,
                   "smem alignment");
 };
-// The portable shape (<= 99 KB for hd <= 512) and the Hopper one (hd 64: 8 warps, so that each warp's PV
-// dims fill an n8 tile).
+// The portable shape (<= 99 KB for hd <= 512) and the Hopper one (8 warps: 16 warps at hd 512 spilled
+// 572 bytes at their 128 registers, docs/PERFORMANCE.md, fourteenth session).
 template <int HD>
 using SaNarrow = SaCfg<HD, 16, 8, false>;
 template <int HD>

@@ -325,8 +325,9 @@ void CudaBackend::prepare_experts(const MoeWeights& w) {
         for (const Fp4Linear* l : {&ew.w1, &ew.w3, &ew.w2}) {
             const auto bytes = static_cast<int64_t>(l->w.nbytes());
             if (f16)
-                DS4R_CUDA_CHECK(kern::launch_fp4_to_f16_folded(l->w.ptr<uint8_t>(), l->s.ptr<uint8_t>(), bytes,
-                                                               reinterpret_cast<uint16_t*>(dst), prep_stream_));
+                DS4R_CUDA_CHECK(kern::launch_fp4_to_f16_folded(l->w.ptr<uint8_t>(), l->s.ptr<uint8_t>(),
+                                                               bytes, reinterpret_cast<uint16_t*>(dst),
+                                                               prep_stream_));
             else
                 DS4R_CUDA_CHECK(kern::launch_fp4_to_e5m2(l->w.ptr<uint8_t>(), bytes, dst, prep_stream_));
             (l == &ew.w1 ? pe.w1 : l == &ew.w3 ? pe.w3 : pe.w2).push_back(dst);
@@ -352,7 +353,9 @@ void CudaBackend::wait_prepared_experts() {
 void CudaBackend::release_experts() {
     if (prep_pending_) {
         // the copy may still be writing the buffer that returns to the pool on stream_: join it first
-        // (prep_done_ may not be recorded if a launch threw: then wait for the whole side stream)
+        // (prep_done_ may not be recorded if a launch threw: then wait for the whole side stream). Not
+        // checked: this also runs in the pass's scope guard while an exception unwinds, where a throw would
+        // terminate; a sticky device error surfaces at the next checked call.
         cudaStreamSynchronize(prep_stream_);
         prep_pending_ = false;
     }
