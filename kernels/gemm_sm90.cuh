@@ -54,9 +54,9 @@ cudaError_t launch_gemm_fp4_sm90(const uint8_t* q, const uint8_t* sa, const uint
                                  cudaStream_t stream);
 
 // As launch_grouped_gemm_fp4 (gemm.cuh) with g.q in sm90_act_order(kSm90DefaultPartials). Also takes the
-// weights as e5m2 bytes (g.w_e5m2) or as fp16 with the scales folded in (g.w_f16; B by TMA: cudaErrorNotSupported
-// where the experts do not lie at one stride), the prepared experts, the same bits, with the widened
-// partials (Fp8Wgmma partials: cudaErrorInvalidValue).
+// weights as e5m2 bytes (g.w_e5m2) or as fp16 with the scales folded in (g.w_f16; B by TMA:
+// cudaErrorNotSupported where the experts do not lie at one stride), the prepared experts, the same bits,
+// with the widened partials (Fp8Wgmma partials: cudaErrorInvalidValue).
 cudaError_t launch_grouped_gemm_fp4_sm90(const GroupedFp4Gemm& g, cudaStream_t stream);
 
 // How the block-scaled kernels form each 32-wide K block's partial: one fp8 wgmma (k32) on the codes
@@ -97,8 +97,12 @@ cudaError_t launch_gemm_fp8_sm90_f16w(const uint8_t* q, const uint8_t* sa, const
 // 2,420 rows). Every output's instruction sequence is the same in both (bit-identical results; the
 // CudaGemmSm90 tests compare them). Auto: 64 when g.pairs / g.n_experts <= 64 rows per expert.
 // Mixed (g.full / g.tail set): the full list on 128-row tiles, each expert's short last tile (1 .. 64
-// pairs) on a 64-row one: less idle work at ~128 rows per expert and more (the MoE's chunks on the
-// 22 GB budget); Auto takes it whenever the split is given and the experts average > 64 rows.
+// pairs) on a 64-row one in a second launch: less idle work at ~128 rows per expert and more (the MoE's
+// chunks on the 22 GB budget); Auto takes it whenever the split is given and the experts average > 64
+// rows, except for the prepared fp16 experts: on a 128-row tile whose second 64 rows are empty, that
+// warpgroup idles (half the tensor work, as a 64-row tile) and the tile runs next to the expert's full
+// tiles in the same launch, which read the same B (from L2 then, where the second launch reads it from
+// DRAM again): 1.37-1.38x the mixed tiles on routed rows (docs/PERFORMANCE.md, fifteenth session).
 // Rows128Narrow: 128-row tiles in stages of 64 K elements (the prepared fp16 experts' 128-row tiles take
 // 128 elsewhere, Cfg::kWideK; the same bits): their baseline; other layouts as Rows128.
 enum class Sm90GroupedRows : int { Auto = 0, Rows64 = 64, Rows128 = 128, Mixed = 1, Rows128Narrow = 2 };

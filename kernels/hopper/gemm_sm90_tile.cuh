@@ -145,6 +145,23 @@ __device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], 
     }
 }
 
+// A consumer warpgroup whose 64 tile rows hold no valid row (the short last tile of a routed expert, up to
+// 64 pairs, or a linear's last row tile): no wgmma, no promotion, nothing to store. It keeps the stage
+// hand-offs alone, one thread standing for the warpgroup's 128: each stage waited for (so that its
+// arrivals for a stage's next round cannot come before the round they belong to), then freed. The other
+// warpgroup's rows take the instruction sequence they take in every tile (bit-identical outputs); the
+// tile costs half the tensor work, and B, read by the expert's full tile next to it in the same launch,
+// comes from L2 (docs/PERFORMANCE.md, fifteenth session).
+template <class C>
+__device__ __forceinline__ void idle_consume(Bars bars, int n_stages, int t) {
+    if (t != 0) return;
+    for (int i = 0; i < n_stages; ++i) {
+        const int s = i % C::kStages;
+        mbar_wait(C::kConvert ? bars.full(s) : bars.loaded(s), (i / C::kStages) & 1);
+        mbar_arrive_count(bars.empty(s), 128);
+    }
+}
+
 template <class C, bool kOutF32>
 __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, int n_stages, int wg, int t) {
     const int warp = t / 32, lane = t % 32;
@@ -342,6 +359,9 @@ __device__ __forceinline__ void tile(const Job& j, uint8_t* smem) {
             load<C>(j, base, bars, n_stages, p);
         else if constexpr (C::kConvert)
             convert<C>(bars, base, n_stages, p - C::kLoaders);
+    } else if (!C::kSplitN && tid >= 128 && j.m_valid <= 64) {
+        regs_dec<C::kProducerRegs>();
+        idle_consume<C>(bars, n_stages, tid - 128);
     } else {
         regs_inc<C::kConsumerRegs>();
         consume<C, kOutF32>(j, base, bars, n_stages, tid / 128, tid % 128);
