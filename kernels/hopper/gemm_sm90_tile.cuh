@@ -188,34 +188,39 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
         // it retires, so they stay live (fence_regs_u32) until its wait
         uint32_t FA[2][4], FB[2][4];
         auto stage_of = [&](int g) { return base + ((g / C::kKb) % C::kStages) * C::kStage; };
-        auto issue = [&](float(&P)[64], uint32_t(&F)[2][4], int g) {
+        // Block g's stage wait and (widened) its A fragments: the codes of the stage's raw A rows by one
+        // ldmatrix, widened to fp16 here (rows g / g + 8 of both k16 halves, as the portable kernels)
+        auto prep = [&](uint32_t(&F)[2][4], int g) {
             const int i = g / C::kKb, q = g % C::kKb, s = i % C::kStages;
             if (q == 0) {
                 mbar_wait(C::kConvert ? bars.full(s) : bars.loaded(s), (i / C::kStages) & 1);
                 fence_proxy_async();  // the cp.async rows (generic proxy) before the wgmma reads (async
                                       // proxy)
             }
+            if constexpr (C::kWiden) {
+                uint32_t raw[4];
+                ldsm_x4(raw, stage_of(g) + C::kRawAOff + a_lane + (((2 * q + a_half) ^ a_swz) << 4));
+                gemm::e4m3x4_to_f16x2x2(raw[0], F[0][0], F[0][2]);
+                gemm::e4m3x4_to_f16x2x2(raw[1], F[0][1], F[0][3]);
+                gemm::e4m3x4_to_f16x2x2(raw[2], F[1][0], F[1][2]);
+                gemm::e4m3x4_to_f16x2x2(raw[3], F[1][1], F[1][3]);
+            }
+        };
+        // Block g's fresh partial into P (prep(F, g) done): two fp16 k16 steps on the widened A, or one
+        // fp8 k32 step.
+        auto fire = [&](float(&P)[64], uint32_t(&F)[2][4], int g) {
+            const int q = g % C::kKb;
             const uint32_t a_k = stage_of(g) + C::kA + (C::kSplitN ? 0 : wg * 64 * kRowBytes);
             const uint32_t b_k = stage_of(g) + C::kB + n0 * kRowBytes;
             if constexpr (C::kWiden) {
-                // the block's fresh partial: two fp16 k16 steps, A widened here from one ldmatrix of
-                // fragment-ordered codes (rows g / g + 8 of both k16 halves, as the portable kernels)
-                uint32_t raw[4];
-                ldsm_x4(raw, stage_of(g) + C::kRawAOff + a_lane + (((2 * q + a_half) ^ a_swz) << 4));
-                uint32_t(&a0)[4] = F[0];
-                uint32_t(&a1)[4] = F[1];
-                gemm::e4m3x4_to_f16x2x2(raw[0], a0[0], a0[2]);
-                gemm::e4m3x4_to_f16x2x2(raw[1], a0[1], a0[3]);
-                gemm::e4m3x4_to_f16x2x2(raw[2], a1[0], a1[2]);
-                gemm::e4m3x4_to_f16x2x2(raw[3], a1[1], a1[3]);
                 fence_regs(P);
-                fence_regs_u32(a0);
-                fence_regs_u32(a1);
+                fence_regs_u32(F[0]);
+                fence_regs_u32(F[1]);
                 wgmma_fence();
                 // block q's 32 K elements: 64 bytes into its B half (q / 2 with kWideK)
                 const uint32_t b_q = b_k + (q >> 1) * (C::kBN * kRowBytes) + (q & 1) * 64;
-                wgmma_m64n128k16_f16_rs(P, a0, desc_k128(b_q), 0u);
-                wgmma_m64n128k16_f16_rs(P, a1, desc_k128(b_q + 32), 1u);
+                wgmma_m64n128k16_f16_rs(P, F[0], desc_k128(b_q), 0u);
+                wgmma_m64n128k16_f16_rs(P, F[1], desc_k128(b_q + 32), 1u);
             } else {
                 fence_regs(P);
                 wgmma_fence();
@@ -228,47 +233,76 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
         auto scales_of = [&](int g) {
             return block_scales<C>(stage_of(g), q0_of(g) + g % C::kKb, q0_of(g), r0);
         };
-        auto finish = [&](float(&P)[64], uint32_t(&F)[2][4], int g, const BlockScales& sc) {
+        // after block g's wait: its A fragments (a wgmma reads them until it retires) are free from here
+        auto retire = [&](float(&P)[64], uint32_t(&F)[2][4]) {
             fence_regs(P);
             if constexpr (C::kWiden) {
                 fence_regs_u32(F[0]);
                 fence_regs_u32(F[1]);
             }
+        };
+        auto finish = [&](float(&P)[64], int g, const BlockScales& sc) {
             const int i = g / C::kKb, q = g % C::kKb;
             promote<C>(acc, P, sc, stage_of(g), q0_of(g) + q, q0_of(g), r0, n0, lane);
             if (q == C::kKb - 1 || g == KB - 1) mbar_arrive(bars.empty(i % C::kStages));
         };
         // Runs of kRun blocks: block u + 1's wgmma is issued before the wait for block u, so that each
         // block's promotion overlaps the next one's wgmma; only a run's last promotion waits with no
-        // partial of this warpgroup in flight. (No wgmma stays in flight across the loop's back edge:
-        // ptxas then serializes every wgmma, its C7514 advisory, checked by check_sm90_ptxas.sh.) The
-        // buffers alternate PA (even blocks of a run) / PB (odd ones). Runs of 4 took the fp16-weight
-        // kernels (light promotions: the converters' products) from 355 to 373 TFLOP/s (wq_a) and
-        // cost the converter-bound ones 1-2% (docs/PERFORMANCE.md, eighth session): pairs there. The
-        // prepared fp16 experts (no B converters) take runs of 4; they measured the same as pairs
-        // (242.1 vs 241.9 TFLOP/s, ninth session): their limit is the producers' feed.
+        // partial of this warpgroup in flight. With kEarlyPrep, block u + 2's stage wait and A fragments
+        // (prep) come before block u's promotion, in the fragment registers block u's wgmma has just
+        // released, which takes the shared-memory load and the widening off the path from one promotion
+        // to the next wgmma (+2-4% on the fp16-weight GEMMs, +1-2% on the grouped fp16 experts;
+        // docs/PERFORMANCE.md, fifteenth session). prep never waits for a stage that needs this run's
+        // promotions: it is at most one stage past block u's, and kStages >= 3. (No wgmma stays in
+        // flight across the loop's back edge: ptxas then serializes every wgmma, its C7514 advisory,
+        // checked by check_sm90_ptxas.sh.) The buffers alternate PA / FA (even blocks of a run) and
+        // PB / FB (odd ones). Runs of 4 took the fp16-weight kernels (light promotions: the converters'
+        // products) from 355 to 373 TFLOP/s (wq_a) and cost the converter-bound ones 1-2%
+        // (docs/PERFORMANCE.md, eighth session): pairs there. The prepared fp16 experts (no B
+        // converters) take runs of 4; they measured the same as pairs (242.1 vs 241.9 TFLOP/s, ninth
+        // session).
         constexpr int kRun = C::kProducts || C::kPreFolded ? 4 : 2;
+        // the early prep where A arrives by TMA (the loaders' variants, the fallbacks, spill with it:
+        // their row tables take registers the early fragments need)
+        constexpr bool kEarlyPrep = C::kTma;
         auto run = [&](int g, auto n_const) {
             constexpr int n = decltype(n_const)::value;
-            issue(PA, FA, g);
+            prep(FA, g);
+            fire(PA, FA, g);
+            if (kEarlyPrep && n > 1) prep(FB, g + 1);
 #pragma unroll
             for (int u = 0; u < n; ++u) {
                 if (u + 1 < n) {
-                    if (u % 2 == 0)
-                        issue(PB, FB, g + u + 1);
-                    else
-                        issue(PA, FA, g + u + 1);
+                    if (u % 2 == 0) {
+                        if (!kEarlyPrep) prep(FB, g + u + 1);
+                        fire(PB, FB, g + u + 1);
+                    } else {
+                        if (!kEarlyPrep) prep(FA, g + u + 1);
+                        fire(PA, FA, g + u + 1);
+                    }
                     wgmma_wait<1>();
                 } else {
                     wgmma_wait<0>();
                 }
+                if constexpr (kEarlyPrep) {
+                    if (u % 2 == 0) {
+                        retire(PA, FA);
+                        if (u + 2 < n) prep(FA, g + u + 2);
+                    } else {
+                        retire(PB, FB);
+                        if (u + 2 < n) prep(FB, g + u + 2);
+                    }
+                }
                 // the block's scales after its wait: read before it (while the registers of two
                 // partials and the A fragments are live), they spill
                 const BlockScales sc = scales_of(g + u);
-                if (u % 2 == 0)
-                    finish(PA, FA, g + u, sc);
-                else
-                    finish(PB, FB, g + u, sc);
+                if (u % 2 == 0) {
+                    if (!kEarlyPrep) retire(PA, FA);
+                    finish(PA, g + u, sc);
+                } else {
+                    if (!kEarlyPrep) retire(PB, FB);
+                    finish(PB, g + u, sc);
+                }
             }
         };
         int g = 0;
