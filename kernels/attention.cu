@@ -72,7 +72,8 @@ struct SaCfg {
     static constexpr int TPH = kThreads / HG;  // softmax threads per head
     static constexpr int SPT = kSaTile / TPH;  // softmax slots per thread
     static_assert(HG % 16 == 0 && HD % 64 == 0, "head group, head dim");
-    static_assert(STW >= 1 && STW * NW == MT * (kSaTile / 8), "S tiles split evenly over the warps");
+    static_assert(STW >= 1 && STW * NW == MT * (kSaTile / 8) && 8 % STW == 0,
+                  "S tiles split evenly over the warps, each warp's in one m16 head tile");
     static_assert(WPM >= 1 && WPM * MT == NW && PNT >= 1 && PNT * 8 * WPM == HD,
                   "PV tiles split evenly over the warps");
     static_assert(TPH >= 1 && TPH <= 32 && (TPH & (TPH - 1)) == 0 && SPT * TPH == kSaTile, "softmax split");
@@ -186,13 +187,16 @@ __global__ void __launch_bounds__(C::kThreads, 1)
             for (int j = 0; j < C::STW; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) c4[j][e] = 0.0f;
+            // the warp's tiles lie in one m16 head tile (STW divides 8): one Q fragment per k step feeds
+            // all of them (loaded once, not once per tile: half the S phase's shared-memory reads)
+            const int smt = warp * C::STW / 8;
 #pragma unroll 4
             for (int ks = 0; ks < KSTEPS; ++ks) {
+                uint32_t a[4];
+                ld_a_frag(a, &q_s[(16 * smt + g) * KS + ks * 16 + 2 * qd], KS);
 #pragma unroll
                 for (int j = 0; j < C::STW; ++j) {
-                    const int i = warp * C::STW + j, mt = i / 8, nt = i % 8;
-                    uint32_t a[4];
-                    ld_a_frag(a, &q_s[(16 * mt + g) * KS + ks * 16 + 2 * qd], KS);
+                    const int nt = (warp * C::STW + j) % 8;
                     const uint16_t* kp = &k_s[(nt * 8 + g) * KS + ks * 16 + 2 * qd];
                     mma_bf16_16816(c4[j], a, ld_shared_u32(kp), ld_shared_u32(kp + 8));
                 }
