@@ -36,8 +36,9 @@ struct Csv {
     void row(const std::string& section, const std::string& name, int layer, int64_t tokens, int64_t m,
              int64_t n, int64_t k, double value, const std::string& unit, const std::string& extra = "") {
         if (!f.is_open()) return;
-        f << section << ',' << name << ',' << layer << ',' << tokens << ',' << m << ',' << n << ',' << k
-          << ',' << strfmt("%.6g", value) << ',' << unit << ',' << extra << '\n';
+        f << csv_field(section) << ',' << csv_field(name) << ',' << layer << ',' << tokens << ',' << m << ','
+          << n << ',' << k << ',' << strfmt("%.6g", value) << ',' << csv_field(unit) << ','
+          << csv_field(extra) << '\n';
     }
 };
 

@@ -17,6 +17,16 @@ std::string frac(double v, double ref) {
 }
 }  // namespace
 
+std::string csv_field(const std::string& s) {
+    if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+    std::string q = "\"";
+    for (const char c : s) {
+        if (c == '"') q += '"';
+        q += c;
+    }
+    return q + '"';
+}
+
 DiskRates bench_measure_disk(const Checkpoint& ck, double seconds, const IoSettings& io, std::FILE* out,
                              const BenchCsvRow& csv) {
     DiskRates d;
@@ -131,7 +141,8 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
         csv("engram_layer_wall_ratio", ratio, "ratio");
         csv("engram_dequant_wait_s", dequant, "s");
         csv("engram_rows_prefetched_layers", n_prefetched, "layers");
-        csv("engram_stall_share", eng > 0 ? last_pass_stall_s / eng : 0, "fraction of the Engram layers' wall");
+        csv("engram_stall_share", eng > 0 ? last_pass_stall_s / eng : 0,
+            "fraction of the Engram layers' wall");
     }
 }
 

@@ -16,6 +16,11 @@ namespace ds4r {
 
 class Checkpoint;
 
+// One field of bench's CSV (RFC 4180): as it is, or in double quotes with its quotes doubled where it
+// holds a comma, a quote or a line break (the kernel table's row names hold commas: "attn.wq_a fp8, GEMM
+// alone, fp16 weights, TMA").
+std::string csv_field(const std::string& s);
+
 // name, value, unit -> one CSV row of the workload.
 using BenchCsvRow = std::function<void(const std::string&, double, const std::string&)>;
 

@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "cli_run_util.h"
 #include "ds4r/make_tiny.h"
+#include "replay/bench_io.h"
 
 using namespace ds4r;
 
@@ -182,4 +184,26 @@ TEST(BenchKernels, NoFilterTimesEveryRow) {
     EXPECT_TRUE(has(portable.rows, "sparse_attn 16 heads per CTA"));
     EXPECT_FALSE(has(portable.rows, "sparse_attn 64 heads per CTA"));
     EXPECT_LT(portable.rows.size(), all.rows.size());
+}
+
+// bench's CSV quotes a field that holds a comma, a quote or a line break (RFC 4180) and leaves the others as
+// they are: the kernel table's row names hold commas, and each of them reads back as one field.
+TEST(BenchCsv, FieldsWithCommasQuotesOrLineBreaksAreQuoted) {
+    EXPECT_EQ(csv_field("moe/experts_w1_w3"), "moe/experts_w1_w3");
+    EXPECT_EQ(csv_field(""), "");
+    EXPECT_EQ(csv_field("a, b"), "\"a, b\"");
+    EXPECT_EQ(csv_field("say \"x\""), "\"say \"\"x\"\"\"");
+    EXPECT_EQ(csv_field("two\nlines"), "\"two\nlines\"");
+    const Table all = run_table("");
+    int with_commas = 0;
+    for (const std::string& name : all.rows) {
+        with_commas += name.find(',') != std::string::npos;
+        const std::string line =
+            "kernels," + csv_field(name) + ",-1,0,1,2,3,4.5,TFLOP/s," + csv_field("x, y");
+        const std::vector<std::string> f = test::split_csv_line(line);
+        ASSERT_EQ(f.size(), 10u) << line;
+        EXPECT_EQ(f[1], name);
+        EXPECT_EQ(f[9], "x, y");
+    }
+    EXPECT_GT(with_commas, 10);  // the table's names do hold commas
 }

@@ -50,6 +50,47 @@ inline std::vector<std::string> split_lines(const std::string& text, std::string
     return out;
 }
 
+// The fields of one CSV line (RFC 4180: quoted fields may hold commas and doubled quotes); an unclosed
+// quote or a quote inside an unquoted field throws.
+inline std::vector<std::string> split_csv_line(const std::string& line) {
+    std::vector<std::string> fields(1);
+    size_t i = 0;
+    bool field_start = true;
+    while (i < line.size()) {
+        const char c = line[i];
+        if (field_start && c == '"') {
+            const size_t start = i++;
+            for (;;) {
+                if (i >= line.size())
+                    throw std::runtime_error("unclosed quote at byte " + std::to_string(start));
+                if (line[i] == '"') {
+                    if (i + 1 < line.size() && line[i + 1] == '"') {
+                        fields.back() += '"';
+                        i += 2;
+                        continue;
+                    }
+                    ++i;
+                    break;
+                }
+                fields.back() += line[i++];
+            }
+            if (i < line.size() && line[i] != ',') throw std::runtime_error("text after a closing quote");
+            field_start = false;
+            continue;
+        }
+        if (c == ',') {
+            fields.emplace_back();
+            field_start = true;
+        } else {
+            if (c == '"') throw std::runtime_error("quote inside an unquoted field");
+            fields.back() += c;
+            field_start = false;
+        }
+        ++i;
+    }
+    return fields;
+}
+
 inline std::string shell_quote(const std::string& s) {
     std::string q = "'";
     for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);

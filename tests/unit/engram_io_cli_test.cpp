@@ -153,4 +153,8 @@ TEST(EngramIoCli, BenchComparesEngramLayersWithTheirOwnRatio) {
     EXPECT_NE(csv.find("engram_layer_wall_ratio"), std::string::npos);
     EXPECT_NE(csv.find("engram_stall_share"), std::string::npos);
     EXPECT_NE(csv.find("engram_dequant_wait_s"), std::string::npos);
+    // every row has the header's 10 fields (RFC 4180 quoting where a field holds a comma)
+    const std::vector<std::string> lines = split_lines(csv);
+    ASSERT_GT(lines.size(), 10u);
+    for (const std::string& line : lines) EXPECT_EQ(split_csv_line(line).size(), 10u) << line;
 }
