@@ -65,4 +65,10 @@ for m in tiny tiny-a; do
   fi
 done
 echo "kernel TFLOP/s (nofmad | fmad):" | tee -a "$OUT/summary.txt"
-paste -d'|' <(cut -d, -f2,8 "$OUT/bench_nofmad.csv") <(cut -d, -f8 "$OUT/bench_fmad.csv") | tee -a "$OUT/summary.txt"
+# (the CSV quotes the names that hold commas: read it as CSV, not with cut)
+python3 - "$OUT/bench_nofmad.csv" "$OUT/bench_fmad.csv" <<'PY' | tee -a "$OUT/summary.txt"
+import csv, sys
+a, b = ([r for r in csv.reader(open(p, newline=""))][1:] for p in sys.argv[1:3])
+for x, y in zip(a, b):
+    print(f"{x[1]}|{x[7]}|{y[7]}")
+PY
