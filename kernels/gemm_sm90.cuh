@@ -102,7 +102,7 @@ cudaError_t launch_gemm_fp8_sm90_f16w(const uint8_t* q, const uint8_t* sa, const
 // rows, except for the prepared fp16 experts: on a 128-row tile whose second 64 rows are empty, that
 // warpgroup idles (half the tensor work, as a 64-row tile) and the tile runs next to the expert's full
 // tiles in the same launch, which read the same B (from L2 then, where the second launch reads it from
-// DRAM again): 1.37-1.38x the mixed tiles on routed rows (docs/PERFORMANCE.md, fifteenth session).
+// DRAM again): 1.33-1.37x the mixed tiles on routed rows (docs/PERFORMANCE.md, fifteenth session).
 // Rows128Narrow: 128-row tiles in stages of 64 K elements (the prepared fp16 experts' 128-row tiles take
 // 128 elsewhere, Cfg::kWideK; the same bits): their baseline; other layouts as Rows128.
 enum class Sm90GroupedRows : int { Auto = 0, Rows64 = 64, Rows128 = 128, Mixed = 1, Rows128Narrow = 2 };
