@@ -145,6 +145,14 @@ __device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], 
     }
 }
 
+// Waits until stage i (slot i % kStages, its round i / kStages) is ready for the consumers: its copies
+// landed and, where the producer warpgroup converts (kConvert), its converters are done with it.
+template <class C>
+__device__ __forceinline__ void wait_stage_ready(Bars bars, int i) {
+    const int s = i % C::kStages;
+    mbar_wait(C::kConvert ? bars.full(s) : bars.loaded(s), (i / C::kStages) & 1);
+}
+
 // A consumer warpgroup whose 64 tile rows hold no valid row (the short last tile of a routed expert, up to
 // 64 pairs, or a linear's last row tile): no wgmma, no promotion, nothing to store. It keeps the stage
 // hand-offs alone, one thread standing for the warpgroup's 128: each stage waited for (so that its
@@ -156,9 +164,8 @@ template <class C>
 __device__ __forceinline__ void idle_consume(Bars bars, int n_stages, int t) {
     if (t != 0) return;
     for (int i = 0; i < n_stages; ++i) {
-        const int s = i % C::kStages;
-        mbar_wait(C::kConvert ? bars.full(s) : bars.loaded(s), (i / C::kStages) & 1);
-        mbar_arrive_count(bars.empty(s), 128);
+        wait_stage_ready<C>(bars, i);
+        mbar_arrive_count(bars.empty(i % C::kStages), 128);
     }
 }
 
@@ -191,9 +198,9 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
         // Block g's stage wait and (widened) its A fragments: the codes of the stage's raw A rows by one
         // ldmatrix, widened to fp16 here (rows g / g + 8 of both k16 halves, as the portable kernels)
         auto prep = [&](uint32_t(&F)[2][4], int g) {
-            const int i = g / C::kKb, q = g % C::kKb, s = i % C::kStages;
+            const int q = g % C::kKb;
             if (q == 0) {
-                mbar_wait(C::kConvert ? bars.full(s) : bars.loaded(s), (i / C::kStages) & 1);
+                wait_stage_ready<C>(bars, g / C::kKb);
                 fence_proxy_async();  // the cp.async rows (generic proxy) before the wgmma reads (async
                                       // proxy)
             }
@@ -312,7 +319,7 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
     } else {
         for (int i = 0; i < n_stages; ++i) {
             const int s = i % C::kStages;
-            mbar_wait(bars.loaded(s), (i / C::kStages) & 1);
+            wait_stage_ready<C>(bars, i);  // (bf16: no converters, the copies alone)
             fence_proxy_async();
             const uint32_t st = base + s * C::kStage;
             fence_regs(acc);
