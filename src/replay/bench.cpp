@@ -42,24 +42,6 @@ struct Csv {
     }
 };
 
-// GEMM FLOPs per token of one layer (all linears + attention core with `slots` attended per query).
-double layer_flops_per_token(const ModelConfig& c, const LayerRole& r, double slots) {
-    const double D = static_cast<double>(c.dim), H = static_cast<double>(c.n_heads),
-                 hd = static_cast<double>(c.head_dim);
-    const double I = static_cast<double>(c.moe_inter_dim);
-    double p = 0;                                                     // multiply-adds
-    p += c.q_lora_rank * D + H * hd * c.q_lora_rank + hd * D;         // wq_a, wq_b, wkv
-    p += H * hd * c.o_lora_rank + D * c.o_groups * c.o_lora_rank;     // wo_a (grouped), wo_b
-    p += (c.n_activated_experts + c.n_shared_experts) * 3.0 * I * D;  // routed + shared experts
-    p += c.n_routed_experts * D + 2.0 * c.mix_hc() * c.hc_dim();      // router, mHC mixes
-    if (r.index_source) p += c.index_n_heads * c.index_head_dim * c.q_lora_rank + c.index_n_heads * D;
-    if (r.kv_source)
-        p += (r.ratio == 2 ? 2.0 : 1.0) * hd * D + (r.owns_index_keys ? c.index_head_dim * hd / r.ratio : 0);
-    p += H * slots * hd * 2.0;  // QK and PV
-    if (r.engram) p += D * (c.hc_mult + 1) * c.engram_hash_cols() * c.engram_head_dim;
-    return 2.0 * p;
-}
-
 struct Workload {
     std::string name;
     int64_t sequences, tokens;
@@ -198,9 +180,8 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
     std::fprintf(out, "  %-6s %9s %8s %8s %8s %8s %8s %7s %9s %7s\n", "layer", "GB", "read s", "upload s",
                  "compute s", "stall s", "wall s", "overlap", "TFLOP/s", "of bf16");
     double sum_wall = 0, sum_bound = 0, sum_compute = 0, sum_flops = 0;
+    std::vector<double> layer_flops(timings.size(), 0.0);  // [i]: timings[i]'s FLOPs this pass
     int n_layers = 0;
-    const double slots = std::min<double>(static_cast<double>(c.window_size), static_cast<double>(w.tokens)) +
-                         std::min<double>(static_cast<double>(c.index_topk), static_cast<double>(w.tokens));
     for (size_t i = 0; i < timings.size(); ++i) {
         const LayerTiming& t = timings[i];
         const LayerLoadRecord* rec =
@@ -211,11 +192,12 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
         const double bound = std::max({read_s, up_s, t.compute_s});
         double flops = 0;
         if (t.layer >= 0)
-            flops = layer_flops_per_token(c, ck.roles()[static_cast<size_t>(t.layer)], slots) *
+            flops = layer_flops_per_token(c, ck.roles()[static_cast<size_t>(t.layer)], w.tokens) *
                     static_cast<double>(total);
         else
             flops = 2.0 * static_cast<double>(c.vocab_size) * static_cast<double>(c.dim) *
                     static_cast<double>(total);
+        layer_flops[i] = flops;
         const double tf = t.compute_s > 0 ? flops / t.compute_s / 1e12 : 0;
         std::fprintf(out, "  %-6s %9.2f %8.2f %8.2f %8.2f %8.2f %8.2f %6.2fx %9.1f %7s\n",
                      t.layer < 0 ? "head" : std::to_string(t.layer).c_str(), gb, read_s, up_s, t.compute_s,
@@ -303,7 +285,7 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
         csv.row("workload_" + w.name, n, -1, total, 0, 0, 0, v, u);
     };
     const EngramGatherStats eg = runner.engram_stats();
-    bench_report_io(ck, timings, st, eg, eg.wait_s - stall_before, wall_all, disk, out, row);
+    bench_report_io(ck, timings, layer_flops, st, eg, eg.wait_s - stall_before, wall_all, disk, out, row);
     if (w.name == "d") {
         // What bounds a 40-layer pass of this size: the projection by role of the read and compute times.
         PassBoundInputs pb;

@@ -2,6 +2,7 @@
 #include "replay/bench_io.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "ds4r/checkpoint.h"
@@ -25,6 +26,27 @@ std::string csv_field(const std::string& s) {
         q += c;
     }
     return q + '"';
+}
+
+double layer_flops_per_token(const ModelConfig& c, const LayerRole& r, int64_t seq_tokens) {
+    const double D = static_cast<double>(c.dim), H = static_cast<double>(c.n_heads),
+                 hd = static_cast<double>(c.head_dim), s = static_cast<double>(seq_tokens);
+    const double I = static_cast<double>(c.moe_inter_dim);
+    double p = 0;                                                     // multiply-adds
+    p += c.q_lora_rank * D + H * hd * c.q_lora_rank + hd * D;         // wq_a, wq_b, wkv
+    p += H * hd * c.o_lora_rank + D * c.o_groups * c.o_lora_rank;     // wo_a (grouped), wo_b
+    p += (c.n_activated_experts + c.n_shared_experts) * 3.0 * I * D;  // routed + shared experts
+    p += c.n_routed_experts * D + 2.0 * c.mix_hc() * c.hc_dim();      // router, mHC mixes
+    if (r.index_source) p += c.index_n_heads * c.index_head_dim * c.q_lora_rank + c.index_n_heads * D;
+    if (r.kv_source)
+        p += (r.ratio == 2 ? 2.0 : 1.0) * hd * D + (r.owns_index_keys ? c.index_head_dim * hd / r.ratio : 0);
+    // the attention core's slots per query: the window, plus the top-k of the compressed rows where the
+    // layer reads them (a window-only layer attends its window alone, docs/MODEL.md 4.6)
+    double slots = std::min(static_cast<double>(c.window_size), s);
+    if (r.ratio > 0) slots += std::min(static_cast<double>(c.index_topk), std::floor(s / r.ratio));
+    p += H * slots * hd * 2.0;  // QK and PV
+    if (r.engram) p += D * (c.hc_mult + 1) * c.engram_hash_cols() * c.engram_head_dim;  // Engram's wkv
+    return 2.0 * p;
 }
 
 DiskRates bench_measure_disk(const Checkpoint& ck, double seconds, const IoSettings& io, std::FILE* out,
@@ -57,7 +79,7 @@ DiskRates bench_measure_disk(const Checkpoint& ck, double seconds, const IoSetti
 }
 
 void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timings,
-                     const WeightSourceStats& ws, const EngramGatherStats& eg, double last_pass_stall_s,
+                     const std::vector<double>& flops, const WeightSourceStats& ws, const EngramGatherStats& eg, double last_pass_stall_s,
                      double wall, const DiskRates& disk, std::FILE* out, const BenchCsvRow& csv) {
     const auto& roles = ck.roles();
     const double w_mb_s = ws.read_seconds > 0 ? ws.bytes_read / 1e6 / ws.read_seconds : 0;
@@ -109,18 +131,20 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
         if (t.layer >= 0 && roles[static_cast<size_t>(t.layer)].engram)
             eng_ratios.insert(roles[static_cast<size_t>(t.layer)].ratio);
     double eng = 0, same = 0, other = 0, dequant = 0;
+    double eng_f = 0, same_f = 0, other_f = 0;  // their FLOPs
     int n_eng = 0, n_same = 0, n_other = 0, n_prefetched = 0;
-    for (const LayerTiming& t : timings) {
+    for (size_t i = 0; i < timings.size(); ++i) {
+        const LayerTiming& t = timings[i];
         if (t.layer < 0) continue;
         const LayerRole& r = roles[static_cast<size_t>(t.layer)];
-        const double lw = t.wall_s();
+        const double lw = t.wall_s(), lf = i < flops.size() ? flops[i] : 0;
         if (r.engram) {
-            eng += lw, ++n_eng;
+            eng += lw, eng_f += lf, ++n_eng;
             dequant += t.engram_dequant_wait_s;
             n_prefetched += t.engram_rows_prefetched ? 1 : 0;
         } else {
-            other += lw, ++n_other;
-            if (eng_ratios.count(r.ratio)) same += lw, ++n_same;
+            other += lw, other_f += lf, ++n_other;
+            if (eng_ratios.count(r.ratio)) same += lw, same_f += lf, ++n_same;
         }
     }
     if (n_eng > 0 && n_other > 0) {
@@ -139,6 +163,19 @@ void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timin
                    "ratios' own difference)",
             ratio, last_pass_stall_s, frac(last_pass_stall_s, eng).c_str(), dequant, n_prefetched, n_eng);
         csv("engram_layer_wall_ratio", ratio, "ratio");
+        // Per FLOP: the wall ratio over the FLOP ratio. 1.0 when the Engram layers compute at the others'
+        // rate, so what is left above 1 is time that is not their own arithmetic (the gather, the rows'
+        // dequantization, Engram's elementwise work).
+        const double base_f = like ? same_f / n_same : other_f / n_other;
+        if (eng_f > 0 && base_f > 0 && base > 0) {
+            const double flop_ratio = (eng_f / n_eng) / base_f;
+            std::fprintf(out,
+                         "  Engram layers per FLOP: they compute %.2fx the FLOPs of those layers (Engram's "
+                         "wkv), so their wall per FLOP is %.2fx theirs\n",
+                         flop_ratio, ratio / flop_ratio);
+            csv("engram_layer_flop_ratio", flop_ratio, "ratio");
+            csv("engram_layer_wall_per_flop_ratio", ratio / flop_ratio, "ratio");
+        }
         csv("engram_dequant_wait_s", dequant, "s");
         csv("engram_rows_prefetched_layers", n_prefetched, "layers");
         csv("engram_stall_share", eng > 0 ? last_pass_stall_s / eng : 0,

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ds4r/config.h"
 #include "ds4r/disk_probe.h"
 #include "ds4r/engram_io.h"
 #include "ds4r/replay.h"
@@ -24,6 +25,12 @@ std::string csv_field(const std::string& s);
 // name, value, unit -> one CSV row of the workload.
 using BenchCsvRow = std::function<void(const std::string&, double, const std::string&)>;
 
+// GEMM and attention-core FLOPs per token of one layer of role r, for sequences of seq_tokens tokens:
+// every linear (Engram's wkv on an Engram layer), the router and mHC mixes, and QK + PV over the slots a
+// query attends (the window, plus the compressed rows' top-k on a layer of ratio > 0). Not counted: the
+// indexer's scores, norms, softmax and the other elementwise work.
+double layer_flops_per_token(const ModelConfig& c, const LayerRole& r, int64_t seq_tokens);
+
 // Measures the disk under the checkpoint's largest dense shard (pick_disk_probe_file: a dense Engram table
 // when there is one, never a sparse one) and prints the rates; the sequential test reads as the weight reader
 // does with `io` (request size, requests in flight, O_DIRECT). seconds <= 0: nothing measured (all rates 0).
@@ -31,11 +38,15 @@ DiskRates bench_measure_disk(const Checkpoint& ck, double seconds, const IoSetti
                              const BenchCsvRow& csv);
 
 // After a workload: weight read rate vs the disk's sequential rate, gather rows/s and IOPS vs its best
-// random rate, disk busy time (weights vs Engram rows), and the wall of Engram layers vs the others.
-// timings: the last pass's; eg, ws and wall: every pass's; last_pass_stall_s: the last pass's Engram stall.
+// random rate, disk busy time (weights vs Engram rows), and the wall of Engram layers vs the others, also
+// per FLOP (the Engram layers compute more: Engram's wkv).
+// timings: the last pass's; flops[i]: timings[i]'s layer FLOPs in that pass (layer_flops_per_token x
+// tokens; empty: the per-FLOP ratio is not printed); eg, ws and wall: every pass's; last_pass_stall_s: the
+// last pass's Engram stall.
 void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timings,
-                     const WeightSourceStats& ws, const EngramGatherStats& eg, double last_pass_stall_s,
-                     double wall, const DiskRates& disk, std::FILE* out, const BenchCsvRow& csv);
+                     const std::vector<double>& flops, const WeightSourceStats& ws,
+                     const EngramGatherStats& eg, double last_pass_stall_s, double wall, const DiskRates& disk,
+                     std::FILE* out, const BenchCsvRow& csv);
 
 // Workload d's sequences of `tokens_per_seq`: the largest pass whose host state (pass_host_bytes_per_token
 // with io.engram_next_pass) fits in host_gb x 1e9 bytes, or in half of MemAvailable when host_gb <= 0 (as

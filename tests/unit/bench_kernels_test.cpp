@@ -207,3 +207,27 @@ TEST(BenchCsv, FieldsWithCommasQuotesOrLineBreaksAreQuoted) {
     }
     EXPECT_GT(with_commas, 10);  // the table's names do hold commas
 }
+
+// The layer FLOPs behind bench's TFLOP/s column: a window-only layer's attention core covers its window
+// alone (it was counted with the compressed rows' top-k as well: +9.7 TFLOP per window layer of workload
+// b), a compressed layer's the window plus min(top-k, s / ratio) rows, and an Engram layer adds its wkv.
+TEST(BenchFlops, AttentionSlotsFollowTheLayerRole) {
+    const ModelConfig c = make_tiny_base_config(TinyPreset::FullWidth, 4);
+    const double D = c.dim, H = c.n_heads, hd = c.head_dim;
+    const double core = 2.0 * H * hd * 2.0;  // FLOPs of QK + PV per token and attended slot
+    LayerRole window, window_engram, ratio2;
+    window.ratio = 0;
+    window_engram.ratio = 0;
+    window_engram.engram = true;
+    ratio2.ratio = 2;  // a reuse layer: no compressor, no indexer
+    // 1,800-token sequences: 128 window slots; 128 + 512 with the compressed rows (900 >= 512)
+    const double w = layer_flops_per_token(c, window, 1800), r2 = layer_flops_per_token(c, ratio2, 1800);
+    EXPECT_DOUBLE_EQ(r2 - w, core * 512);
+    // short sequences: the window is the whole sequence, the top-k is s / ratio
+    EXPECT_DOUBLE_EQ(layer_flops_per_token(c, window, 1800) - layer_flops_per_token(c, window, 100),
+                     core * 28);
+    EXPECT_DOUBLE_EQ(layer_flops_per_token(c, ratio2, 100) - layer_flops_per_token(c, window, 100), core * 50);
+    // Engram's wkv: 6,144 -> 25,600 (docs/MODEL.md 4.8)
+    EXPECT_DOUBLE_EQ(layer_flops_per_token(c, window_engram, 1800) - w, 2.0 * 6144 * 25600);
+    EXPECT_DOUBLE_EQ(D * (c.hc_mult + 1), 25600);
+}

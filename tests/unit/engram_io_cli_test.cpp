@@ -153,6 +153,20 @@ TEST(EngramIoCli, BenchComparesEngramLayersWithTheirOwnRatio) {
     EXPECT_NE(csv.find("engram_layer_wall_ratio"), std::string::npos);
     EXPECT_NE(csv.find("engram_stall_share"), std::string::npos);
     EXPECT_NE(csv.find("engram_dequant_wait_s"), std::string::npos);
+    // per FLOP: the Engram layers compute more (Engram's wkv); wall ratio = FLOP ratio x per-FLOP ratio
+    EXPECT_NE(log.find("Engram layers per FLOP"), std::string::npos) << log;
+    auto value = [&](const std::string& name) {
+        for (const std::string& line : split_lines(csv)) {
+            const std::vector<std::string> f = split_csv_line(line);
+            if (f.size() == 10 && f[1] == name) return std::stod(f[7]);
+        }
+        ADD_FAILURE() << "no CSV row " << name;
+        return 0.0;
+    };
+    const double wall = value("engram_layer_wall_ratio"), flop = value("engram_layer_flop_ratio"),
+                 per_flop = value("engram_layer_wall_per_flop_ratio");
+    EXPECT_GT(flop, 1.0);
+    EXPECT_NEAR(flop * per_flop, wall, 1e-4 * wall);
     // every row has the header's 10 fields (RFC 4180 quoting where a field holds a comma)
     const std::vector<std::string> lines = split_lines(csv);
     ASSERT_GT(lines.size(), 10u);
