@@ -85,8 +85,8 @@ struct SaCfg {
     static constexpr size_t s_off = q_off + size_t(HG) * KS * 2;                           // f32 [HG][SS]
     static constexpr size_t p_off = s_off + size_t(HG) * SS * 4;                           // bf16 [HG][PS]
     static constexpr size_t row_off = p_off + size_t(HG) * PS * 2;                         // [kBufs][64] rows
-    static constexpr size_t stat_off = row_off + size_t(kBufs) * kSaTile * sizeof(void*);  // f32 [4][HG]
-    static constexpr size_t bytes = stat_off + 4 * HG * sizeof(float);
+    static constexpr size_t stat_off = row_off + size_t(kBufs) * kSaTile * sizeof(void*);  // f32 [3][HG]
+    static constexpr size_t bytes = stat_off + 3 * HG * sizeof(float);
     static_assert(q_off % 16 == 0 && s_off % 16 == 0 && p_off % 16 == 0 && row_off % 16 == 0,
                   "smem alignment");
 };
@@ -112,8 +112,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
     float* s_s = reinterpret_cast<float*>(smem + C::s_off);
     uint16_t* p_s = reinterpret_cast<uint16_t*>(smem + C::p_off);
     float* m_s = reinterpret_cast<float*>(smem + C::stat_off);  // running max per head
-    float* mnew_s = m_s + HG;                                   // this tile's new max
-    float* sum_s = mnew_s + HG;                                 // running denominator
+    float* sum_s = m_s + HG;                                    // running denominator
     float* alpha_s = sum_s + HG;                                // this tile's rescale factor
     auto k_buf = [&](int b) { return reinterpret_cast<uint16_t*>(smem + C::k_off) + b * kSaTile * KS; };
     auto rows_buf = [&](int b) {
@@ -214,7 +213,8 @@ __global__ void __launch_bounds__(C::kThreads, 1)
         }
         __syncthreads();
 
-        // softmax step: head h = tid / TPH, slots SPT * (tid % TPH) ..
+        // softmax step: head h = tid / TPH, slots SPT * (tid % TPH) .. (the head's TPH threads are
+        // neighbouring lanes of one warp)
         {
             const int h = tid / C::TPH, sub = tid % C::TPH;
             float sv[C::SPT], tmax = -INFINITY;
@@ -226,23 +226,33 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 #pragma unroll
             for (int off = C::TPH / 2; off >= 1; off >>= 1)
                 tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
-            const float mnew = fmaxf(m_s[h], tmax);
+            const float m_old = m_s[h];
+            const float mnew = fmaxf(m_old, tmax);
 #pragma unroll
             for (int e = 0; e < C::SPT; ++e) {
-                const float p = expf(sv[e] - mnew);  // empty slot: expf(-inf) = 0
-                s_s[h * SS + sub * C::SPT + e] = p;
-                p_s[h * PS + sub * C::SPT + e] = f32_to_bf16_bits(p);  // probabilities rounded before PV
+                sv[e] = expf(sv[e] - mnew);  // empty slot: expf(-inf) = 0
+                p_s[h * PS + sub * C::SPT + e] = f32_to_bf16_bits(sv[e]);  // probabilities rounded before PV
             }
-            if (sub == 0) mnew_s[h] = mnew;
-        }
-        __syncthreads();
-        if (tid < HG) {
+            // The tile's sum of p in slot order, ((0 + p0) + p1) + ... + p63 (the order the per-head loop
+            // over s_s had: the same bits), from registers: the head's threads take turns, each adding its
+            // SPT slots to the running sum and passing it on by shuffle. No barrier, no shared memory.
+            const int first = (tid & 31) & ~(C::TPH - 1);  // lane of the head's sub 0
             float tsum = 0.0f;
-            for (int i = 0; i < kSaTile; ++i) tsum = __fadd_rn(tsum, s_s[tid * SS + i]);
-            const float alpha = expf(m_s[tid] - mnew_s[tid]);
-            sum_s[tid] = __fadd_rn(__fmul_rn(sum_s[tid], alpha), tsum);
-            m_s[tid] = mnew_s[tid];
-            alpha_s[tid] = alpha;
+#pragma unroll
+            for (int k = 0; k < C::TPH; ++k) {
+                if (sub == k) {
+#pragma unroll
+                    for (int e = 0; e < C::SPT; ++e) tsum = __fadd_rn(tsum, sv[e]);
+                }
+                tsum = __shfl_sync(0xffffffffu, tsum, first + k);
+            }
+            __syncwarp();
+            if (sub == 0) {
+                const float alpha = expf(m_old - mnew);
+                sum_s[h] = __fadd_rn(__fmul_rn(sum_s[h], alpha), tsum);
+                m_s[h] = mnew;  // every thread of the head read m_s[h] before the shuffles above
+                alpha_s[h] = alpha;
+            }
         }
         __syncthreads();
 
