@@ -37,11 +37,24 @@ struct ReplayOptions {
 
 // Rows per chunk that keep a chunk's activations (~ (14 + hc) * D * 4 bytes per row plus attention
 // scores, plus the state ring's 2 extra buffers of hc * (D * 2 + 4) bytes) within half of the
-// backend's free memory (as a run starts, before its weight slots are allocated); 64 .. 8192.
+// backend's free memory (as a run starts, before its weight slots are allocated): kLargeChunkRows where
+// half the free memory holds twice that many rows, else 64 .. kChunkRowsCap.
+inline constexpr int64_t kChunkRowsCap = 8192;
+inline constexpr int64_t kLargeChunkRows = 16384;  // the MoE's own chunk (CudaBackend::moe) is as large
 int64_t default_chunk_rows(const ModelConfig& cfg, size_t free_bytes);
 // The chunk size of a run (--max-batch-tokens of score / bench): `requested` rows when > 0, else
 // default_chunk_rows(cfg, free_bytes).
 int64_t resolve_chunk_rows(int64_t requested, const ModelConfig& cfg, size_t free_bytes);
+// As resolve_chunk_rows, for a run that then plans its prepared experts (plan_prepared_experts up to
+// `widest`): a default of kLargeChunkRows drops to kChunkRowsCap where the larger chunks' working set
+// would leave the experts' copy a narrower layout than the smaller chunks' would (the layout gains more
+// than the chunk: docs/PERFORMANCE.md, sixteenth session). free_bytes: `be`'s free memory as the run
+// starts; reserved: what the run allocates before it plans the pass (the weight slots; a multi-GPU
+// worker's layer copies).
+int64_t plan_chunk_rows(int64_t requested, const Backend& be, const ModelConfig& cfg, size_t free_bytes,
+                        uint64_t reserved, ExpertLayout widest);
+// The two weight slots of a run's weight source, about: twice the largest layer's stream bytes.
+uint64_t weight_slots_bytes(const Checkpoint& ck);
 
 // Backend bytes one chunk row's working set is budgeted at when a pass is planned (pass_arena_room):
 // default_chunk_rows' estimate x 0.65. At full width that is 463 KB against the measured marginal cost
@@ -58,6 +71,9 @@ uint64_t pass_arena_room(const Backend& be, const ModelConfig& cfg, int64_t chun
 // (the pass's arena room without it), else off. Returns the bytes the copy takes (0 when off): the
 // caller's arena room shrinks by them. Results never depend on it.
 uint64_t plan_prepared_experts(Backend& be, const ModelConfig& cfg, uint64_t arena_room, ExpertLayout widest);
+// The layout plan_prepared_experts would set for that room (nothing set).
+ExpertLayout pick_prepared_experts(const Backend& be, const ModelConfig& cfg, uint64_t arena_room,
+                                   ExpertLayout widest);
 
 // Host bytes per pass token at most (docs/DESIGN.md 5: <= 64 KB): the residual stream (hc x dim bf16), the
 // pre-mix, the Engram hash ids, the gathered Engram rows as stored (engram_rows_bytes_per_token) and the

@@ -113,7 +113,8 @@ void bench_workload(Backend& be, KernelBench* kb, const Checkpoint& ck, const En
     const PrefetchOptions po = prefetch_options(opt.io);  // --io, --read-threads, --read-request-mb
     // chunk rows as `score` sizes them: from the free memory before the weight slots are allocated
     ReplayOptions ro;
-    ro.chunk_rows = resolve_chunk_rows(opt.chunk_rows, c, be.free_memory());
+    ro.chunk_rows = plan_chunk_rows(opt.chunk_rows, be, c, be.free_memory(), weight_slots_bytes(ck),
+                                    opt.prepared_experts);
     std::unique_ptr<WeightSource> ws =
         opt.prefetch ? make_prefetch_weight_source(be, ck, po) : make_sync_weight_source(be, ck);
     if (kb) kb->reset_memory_high_water();

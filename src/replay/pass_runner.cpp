@@ -36,11 +36,16 @@ int64_t chunk_row_estimate_bytes(const ModelConfig& cfg) {
 int64_t default_chunk_rows(const ModelConfig& cfg, size_t free_bytes) {
     // Half the free memory (score and bench ask before the two weight slots are allocated) over the
     // per-row estimate (16.70 GB high-water at 2,420 rows, 19.03 GB at 8,192, 15.10 GB of them the weight
-    // slots; docs/PERFORMANCE.md): the released model on the 22 GB budget gets the 8,192 cap. Larger chunks
-    // give the MoE more rows per expert per launch (fewer idle tile rows in the grouped GEMMs); an
-    // overestimate costs a pass rerun with halved chunks (the out-of-memory retry), not a wrong number.
-    return std::clamp<int64_t>(static_cast<int64_t>(free_bytes / 2) / chunk_row_estimate_bytes(cfg), 64,
-                               8192);
+    // slots; docs/PERFORMANCE.md): the released model on the 22 GB budget gets the 8,192 cap. A budget
+    // whose half holds twice 16,384 rows (~48 GB free at full width) gets 16,384: larger chunks give the
+    // MoE more rows per expert per launch (fewer short last tiles in the grouped GEMMs: the routed experts
+    // 1.2x at 16,384 rows, docs/PERFORMANCE.md sixteenth session), and only there does their larger
+    // working set (~4 GB more) leave the pass's arenas ample room (closer to the cap it would shorten the
+    // passes, i.e. more weight reads). An overestimate costs a pass rerun with halved chunks (the
+    // out-of-memory retry), not a wrong number.
+    const int64_t fit = static_cast<int64_t>(free_bytes / 2) / chunk_row_estimate_bytes(cfg);
+    if (fit >= 2 * kLargeChunkRows) return kLargeChunkRows;
+    return std::clamp<int64_t>(fit, 64, kChunkRowsCap);
 }
 
 int64_t pass_host_bytes_per_token(const ModelConfig& cfg, EngramNextPassMode next_pass) {
@@ -65,16 +70,21 @@ uint64_t pass_arena_room(const Backend& be, const ModelConfig& cfg, int64_t chun
     return free_b > chunks ? free_b - chunks : 0;
 }
 
+ExpertLayout pick_prepared_experts(const Backend& be, const ModelConfig& cfg, uint64_t arena_room,
+                                   ExpertLayout widest) {
+    // the widest layout up to `widest` that the backend has and whose copy fits in half of the room
+    for (ExpertLayout l : {ExpertLayout::F16, ExpertLayout::E5m2}) {
+        const uint64_t b = be.prepared_experts_bytes(cfg.n_routed_experts, cfg.dim, cfg.moe_inter_dim, l);
+        if (l <= widest && b > 0 && arena_room / 2 >= b) return l;
+    }
+    return ExpertLayout::None;
+}
+
 uint64_t plan_prepared_experts(Backend& be, const ModelConfig& cfg, uint64_t arena_room, ExpertLayout widest) {
     auto bytes_of = [&](ExpertLayout l) {
         return be.prepared_experts_bytes(cfg.n_routed_experts, cfg.dim, cfg.moe_inter_dim, l);
     };
-    // the widest layout up to `widest` that the backend has and whose copy fits in half of the room
-    ExpertLayout pick = ExpertLayout::None;
-    for (ExpertLayout l : {ExpertLayout::F16, ExpertLayout::E5m2}) {
-        const uint64_t b = bytes_of(l);
-        if (pick == ExpertLayout::None && l <= widest && b > 0 && arena_room / 2 >= b) pick = l;
-    }
+    const ExpertLayout pick = pick_prepared_experts(be, cfg, arena_room, widest);
     be.set_prepared_experts(pick);
     const uint64_t bytes = bytes_of(pick);
     if (pick != ExpertLayout::None)
@@ -90,6 +100,28 @@ uint64_t plan_prepared_experts(Backend& be, const ModelConfig& cfg, uint64_t are
 
 int64_t resolve_chunk_rows(int64_t requested, const ModelConfig& cfg, size_t free_bytes) {
     return requested > 0 ? requested : default_chunk_rows(cfg, free_bytes);
+}
+
+uint64_t weight_slots_bytes(const Checkpoint& ck) {
+    uint64_t layer = 0;
+    for (int L = 0; L < static_cast<int>(ck.config().n_layers); ++L)
+        layer = std::max(layer, ck.layer_stream_bytes(L));
+    return 2 * layer;
+}
+
+int64_t plan_chunk_rows(int64_t requested, const Backend& be, const ModelConfig& cfg, size_t free_bytes,
+                        uint64_t reserved, ExpertLayout widest) {
+    const int64_t rows = resolve_chunk_rows(requested, cfg, free_bytes);
+    if (requested > 0 || rows <= kChunkRowsCap) return rows;
+    // the arena room each chunk size would leave (pass_arena_room once `reserved` is allocated)
+    const uint64_t after = free_bytes > reserved ? free_bytes - reserved : 0;
+    auto room = [&](int64_t r) {
+        const uint64_t chunks = static_cast<uint64_t>(r * chunk_row_budget_bytes(cfg));
+        return after > chunks ? after - chunks : 0;
+    };
+    const ExpertLayout large = pick_prepared_experts(be, cfg, room(rows), widest);
+    const ExpertLayout small = pick_prepared_experts(be, cfg, room(kChunkRowsCap), widest);
+    return small > large ? kChunkRowsCap : rows;
 }
 
 PassRunner::PassRunner(Backend& be, const Checkpoint& ckpt, WeightSource& weights,

@@ -635,7 +635,8 @@ ScoreSummary run_score(const ScoreOptions& opt) {
     ScoreSummary sum;
     sum.backend = multi ? names : be.name();
     if (!multi) {
-        ro.chunk_rows = resolve_chunk_rows(opt.chunk_rows, cfg, be.free_memory());
+        ro.chunk_rows = plan_chunk_rows(opt.chunk_rows, be, cfg, be.free_memory(), weight_slots_bytes(ckpt),
+                                        opt.prepared_experts);
         // Layer L+1 is read (and uploaded) while layer L computes.
         auto weights = make_prefetch_weight_source(be, ckpt, prefetch_options(opt.io));
         PassRunner runner(be, ckpt, *weights, engram.get(), ro);
@@ -657,7 +658,9 @@ ScoreSummary run_score(const ScoreOptions& opt) {
             targets.push_back(b.get());
             b->use_on_this_thread();  // free_memory asks the current device
             ros.push_back(ro);
-            ros.back().chunk_rows = resolve_chunk_rows(opt.chunk_rows, cfg, b->free_memory());
+            // a worker holds its copies of the current and the next layer (its share of the arenas beside)
+            ros.back().chunk_rows = plan_chunk_rows(opt.chunk_rows, *b, cfg, b->free_memory(),
+                                                    weight_slots_bytes(ckpt), opt.prepared_experts);
         }
         FanoutWeightSource weights(make_prefetch_weight_source(*host_be, ckpt, po), ckpt, targets);
         MultiDeviceRunner runner(targets, opt.devices, ckpt, weights, engram.get(), ros);

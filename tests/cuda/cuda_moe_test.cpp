@@ -355,13 +355,13 @@ TEST(CudaMoe, OptionalOutputsAndInPlace) {
     EXPECT_TRUE(to_host(g, x) == ref) << "moe in place";
 }
 
-TEST(CudaMoe, ChunksPast8192Rows) {
+TEST(CudaMoe, ChunksPast16384Rows) {
     DS4R_REQUIRE_CUDA();
     if (sanitizer_run()) GTEST_SKIP() << "skipped under compute-sanitizer";
-    // rows beyond the internal 8192-row chunk equal the same rows computed alone, and the CPU's
+    // rows beyond the internal 16,384-row chunk equal the same rows computed alone, and the CPU's
     const MoeCase m = make_moe(256, 16, 128, 128, 16, 7);
     const MoeParams p = params();
-    const int64_t M = 8200, D = m.D;
+    const int64_t M = 16392, D = m.D;
     const auto xh = random_x(M, D, 700);
     Backend& g = *cuda();
     Tensor x = g.alloc(DType::BF16, {M, D});
@@ -369,7 +369,7 @@ TEST(CudaMoe, ChunksPast8192Rows) {
     Tensor y = g.alloc(DType::BF16, {M, D});
     g.moe(x, m.g, p, y, Tensor(), Tensor());
     const auto full = to_host(g, y);
-    const int64_t r0 = 8186, n = 14;  // straddles the chunk boundary
+    const int64_t r0 = 16378, n = 14;  // straddles the chunk boundary
     Tensor y1 = g.alloc(DType::BF16, {n, D});
     g.moe(x.rows(r0, r0 + n), m.g, p, y1, Tensor(), Tensor());
     const size_t yrow = static_cast<size_t>(D) * 2;

@@ -153,7 +153,7 @@ TEST(ChunkRing, DefaultChunkRowsStayWithinBounds) {
     const Checkpoint ck = Checkpoint::open(test::golden_model_dir());
     const ModelConfig& c = ck.config();
     EXPECT_EQ(default_chunk_rows(c, 0), 64);
-    EXPECT_EQ(default_chunk_rows(c, size_t{1} << 50), 8192);
+    EXPECT_EQ(default_chunk_rows(c, size_t{1} << 50), kLargeChunkRows);
     // Half the memory over the per-row footprint (activations + the ring's 2 extra buffers + two chunks'
     // dequantized Engram rows, which run_block's ring holds beside them).
     ASSERT_FALSE(c.engram_layer_ids.empty());
@@ -163,6 +163,13 @@ TEST(ChunkRing, DefaultChunkRowsStayWithinBounds) {
     const size_t free_bytes = static_cast<size_t>(per_row) * 2 * 1000;
     EXPECT_EQ(default_chunk_rows(c, free_bytes), 1000);
     EXPECT_EQ(default_chunk_rows(c, free_bytes - 1), 999);
+    // up to the 8,192 cap; 16,384 rows only where half the memory holds twice as many (the pass's arenas
+    // keep ample room beside the larger working set)
+    const size_t large = static_cast<size_t>(per_row) * 2 * 2 * kLargeChunkRows;
+    EXPECT_EQ(default_chunk_rows(c, static_cast<size_t>(per_row) * 2 * (kLargeChunkRows + 5)), kChunkRowsCap);
+    EXPECT_EQ(default_chunk_rows(c, large - 1), kChunkRowsCap);
+    EXPECT_EQ(default_chunk_rows(c, large), kLargeChunkRows);
+    EXPECT_EQ(resolve_chunk_rows(300, c, large), 300) << "--max-batch-tokens wins";
 }
 
 }  // namespace

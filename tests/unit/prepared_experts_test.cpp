@@ -128,6 +128,41 @@ TEST(PreparedExperts, PlannedWhereTheCopyTakesAtMostHalfTheArenaRoom) {
     EXPECT_NO_THROW(cpu->set_prepared_experts(L::None));
 }
 
+// The default chunk of 16,384 rows drops to 8,192 where its larger working set would cost the prepared
+// experts their widest layout (which the grouped GEMMs gain more from than from the chunk).
+TEST(PreparedExperts, LargeChunksDoNotCostTheWiderLayout) {
+    using L = ExpertLayout;
+    const ModelConfig cfg = Checkpoint::open(test::tiny_model_dir()).config();
+    PreparingBackend be;
+    const uint64_t wide = be.prepared_experts_bytes(cfg.n_routed_experts, cfg.dim, cfg.moe_inter_dim, L::F16);
+    const uint64_t B = static_cast<uint64_t>(chunk_row_budget_bytes(cfg));
+    // free memory whose default is the large chunk
+    size_t free_b = size_t{1} << 20;
+    while (default_chunk_rows(cfg, free_b) != kLargeChunkRows) free_b *= 2;
+    ASSERT_GT(free_b, 16384 * B + 2 * wide);
+    // reserved so that 8,192-row chunks leave exactly the fp16 copy's room (twice its bytes), 16,384-row
+    // ones less: 8,192
+    const uint64_t tight = free_b - 8192 * B - 2 * wide;
+    EXPECT_EQ(pick_prepared_experts(be, cfg, 2 * wide, L::F16), L::F16);
+    EXPECT_NE(pick_prepared_experts(be, cfg, 2 * wide - 1, L::F16), L::F16);
+    EXPECT_EQ(plan_chunk_rows(0, be, cfg, free_b, tight, L::F16), kChunkRowsCap);
+    // room for fp16 beside the larger chunks too: 16,384
+    const uint64_t ample = free_b - 16384 * B - 2 * wide;
+    EXPECT_EQ(plan_chunk_rows(0, be, cfg, free_b, ample, L::F16), kLargeChunkRows);
+    // the same with e5m2 the widest allowed (its copy: half the fp16 one's bytes)
+    const uint64_t narrow = wide / 2;
+    EXPECT_EQ(plan_chunk_rows(0, be, cfg, free_b, free_b - 8192 * B - 2 * narrow, L::E5m2), kChunkRowsCap);
+    EXPECT_EQ(plan_chunk_rows(0, be, cfg, free_b, free_b - 16384 * B - 2 * narrow, L::E5m2), kLargeChunkRows);
+    // --prepared-experts off: nothing to lose
+    EXPECT_EQ(plan_chunk_rows(0, be, cfg, free_b, tight, L::None), kLargeChunkRows);
+    // --max-batch-tokens wins; a default under the cap stays
+    EXPECT_EQ(plan_chunk_rows(20000, be, cfg, free_b, tight, L::F16), 20000);
+    EXPECT_EQ(plan_chunk_rows(0, be, cfg, free_b / 8, 0, L::F16), default_chunk_rows(cfg, free_b / 8));
+    // a backend that prepares nothing keeps the large chunk
+    auto cpu = make_cpu_backend();
+    EXPECT_EQ(plan_chunk_rows(0, *cpu, cfg, free_b, tight, L::F16), kLargeChunkRows);
+}
+
 TEST(PreparedExperts, EachLayerPreparedBeforeItsChunksReleasedAfterSameScores) {
     const Checkpoint ck = Checkpoint::open(test::tiny_model_dir());
     const auto seqs = sequences();
