@@ -44,7 +44,7 @@ double layer_flops_per_token(const ModelConfig& c, const LayerRole& r, int64_t s
     // layer reads them (a window-only layer attends its window alone, docs/MODEL.md 4.6)
     double slots = std::min(static_cast<double>(c.window_size), s);
     if (r.ratio > 0) slots += std::min(static_cast<double>(c.index_topk), std::floor(s / r.ratio));
-    p += H * slots * hd * 2.0;  // QK and PV
+    p += H * slots * hd * 2.0;                                                          // QK and PV
     if (r.engram) p += D * (c.hc_mult + 1) * c.engram_hash_cols() * c.engram_head_dim;  // Engram's wkv
     return 2.0 * p;
 }
@@ -79,8 +79,9 @@ DiskRates bench_measure_disk(const Checkpoint& ck, double seconds, const IoSetti
 }
 
 void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timings,
-                     const std::vector<double>& flops, const WeightSourceStats& ws, const EngramGatherStats& eg, double last_pass_stall_s,
-                     double wall, const DiskRates& disk, std::FILE* out, const BenchCsvRow& csv) {
+                     const std::vector<double>& flops, const WeightSourceStats& ws,
+                     const EngramGatherStats& eg, double last_pass_stall_s, double wall,
+                     const DiskRates& disk, std::FILE* out, const BenchCsvRow& csv) {
     const auto& roles = ck.roles();
     const double w_mb_s = ws.read_seconds > 0 ? ws.bytes_read / 1e6 / ws.read_seconds : 0;
     std::fprintf(out, "  weights: %.0f MB/s while reading (%s of the disk's sequential rate)\n", w_mb_s,

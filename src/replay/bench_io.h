@@ -45,8 +45,8 @@ DiskRates bench_measure_disk(const Checkpoint& ck, double seconds, const IoSetti
 // last pass's Engram stall.
 void bench_report_io(const Checkpoint& ck, const std::vector<LayerTiming>& timings,
                      const std::vector<double>& flops, const WeightSourceStats& ws,
-                     const EngramGatherStats& eg, double last_pass_stall_s, double wall, const DiskRates& disk,
-                     std::FILE* out, const BenchCsvRow& csv);
+                     const EngramGatherStats& eg, double last_pass_stall_s, double wall,
+                     const DiskRates& disk, std::FILE* out, const BenchCsvRow& csv);
 
 // Workload d's sequences of `tokens_per_seq`: the largest pass whose host state (pass_host_bytes_per_token
 // with io.engram_next_pass) fits in host_gb x 1e9 bytes, or in half of MemAvailable when host_gb <= 0 (as

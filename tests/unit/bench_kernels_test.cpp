@@ -226,7 +226,8 @@ TEST(BenchFlops, AttentionSlotsFollowTheLayerRole) {
     // short sequences: the window is the whole sequence, the top-k is s / ratio
     EXPECT_DOUBLE_EQ(layer_flops_per_token(c, window, 1800) - layer_flops_per_token(c, window, 100),
                      core * 28);
-    EXPECT_DOUBLE_EQ(layer_flops_per_token(c, ratio2, 100) - layer_flops_per_token(c, window, 100), core * 50);
+    EXPECT_DOUBLE_EQ(layer_flops_per_token(c, ratio2, 100) - layer_flops_per_token(c, window, 100),
+                     core * 50);
     // Engram's wkv: 6,144 -> 25,600 (docs/MODEL.md 4.8)
     EXPECT_DOUBLE_EQ(layer_flops_per_token(c, window_engram, 1800) - w, 2.0 * 6144 * 25600);
     EXPECT_DOUBLE_EQ(D * (c.hc_mult + 1), 25600);

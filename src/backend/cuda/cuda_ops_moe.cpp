@@ -28,7 +28,7 @@ using namespace cuda_linear;
 namespace {
 
 constexpr int64_t kMoeChunkRows = 16384;  // bounds the temporaries (~1.8 GB at D = 5120, I = 2304, k = 6)
-constexpr int kMaxTopk = 32;             // router / combine kernels
+constexpr int kMaxTopk = 32;              // router / combine kernels
 
 struct MoeShapes {
     int64_t E, D, I, Is;  // experts, model dim, expert hidden, shared hidden
