@@ -106,6 +106,12 @@ cudaError_t launch_gemm_fp8_sm90_f16w(const uint8_t* q, const uint8_t* sa, const
 // Rows128Narrow: 128-row tiles in stages of 64 K elements (the prepared fp16 experts' 128-row tiles take
 // 128 elsewhere, Cfg::kWideK; the same bits): their baseline; other layouts as Rows128.
 enum class Sm90GroupedRows : int { Auto = 0, Rows64 = 64, Rows128 = 128, Mixed = 1, Rows128Narrow = 2 };
+// Auto's rule for the short last tiles when the split (g.full / g.tail) is given: Mixed for every layout but
+// the prepared fp16 experts (w_f16), whose short tiles stay on the 128-row tiles (above). The MoE builds the
+// split only where this holds.
+constexpr bool sm90_grouped_auto_mixed(bool w_f16) {
+    return !w_f16;
+}
 cudaError_t launch_grouped_gemm_fp4_sm90_tiles(Sm90Partials partials, Sm90GroupedRows rows,
                                                const GroupedFp4Gemm& g, cudaStream_t stream);
 

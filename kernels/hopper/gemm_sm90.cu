@@ -309,11 +309,11 @@ cudaError_t launch_grouped_rows(Sm90GroupedRows rows, const GroupedFp4Gemm& g, c
     constexpr bool kWide128 = kOp == Op::Fp4F16;
     if (rows == Sm90GroupedRows::Rows128Narrow) return launch_grouped<kOp, kWiden, 128>(g, stream);
     const bool split = g.full.tile_begin != nullptr && g.tail.tile_begin != nullptr;
-    // (the fp16 experts' short last tiles: on the 128-row tiles, see Sm90GroupedRows)
     if (rows == Sm90GroupedRows::Auto)
         rows = g.pairs > 0 && g.n_experts > 0 && g.pairs <= 64 * static_cast<int64_t>(g.n_experts)
                    ? Sm90GroupedRows::Rows64
-                   : (split && kOp != Op::Fp4F16 ? Sm90GroupedRows::Mixed : Sm90GroupedRows::Rows128);
+                   : (split && sm90_grouped_auto_mixed(kOp == Op::Fp4F16) ? Sm90GroupedRows::Mixed
+                                                                          : Sm90GroupedRows::Rows128);
     if (rows == Sm90GroupedRows::Mixed) {
         if (!split) return cudaErrorInvalidValue;
         const cudaError_t err = launch_grouped<kOp, kWiden, 128, kWide128>(with_tiles(g, g.full), stream);

@@ -63,11 +63,17 @@ int64_t chunk_row_budget_bytes(const ModelConfig& cfg) {
     return chunk_row_estimate_bytes(cfg) * 65 / 100;
 }
 
-uint64_t pass_arena_room(const Backend& be, const ModelConfig& cfg, int64_t chunk_rows) {
-    const uint64_t free_b = be.free_memory();
+namespace {
+// free_b less the working set of chunks of `chunk_rows` rows (0 when nothing is left)
+uint64_t arena_room_of(uint64_t free_b, const ModelConfig& cfg, int64_t chunk_rows) {
     const uint64_t chunks =
         static_cast<uint64_t>(std::max<int64_t>(chunk_rows, 0) * chunk_row_budget_bytes(cfg));
     return free_b > chunks ? free_b - chunks : 0;
+}
+}  // namespace
+
+uint64_t pass_arena_room(const Backend& be, const ModelConfig& cfg, int64_t chunk_rows) {
+    return arena_room_of(be.free_memory(), cfg, chunk_rows);
 }
 
 ExpertLayout pick_prepared_experts(const Backend& be, const ModelConfig& cfg, uint64_t arena_room,
@@ -115,12 +121,9 @@ int64_t plan_chunk_rows(int64_t requested, const Backend& be, const ModelConfig&
     if (requested > 0 || rows <= kChunkRowsCap) return rows;
     // the arena room each chunk size would leave (pass_arena_room once `reserved` is allocated)
     const uint64_t after = free_bytes > reserved ? free_bytes - reserved : 0;
-    auto room = [&](int64_t r) {
-        const uint64_t chunks = static_cast<uint64_t>(r * chunk_row_budget_bytes(cfg));
-        return after > chunks ? after - chunks : 0;
-    };
-    const ExpertLayout large = pick_prepared_experts(be, cfg, room(rows), widest);
-    const ExpertLayout small = pick_prepared_experts(be, cfg, room(kChunkRowsCap), widest);
+    const ExpertLayout large = pick_prepared_experts(be, cfg, arena_room_of(after, cfg, rows), widest);
+    const ExpertLayout small =
+        pick_prepared_experts(be, cfg, arena_room_of(after, cfg, kChunkRowsCap), widest);
     return small > large ? kChunkRowsCap : rows;
 }
 

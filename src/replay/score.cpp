@@ -654,13 +654,13 @@ ScoreSummary run_score(const ScoreOptions& opt) {
         po.mode = PrefetchOptions::Mode::Direct;
         std::vector<Backend*> targets;
         std::vector<ReplayOptions> ros;
+        const uint64_t copies = weight_slots_bytes(ckpt);  // a worker's copies of the current and next layer
         for (const auto& b : bes) {
             targets.push_back(b.get());
             b->use_on_this_thread();  // free_memory asks the current device
             ros.push_back(ro);
-            // a worker holds its copies of the current and the next layer (its share of the arenas beside)
-            ros.back().chunk_rows = plan_chunk_rows(opt.chunk_rows, *b, cfg, b->free_memory(),
-                                                    weight_slots_bytes(ckpt), opt.prepared_experts);
+            ros.back().chunk_rows =
+                plan_chunk_rows(opt.chunk_rows, *b, cfg, b->free_memory(), copies, opt.prepared_experts);
         }
         FanoutWeightSource weights(make_prefetch_weight_source(*host_be, ckpt, po), ckpt, targets);
         MultiDeviceRunner runner(targets, opt.devices, ckpt, weights, engram.get(), ros);
@@ -668,14 +668,11 @@ ScoreSummary run_score(const ScoreOptions& opt) {
         if (opt.on_worker_layer_for_tests) runner.set_worker_hook_for_tests(opt.on_worker_layer_for_tests);
         // The workers split a pass by tokens (balanced): each holds about its share of the arenas, beside
         // its copies of the current and the next layer (made as the pass reaches them, so not yet in use).
-        uint64_t layer = 0;
-        for (int L = 0; L < static_cast<int>(cfg.n_layers); ++L)
-            layer = std::max(layer, ckpt.layer_stream_bytes(L));
         uint64_t room = UINT64_MAX;
         for (size_t w = 0; w < bes.size(); ++w) {
             bes[w]->use_on_this_thread();
             uint64_t r = pass_arena_room(*bes[w], cfg, ros[w].chunk_rows);
-            r = r > 2 * layer ? r - 2 * layer : 0;
+            r = r > copies ? r - copies : 0;
             r -= plan_prepared_experts(*bes[w], cfg, r, opt.prepared_experts);
             room = std::min(room, r);
         }

@@ -103,10 +103,10 @@ void run_chunk(CudaBackend& be, const Tensor& x, const MoeWeights& w, const MoeP
     g.max_rows_per_expert = Mc;
     g.pairs = P;
     g.n_experts = static_cast<int>(E);
-    // Hopper: each expert's short last tile (1 .. 64 pairs) on a 64-row tile (Sm90GroupedRows::Mixed);
-    // the prepared fp16 experts keep it on their 128-row tiles (the kernels' Auto), so no split for them
+    // Hopper: each expert's short last tile (1 .. 64 pairs) on a 64-row tile (Sm90GroupedRows::Mixed)
+    // where the kernels' Auto takes the split (not for the prepared fp16 experts)
     const std::vector<Tensor> split =
-        be.gemm().hopper && ep.layout != ExpertLayout::F16
+        be.gemm().hopper && kern::sm90_grouped_auto_mixed(ep.layout == ExpertLayout::F16)
             ? attach_grouped_tile_split(be, counts.ptr<int32_t>(), e_begin.ptr<int32_t>(), E, max_tiles, g,
                                         st)
             : std::vector<Tensor>{};
