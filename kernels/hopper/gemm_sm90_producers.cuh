@@ -191,7 +191,7 @@ __device__ __forceinline__ bool stage_scales(uint32_t st, int i, int p) {
         for (int q = 0; q < C::kKb; ++q) {
             const uint32_t ba = (wa >> (8 * (q0 + q))) & 0xFFu;
             if constexpr (!kWords) ok = ok && sa_in_window(ba);
-            sts32(st + C::kSaF + 4 * (q * C::kBM + r), e8m0_f32_bits(ba));
+            sts32(st + C::kSaF + 4 * (q * C::kBM + saf_slot(r)), e8m0_f32_bits(ba));
         }
     }
 #pragma unroll

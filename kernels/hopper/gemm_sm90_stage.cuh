@@ -172,10 +172,12 @@ struct Cfg {
     static constexpr int kRawBOff = kRawAOff + kBM * kRawA;
     static constexpr int kSa = kRawBOff + kBN * kRawB;
     static constexpr int kSw = kSa + (kQuant ? 4 * kBM : 0);
-    // fp4: the converter's f32 scales [4][128] (sa by row, sw by column) and its window flags [2]
+    // fp4: the converter's f32 scales [4][128] (sa by row in saf_slot order, sw by column) and its
+    // window flags [2]
     static constexpr bool kScaleF = kOp == Op::Fp4 || kOp == Op::Fp4E5m2 || kOp == Op::Fp4F16;
     static constexpr int kSaF = kSw + (kQuant ? 4 * kBN : 0);
     static constexpr int kSwF = kSaF + (kScaleF ? 4 * 4 * kBM : 0);
+    static_assert(kSaF % 8 == 0, "saf: 8-byte loads of a thread's two rows");
     // Fp8F16: the products sa(row) * sw(column block) [kKb][kBM][4] f32
     static constexpr int kProd = kSwF + (kScaleF ? 4 * 4 * kBN : 0);
     static constexpr int kFlags = kProd + (kProducts ? 16 * kKb * kBM : 0);
@@ -190,6 +192,12 @@ struct Cfg {
     static_assert(kStages >= 3, "pipeline depth");
     static_assert(kBytes <= kSmemLimit, "Hopper allows 227 KB of shared memory per block");
 };
+
+// fp4: the slot of tile row r in a K block's row scales (saf): rows r and r + 8 of each 16-row group side
+// by side, so that a consumer thread reads its two rows' (r0, r0 + 8) in one 8-byte load.
+__host__ __device__ constexpr int saf_slot(int r) {
+    return (r & ~15) | ((r & 7) << 1) | ((r >> 3) & 1);
+}
 
 // The 16-byte chunk of widened raw A row r that holds logical chunk c is c ^ raw_a_swizzle<C>(r): TMA's
 // 64-byte swizzle for 64-byte rows, its 128-byte swizzle for 128-byte rows (kWideK); either way the

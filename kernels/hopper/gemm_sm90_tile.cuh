@@ -5,6 +5,7 @@
 
 #include "gemm_sm90_producers.cuh"
 
+
 namespace ds4r::kern {
 
 namespace {
@@ -14,6 +15,7 @@ using namespace sm90;
 #if defined(DS4R_SM90A_DEVICE)
 
 // ------------------------------------------------------------------ consumers (warpgroups 0, 1)
+
 // One K block's scales for a thread's two rows, read after the block's wgmma wait (read before it, while
 // two partials and the A fragments are live, they spill). fp8 (block scales): s0 / s1 [cb] = sa(row) *
 // sw(column block cb) of rows r0 / r0 + 8 and the tile's 4 column blocks, fast = every one of those scale
@@ -49,8 +51,10 @@ __device__ __forceinline__ BlockScales block_scales(uint32_t st, int q, int q0, 
         sc.fast = fast ? 1u : 0u;
     } else {
         const int kq = q - q0;  // the block's index inside the stage
-        sc.s0[0] = __uint_as_float(lds32(st + C::kSaF + 4 * (kq * C::kBM + r0)));
-        sc.s1[0] = __uint_as_float(lds32(st + C::kSaF + 4 * (kq * C::kBM + r0 + 8)));
+        // rows r0 and r0 + 8 side by side (saf_slot; r0 % 16 < 8)
+        const uint64_t s01 = lds64(st + C::kSaF + 4 * (kq * C::kBM + saf_slot(r0)));
+        sc.s0[0] = __uint_as_float(static_cast<uint32_t>(s01));
+        sc.s1[0] = __uint_as_float(static_cast<uint32_t>(s01 >> 32));
         sc.fast = lds32(st + C::kFlags) | lds32(st + C::kFlags + 4);
     }
     return sc;
@@ -188,59 +192,66 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
 
     if constexpr (C::kQuant) {
         // Two partial buffers: the wgmma of K block g + 1 runs while block g's partial is promoted.
-        // Block g lies in stage g / kKb (its scale byte (stage's q0) + g % kKb); a stage is freed once
-        // its last block's partial is promoted.
+        // Block g lies in stage g / kKb at block q = g % kKb of it (its scale byte: the stage's first,
+        // (kKb * stage) % 4, plus q); a stage is freed once its last block's partial is promoted.
         float PA[64], PB[64];
         // widened: the A fragments ([k16 step][4]) of the two blocks in flight; a wgmma reads them until
         // it retires, so they stay live (fence_regs_u32) until its wait
         uint32_t FA[2][4], FB[2][4];
-        auto stage_of = [&](int g) { return base + ((g / C::kKb) % C::kStages) * C::kStage; };
-        // Block g's stage wait and (widened) its A fragments: the codes of the stage's raw A rows by one
-        // ldmatrix, widened to fp16 here (rows g / g + 8 of both k16 halves, as the portable kernels)
-        auto prep = [&](uint32_t(&F)[2][4], int g) {
-            const int q = g % C::kKb;
+        auto stage_at = [&](int i) { return base + (i % C::kStages) * C::kStage; };
+        // Block (i, q)'s stage wait (at the stage's first block) and (widened) its raw A codes: the
+        // stage's raw A rows by one ldmatrix (rows g / g + 8 of both k16 halves, as the portable kernels)
+        auto load_a = [&](uint32_t(&raw)[4], int i, int q) {
             if (q == 0) {
-                wait_stage_ready<C>(bars, g / C::kKb);
+                wait_stage_ready<C>(bars, i);
                 fence_proxy_async();  // the cp.async rows (generic proxy) before the wgmma reads (async
                                       // proxy)
             }
+            if constexpr (C::kWiden)
+                ldsm_x4(raw, stage_at(i) + C::kRawAOff + a_lane + (((2 * q + a_half) ^ a_swz) << 4));
+        };
+        // the raw codes widened to fp16: the block's A fragments
+        auto widen_a = [&](uint32_t(&F)[2][4], const uint32_t(&raw)[4]) {
             if constexpr (C::kWiden) {
-                uint32_t raw[4];
-                ldsm_x4(raw, stage_of(g) + C::kRawAOff + a_lane + (((2 * q + a_half) ^ a_swz) << 4));
                 gemm::e4m3x4_to_f16x2x2(raw[0], F[0][0], F[0][2]);
                 gemm::e4m3x4_to_f16x2x2(raw[1], F[0][1], F[0][3]);
                 gemm::e4m3x4_to_f16x2x2(raw[2], F[1][0], F[1][2]);
                 gemm::e4m3x4_to_f16x2x2(raw[3], F[1][1], F[1][3]);
             }
         };
-        // Block g's fresh partial into P (prep(F, g) done): two fp16 k16 steps on the widened A, or one
-        // fp8 k32 step.
-        auto fire = [&](float(&P)[64], uint32_t(&F)[2][4], int g) {
-            const int q = g % C::kKb;
-            const uint32_t a_k = stage_of(g) + C::kA + (C::kSplitN ? 0 : wg * 64 * kRowBytes);
-            const uint32_t b_k = stage_of(g) + C::kB + n0 * kRowBytes;
+        // Block (i, q)'s fresh partial into P (its A fragments in F): two fp16 k16 steps on the widened A,
+        // or one fp8 k32 step. The descriptors are the stage tile's plus the block's offset (desc_add: one
+        // add where q is known at compile time, the runs that start a stage).
+        auto fire = [&](float(&P)[64], uint32_t(&F)[2][4], int i, int q) {
+            const uint32_t a_k = stage_at(i) + C::kA + (C::kSplitN ? 0 : wg * 64 * kRowBytes);
+            const uint32_t b_k = stage_at(i) + C::kB + n0 * kRowBytes;
             if constexpr (C::kWiden) {
                 fence_regs(P);
                 fence_regs_u32(F[0]);
                 fence_regs_u32(F[1]);
                 wgmma_fence();
                 // block q's 32 K elements: 64 bytes into its B half (q / 2 with kWideK)
-                const uint32_t b_q = b_k + (q >> 1) * (C::kBN * kRowBytes) + (q & 1) * 64;
-                wgmma_m64n128k16_f16_rs(P, F[0], desc_k128(b_q), 0u);
-                wgmma_m64n128k16_f16_rs(P, F[1], desc_k128(b_q + 32), 1u);
+                const uint32_t b_q = (q >> 1) * (C::kBN * kRowBytes) + (q & 1) * 64;
+                if constexpr (C::kSplitN) {
+                    // (the warpgroups' columns: a descriptor per thread; as one plus offsets it spills)
+                    wgmma_m64n128k16_f16_rs(P, F[0], desc_k128(b_k + b_q), 0u);
+                    wgmma_m64n128k16_f16_rs(P, F[1], desc_k128(b_k + b_q + 32), 1u);
+                } else {
+                    const uint64_t db = desc_k128(b_k);
+                    wgmma_m64n128k16_f16_rs(P, F[0], desc_add(db, b_q), 0u);
+                    wgmma_m64n128k16_f16_rs(P, F[1], desc_add(db, b_q + 32), 1u);
+                }
             } else {
                 fence_regs(P);
                 wgmma_fence();
-                wgmma_m64n128k32_e4m3(P, desc_k128(a_k + q * 32), desc_k128(b_k + q * 32), 0u);
+                wgmma_m64n128k32_e4m3(P, desc_add(desc_k128(a_k), q * 32), desc_add(desc_k128(b_k), q * 32), 0u);
             }
             wgmma_commit();
         };
-        // block g's stage's first byte in its scale words, and g's scales
-        auto q0_of = [&](int g) { return (C::kKb * (g / C::kKb)) & 3; };
-        auto scales_of = [&](int g) {
-            return block_scales<C>(stage_of(g), q0_of(g) + g % C::kKb, q0_of(g), r0);
-        };
-        // after block g's wait: its A fragments (a wgmma reads them until it retires) are free from here
+        // the stage's first byte in its scale words, and block (i, q)'s scales
+        auto q0_of = [&](int i) { return (C::kKb * i) & 3; };
+        auto scales_of = [&](int i, int q) { return block_scales<C>(stage_at(i), q0_of(i) + q, q0_of(i), r0); };
+        // after a block's wait: its A fragments (a wgmma reads them until it retires) are free from here
         auto retire = [&](float(&P)[64], uint32_t(&F)[2][4]) {
             fence_regs(P);
             if constexpr (C::kWiden) {
@@ -248,74 +259,100 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
                 fence_regs_u32(F[1]);
             }
         };
-        auto finish = [&](float(&P)[64], int g, const BlockScales& sc) {
-            const int i = g / C::kKb, q = g % C::kKb;
-            promote<C>(acc, P, sc, stage_of(g), q0_of(g) + q, q0_of(g), r0, n0, lane);
-            if (q == C::kKb - 1 || g == KB - 1) mbar_arrive(bars.empty(i % C::kStages));
+        auto finish = [&](float(&P)[64], int i, int q, const BlockScales& sc) {
+            promote<C>(acc, P, sc, stage_at(i), q0_of(i) + q, q0_of(i), r0, n0, lane);
+            if (q == C::kKb - 1 || i * C::kKb + q == KB - 1) mbar_arrive(bars.empty(i % C::kStages));
         };
         // Runs of kRun blocks: block u + 1's wgmma is issued before the wait for block u, so that each
         // block's promotion overlaps the next one's wgmma; only a run's last promotion waits with no
-        // partial of this warpgroup in flight. With kEarlyPrep, block u + 2's stage wait and A fragments
-        // (prep) come before block u's promotion, in the fragment registers block u's wgmma has just
-        // released, which takes the shared-memory load and the widening off the path from one promotion
-        // to the next wgmma (+2-4% on the fp16-weight GEMMs, +1-2% on the grouped fp16 experts;
-        // docs/PERFORMANCE.md, fifteenth session). prep never waits for a stage that needs this run's
-        // promotions: it is at most one stage past block u's, and kStages >= 3. (No wgmma stays in
-        // flight across the loop's back edge: ptxas then serializes every wgmma, its C7514 advisory,
-        // checked by check_sm90_ptxas.sh.) The buffers alternate PA / FA (even blocks of a run) and
-        // PB / FB (odd ones). Runs of 4 took the fp16-weight kernels (light promotions: the converters'
-        // products) from 355 to 373 TFLOP/s (wq_a) and cost the converter-bound ones 1-2%
+        // partial of this warpgroup in flight. With kEarlyPrep, block u + 2's stage wait and raw A codes
+        // (load_a) come before block u's promotion and its widening after it, into the fragment registers
+        // block u's wgmma has just released: the shared-memory load's latency lies under the promotion
+        // (docs/PERFORMANCE.md, fifteenth and seventeenth sessions). load_a never waits for a stage that
+        // needs this run's promotions: it is at most one stage past block u's, and kStages >= 3. (No
+        // wgmma stays in flight across the loop's back edge: ptxas then serializes every wgmma, its C7514
+        // advisory, checked by check_sm90_ptxas.sh.) The buffers alternate PA / FA (even blocks of a run)
+        // and PB / FB (odd ones). Runs of 4 took the fp16-weight kernels (light promotions: the
+        // converters' products) from 355 to 373 TFLOP/s (wq_a) and cost the converter-bound ones 1-2%
         // (docs/PERFORMANCE.md, eighth session): pairs there. The prepared fp16 experts (no B
-        // converters) take runs of 4; they measured the same as pairs (242.1 vs 241.9 TFLOP/s, ninth
-        // session).
+        // converters) take runs of 4 as well; runs of 8 measured no better for them (0.98-1.01x,
+        // seventeenth session).
         constexpr int kRun = C::kProducts || C::kPreFolded ? 4 : 2;
-        // the early prep where A arrives by TMA (the loaders' variants, the fallbacks, spill with it:
+        // the early load_a where A arrives by TMA (the loaders' variants, the fallbacks, spill with it:
         // their row tables take registers the early fragments need)
         constexpr bool kEarlyPrep = C::kTma;
-        auto run = [&](int g, auto n_const) {
+        // the light promotions' scales (flags; fp4: the rows' two scales) are read before the block's
+        // wgmma wait, so that their latency lies under it, in the kernels with TMA and 128-wide stages
+        // (elsewhere they spill there, as the fp8 block scales' eight products do)
+        constexpr bool kScalesEarly = (C::kProducts || C::kPreFolded) && C::kTma && C::kWideK;
+        // A run of n blocks from block g; kAligned: g starts a stage (the blocks' q known at compile time)
+        auto run = [&](int g, auto n_const, auto aligned_const) {
             constexpr int n = decltype(n_const)::value;
-            prep(FA, g);
-            fire(PA, FA, g);
-            if (kEarlyPrep && n > 1) prep(FB, g + 1);
+            constexpr bool kAligned = decltype(aligned_const)::value;
+            const int i0 = g / C::kKb, q0 = kAligned ? 0 : g % C::kKb;
+            // block u of the run: its stage and its block in the stage
+            auto blk_i = [&](int u) { return kAligned ? i0 + u / C::kKb : i0 + (q0 + u) / C::kKb; };
+            auto blk_q = [&](int u) { return kAligned ? u % C::kKb : (q0 + u) % C::kKb; };
+            uint32_t RA[4], RB[4];
+            load_a(RA, blk_i(0), blk_q(0));
+            widen_a(FA, RA);
+            fire(PA, FA, blk_i(0), blk_q(0));
+            if (kEarlyPrep && n > 1) {
+                load_a(RB, blk_i(1), blk_q(1));
+                widen_a(FB, RB);
+            }
 #pragma unroll
             for (int u = 0; u < n; ++u) {
                 if (u + 1 < n) {
                     if (u % 2 == 0) {
-                        if (!kEarlyPrep) prep(FB, g + u + 1);
-                        fire(PB, FB, g + u + 1);
+                        if (!kEarlyPrep) {
+                            load_a(RB, blk_i(u + 1), blk_q(u + 1));
+                            widen_a(FB, RB);
+                        }
+                        fire(PB, FB, blk_i(u + 1), blk_q(u + 1));
                     } else {
-                        if (!kEarlyPrep) prep(FA, g + u + 1);
-                        fire(PA, FA, g + u + 1);
+                        if (!kEarlyPrep) {
+                            load_a(RA, blk_i(u + 1), blk_q(u + 1));
+                            widen_a(FA, RA);
+                        }
+                        fire(PA, FA, blk_i(u + 1), blk_q(u + 1));
                     }
-                    wgmma_wait<1>();
-                } else {
-                    wgmma_wait<0>();
                 }
+                BlockScales sc;
+                if constexpr (kScalesEarly) sc = scales_of(blk_i(u), blk_q(u));
+                if (u + 1 < n)
+                    wgmma_wait<1>();
+                else
+                    wgmma_wait<0>();
                 if constexpr (kEarlyPrep) {
                     if (u % 2 == 0) {
                         retire(PA, FA);
-                        if (u + 2 < n) prep(FA, g + u + 2);
+                        if (u + 2 < n) load_a(RA, blk_i(u + 2), blk_q(u + 2));
                     } else {
                         retire(PB, FB);
-                        if (u + 2 < n) prep(FB, g + u + 2);
+                        if (u + 2 < n) load_a(RB, blk_i(u + 2), blk_q(u + 2));
                     }
                 }
-                // the block's scales after its wait: read before it (while the registers of two
+                // the other blocks' scales after the wait: read before it (while the registers of two
                 // partials and the A fragments are live), they spill
-                const BlockScales sc = scales_of(g + u);
+                if constexpr (!kScalesEarly) sc = scales_of(blk_i(u), blk_q(u));
                 if (u % 2 == 0) {
                     if (!kEarlyPrep) retire(PA, FA);
-                    finish(PA, g + u, sc);
+                    finish(PA, blk_i(u), blk_q(u), sc);
+                    if (kEarlyPrep && u + 2 < n) widen_a(FA, RA);
                 } else {
                     if (!kEarlyPrep) retire(PB, FB);
-                    finish(PB, g + u, sc);
+                    finish(PB, blk_i(u), blk_q(u), sc);
+                    if (kEarlyPrep && u + 2 < n) widen_a(FB, RB);
                 }
             }
         };
+        using std::integral_constant;
         int g = 0;
-        for (; g + kRun <= KB; g += kRun) run(g, std::integral_constant<int, kRun>{});
-        for (; g + 2 <= KB; g += 2) run(g, std::integral_constant<int, 2>{});
-        if (g < KB) run(g, std::integral_constant<int, 1>{});
+        for (; g + kRun <= KB; g += kRun)
+            run(g, integral_constant<int, kRun>{}, integral_constant<bool, kRun % C::kKb == 0>{});
+        for (; g + 2 <= KB; g += 2) run(g, integral_constant<int, 2>{}, integral_constant<bool, false>{});
+        if (g < KB) run(g, integral_constant<int, 1>{}, integral_constant<bool, false>{});
     } else {
         for (int i = 0; i < n_stages; ++i) {
             const int s = i % C::kStages;

@@ -70,6 +70,15 @@ __device__ __forceinline__ uint64_t desc_k128(uint32_t addr) {
     return d;
 }
 
+// The descriptor of the operand tile `bytes` (a multiple of 16) past desc's: its start address field
+// (bits 0-13, 16-byte units) plus bytes / 16 in the low word alone. Shared addresses lie below 228 KB, so
+// the field never carries into the fields above it (desc_k128(addr + bytes) == desc_add(desc_k128(addr),
+// bytes)); the stage loops add compile-time offsets to one descriptor per stage this way.
+__device__ __forceinline__ uint64_t desc_add(uint64_t desc, uint32_t bytes) {
+    const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+    return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 // ------------------------------------------------------------------ wgmma
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
