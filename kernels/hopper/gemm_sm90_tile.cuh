@@ -28,12 +28,23 @@ struct BlockScales {
 };
 
 // Block q of the stage at st (byte q of its scale words; the stage's first block is byte q0).
-template <class C>
+// kEarly (fp16 weights): the block's products too (s0 / s1 [cb]: rows r0 / r0 + 8), for promote to take
+// from registers.
+template <class C, bool kEarly = false>
 __device__ __forceinline__ BlockScales block_scales(uint32_t st, int q, int q0, int r0) {
     BlockScales sc;
     if constexpr (C::kProducts) {
-        // the converters' flags; promote reads their products (stage_products) a row at a time
+        // the converters' flags; promote reads their products (stage_products) a row at a time, or
+        // (kEarly) they are read here
         sc.fast = (lds32(st + C::kFlags) | lds32(st + C::kFlags + 4)) == 0 ? 1u : 0u;
+        if constexpr (kEarly) {
+            const uint4 p0 = lds128(st + C::kProd + 16 * ((q - q0) * C::kBM + r0));
+            const uint4 p1 = lds128(st + C::kProd + 16 * ((q - q0) * C::kBM + r0 + 8));
+            sc.s0[0] = __uint_as_float(p0.x), sc.s0[1] = __uint_as_float(p0.y);
+            sc.s0[2] = __uint_as_float(p0.z), sc.s0[3] = __uint_as_float(p0.w);
+            sc.s1[0] = __uint_as_float(p1.x), sc.s1[1] = __uint_as_float(p1.y);
+            sc.s1[2] = __uint_as_float(p1.z), sc.s1[3] = __uint_as_float(p1.w);
+        }
     } else if constexpr (C::kBlockScales) {
         const uint32_t sa0b = (lds32(st + C::kSa + 4 * r0) >> (8 * q)) & 0xFFu;
         const uint32_t sa1b = (lds32(st + C::kSa + 4 * (r0 + 8)) >> (8 * q)) & 0xFFu;
@@ -70,12 +81,17 @@ __device__ __forceinline__ float unfold_of(uint32_t sw_bits) {
 
 // acc += P * scales of K block q (see NUMERICS; sc: block_scales of the block). r0: the thread's first
 // tile row; n0: its warpgroup's first tile column (kSplitN: 128 wg, else 0).
-template <class C>
+template <class C, bool kEarly = false>
 __device__ __forceinline__ void promote(float (&acc)[64], const float (&P)[64], const BlockScales& sc,
                                         uint32_t st, int q, int q0, int r0, int n0, int lane) {
     if constexpr (C::kBlockScales) {
         static_assert(!C::kSplitN, "fp8 tiles: 128 rows (the column blocks below are the tile's first 4)");
-        if (sc.fast && C::kProducts) {
+        if (sc.fast && C::kProducts && kEarly) {
+            // the products block_scales<C, true> read
+#pragma unroll
+            for (int i = 0; i < 64; ++i)
+                acc[i] = __fmaf_rn(P[i], ((i >> 1) & 1) ? sc.s1[i >> 4] : sc.s0[i >> 4], acc[i]);
+        } else if (sc.fast && C::kProducts) {
             // the converters' products of rows r0 (h = 0) and r0 + 8 (h = 1), one row's at a time
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -198,6 +214,10 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
         // widened: the A fragments ([k16 step][4]) of the two blocks in flight; a wgmma reads them until
         // it retires, so they stay live (fence_regs_u32) until its wait
         uint32_t FA[2][4], FB[2][4];
+        // the light promotions' scales (flags; fp4: the rows' two scales) are read before the block's
+        // wgmma wait, so that their latency lies under it, in the kernels with TMA and 128-wide stages
+        // (elsewhere they spill there, as the fp8 block scales' eight products do)
+        constexpr bool kScalesEarly = (C::kProducts || C::kPreFolded) && C::kTma && C::kWideK;
         auto stage_at = [&](int i) { return base + (i % C::kStages) * C::kStage; };
         // Block (i, q)'s stage wait (at the stage's first block) and (widened) its raw A codes: the
         // stage's raw A rows by one ldmatrix (rows g / g + 8 of both k16 halves, as the portable kernels)
@@ -250,7 +270,9 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
         };
         // the stage's first byte in its scale words, and block (i, q)'s scales
         auto q0_of = [&](int i) { return (C::kKb * i) & 3; };
-        auto scales_of = [&](int i, int q) { return block_scales<C>(stage_at(i), q0_of(i) + q, q0_of(i), r0); };
+        auto scales_of = [&](int i, int q) {
+            return block_scales<C, kScalesEarly>(stage_at(i), q0_of(i) + q, q0_of(i), r0);
+        };
         // after a block's wait: its A fragments (a wgmma reads them until it retires) are free from here
         auto retire = [&](float(&P)[64], uint32_t(&F)[2][4]) {
             fence_regs(P);
@@ -260,7 +282,7 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
             }
         };
         auto finish = [&](float(&P)[64], int i, int q, const BlockScales& sc) {
-            promote<C>(acc, P, sc, stage_at(i), q0_of(i) + q, q0_of(i), r0, n0, lane);
+            promote<C, kScalesEarly>(acc, P, sc, stage_at(i), q0_of(i) + q, q0_of(i), r0, n0, lane);
             if (q == C::kKb - 1 || i * C::kKb + q == KB - 1) mbar_arrive(bars.empty(i % C::kStages));
         };
         // Runs of kRun blocks: block u + 1's wgmma is issued before the wait for block u, so that each
@@ -281,10 +303,6 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
         // the early load_a where A arrives by TMA (the loaders' variants, the fallbacks, spill with it:
         // their row tables take registers the early fragments need)
         constexpr bool kEarlyPrep = C::kTma;
-        // the light promotions' scales (flags; fp4: the rows' two scales) are read before the block's
-        // wgmma wait, so that their latency lies under it, in the kernels with TMA and 128-wide stages
-        // (elsewhere they spill there, as the fp8 block scales' eight products do)
-        constexpr bool kScalesEarly = (C::kProducts || C::kPreFolded) && C::kTma && C::kWideK;
         // A run of n blocks from block g; kAligned: g starts a stage (the blocks' q known at compile time)
         auto run = [&](int g, auto n_const, auto aligned_const) {
             constexpr int n = decltype(n_const)::value;
