@@ -5,7 +5,6 @@
 
 #include "gemm_sm90_producers.cuh"
 
-
 namespace ds4r::kern {
 
 namespace {
@@ -15,13 +14,13 @@ using namespace sm90;
 #if defined(DS4R_SM90A_DEVICE)
 
 // ------------------------------------------------------------------ consumers (warpgroups 0, 1)
-
 // One K block's scales for a thread's two rows, read after the block's wgmma wait (read before it, while
-// two partials and the A fragments are live, they spill). fp8 (block scales): s0 / s1 [cb] = sa(row) *
-// sw(column block cb) of rows r0 / r0 + 8 and the tile's 4 column blocks, fast = every one of those scale
-// bytes lies in the fused form's window (fp16 weights: only fast, from the converters' flags; promote
-// reads their products); fp4: s0[0] / s1[0] = sa(r0) / sa(r0 + 8) (the converter's f32 table), fast =
-// the stage's flag words (stage_scales; 0: B took the column scales).
+// two partials and the A fragments are live, they spill), or before it where they are few (consume's
+// kScalesEarly: the fp16-weight GEMMs and the prepared fp16 experts with TMA and 128-wide stages). fp8 (block
+// scales): s0 / s1 [cb] = sa(row) * sw(column block cb) of rows r0 / r0 + 8 and the tile's 4 column blocks,
+// fast = every one of those scale bytes lies in the fused form's window (fp16 weights: only fast, from the
+// converters' flags; promote reads their products); fp4: s0[0] / s1[0] = sa(r0) / sa(r0 + 8) (the converter's
+// f32 table), fast = the stage's flag words (stage_scales; 0: B took the column scales).
 struct BlockScales {
     float s0[4], s1[4];
     uint32_t fast;
@@ -264,7 +263,8 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
             } else {
                 fence_regs(P);
                 wgmma_fence();
-                wgmma_m64n128k32_e4m3(P, desc_add(desc_k128(a_k), q * 32), desc_add(desc_k128(b_k), q * 32), 0u);
+                wgmma_m64n128k32_e4m3(P, desc_add(desc_k128(a_k), q * 32), desc_add(desc_k128(b_k), q * 32),
+                                      0u);
             }
             wgmma_commit();
         };
@@ -351,7 +351,7 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
                         if (u + 2 < n) load_a(RB, blk_i(u + 2), blk_q(u + 2));
                     }
                 }
-                // the other blocks' scales after the wait: read before it (while the registers of two
+                // the other kernels' scales after the wait: read before it (while the registers of two
                 // partials and the A fragments are live), they spill
                 if constexpr (!kScalesEarly) sc = scales_of(blk_i(u), blk_q(u));
                 if (u % 2 == 0) {
