@@ -198,6 +198,16 @@ struct Cfg {
 __host__ __device__ constexpr int saf_slot(int r) {
     return (r & ~15) | ((r & 7) << 1) | ((r >> 3) & 1);
 }
+constexpr bool saf_slots_pair_rows() {  // a permutation of a tile's 128 rows, r + 8 right after r
+    for (int r = 0; r < 128; ++r) {
+        if (saf_slot(r) < 0 || saf_slot(r) >= 128 || ((r & 8) == 0 && saf_slot(r + 8) != saf_slot(r) + 1))
+            return false;
+        for (int o = 0; o < r; ++o)
+            if (saf_slot(o) == saf_slot(r)) return false;
+    }
+    return true;
+}
+static_assert(saf_slots_pair_rows(), "saf_slot");
 
 // The 16-byte chunk of widened raw A row r that holds logical chunk c is c ^ raw_a_swizzle<C>(r): TMA's
 // 64-byte swizzle for 64-byte rows, its 128-byte swizzle for 128-byte rows (kWideK); either way the

@@ -62,7 +62,7 @@ __device__ __forceinline__ uint32_t swz128(int r, int c) {
 // tile base plus a K offset of a multiple of 16 bytes inside the 128-byte row): start address >> 4
 // (bits 0-13), leading-dimension offset (unused by swizzled K-major layouts; 1), stride between
 // 8-row groups 1024 bytes >> 4 (bits 32-45), swizzle mode 1 = 128 bytes (bits 62-63).
-__device__ __forceinline__ uint64_t desc_k128(uint32_t addr) {
+__host__ __device__ __forceinline__ constexpr uint64_t desc_k128(uint32_t addr) {
     uint64_t d = static_cast<uint64_t>((addr & 0x3FFFFu) >> 4);
     d |= static_cast<uint64_t>(1u) << 16;
     d |= static_cast<uint64_t>(1024u >> 4) << 32;
@@ -74,10 +74,20 @@ __device__ __forceinline__ uint64_t desc_k128(uint32_t addr) {
 // (bits 0-13, 16-byte units) plus bytes / 16 in the low word alone. Shared addresses lie below 228 KB, so
 // the field never carries into the fields above it (desc_k128(addr + bytes) == desc_add(desc_k128(addr),
 // bytes)); the stage loops add compile-time offsets to one descriptor per stage this way.
-__device__ __forceinline__ uint64_t desc_add(uint64_t desc, uint32_t bytes) {
+__host__ __device__ __forceinline__ constexpr uint64_t desc_add(uint64_t desc, uint32_t bytes) {
     const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
     return (desc & 0xFFFFFFFF00000000ull) | lo;
 }
+// desc_add against desc_k128 over the shared window's 16-byte-aligned addresses (227 KB) and the stage
+// offsets the consumers add (B halves of up to 256 rows, blocks at 0 / 32 / 64 / 96 bytes)
+constexpr bool desc_add_matches_desc_k128() {
+    for (uint32_t a = 0; a < 227u * 1024u; a += 1008u)  // (a multiple of 16, not of 1024: every phase)
+        for (uint32_t b : {0u, 32u, 64u, 96u, 16384u, 32768u + 96u})
+            if (a + b < 227u * 1024u && desc_add(desc_k128(a & ~15u), b) != desc_k128((a & ~15u) + b))
+                return false;
+    return true;
+}
+static_assert(desc_add_matches_desc_k128(), "wgmma descriptors: desc_add must equal desc_k128 of the sum");
 
 // ------------------------------------------------------------------ wgmma
 __device__ __forceinline__ void wgmma_fence() {
