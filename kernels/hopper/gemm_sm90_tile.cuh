@@ -312,27 +312,22 @@ __device__ __forceinline__ void consume(const Job& j, uint32_t base, Bars bars, 
             auto blk_i = [&](int u) { return kAligned ? i0 + u / C::kKb : i0 + (q0 + u) / C::kKb; };
             auto blk_q = [&](int u) { return kAligned ? u % C::kKb : (q0 + u) % C::kKb; };
             uint32_t RA[4], RB[4];
-            load_a(RA, blk_i(0), blk_q(0));
-            widen_a(FA, RA);
+            // block u's raw codes loaded and widened at once (where nothing lies between the two)
+            auto prep = [&](uint32_t(&R)[4], uint32_t(&F)[2][4], int u) {
+                load_a(R, blk_i(u), blk_q(u));
+                widen_a(F, R);
+            };
+            prep(RA, FA, 0);
             fire(PA, FA, blk_i(0), blk_q(0));
-            if (kEarlyPrep && n > 1) {
-                load_a(RB, blk_i(1), blk_q(1));
-                widen_a(FB, RB);
-            }
+            if (kEarlyPrep && n > 1) prep(RB, FB, 1);
 #pragma unroll
             for (int u = 0; u < n; ++u) {
                 if (u + 1 < n) {
                     if (u % 2 == 0) {
-                        if (!kEarlyPrep) {
-                            load_a(RB, blk_i(u + 1), blk_q(u + 1));
-                            widen_a(FB, RB);
-                        }
+                        if (!kEarlyPrep) prep(RB, FB, u + 1);
                         fire(PB, FB, blk_i(u + 1), blk_q(u + 1));
                     } else {
-                        if (!kEarlyPrep) {
-                            load_a(RA, blk_i(u + 1), blk_q(u + 1));
-                            widen_a(FA, RA);
-                        }
+                        if (!kEarlyPrep) prep(RA, FA, u + 1);
                         fire(PA, FA, blk_i(u + 1), blk_q(u + 1));
                     }
                 }
